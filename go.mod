@@ -1,0 +1,3 @@
+module sigs.k8s.io/kubelet-authenticator
+
+go 1.26
