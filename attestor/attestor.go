@@ -97,7 +97,33 @@ type VerifyRequest struct {
 	CSRUID      string
 	Username    string
 	Annotations map[string]string
+
+	// MachineAnnotations are the annotations of the Machine the CSR was
+	// matched to (and of its infrastructure object, where the signer reads
+	// one), for providers whose infrastructure reports a key the evidence
+	// must match (cluster-x-k8s-io/tpm-endorsement-key).
+	MachineAnnotations map[string]string
+
+	// LookupCSR fetches another CSR of the same workload cluster by name,
+	// for providers whose second round refers to the first. It returns an
+	// error wrapping ErrCSRNotFound when there is no such CSR.
+	LookupCSR func(ctx context.Context, name string) (*CSRRecord, error)
 }
+
+// CSRRecord is a CertificateSigningRequest as a verifier sees it.
+type CSRRecord struct {
+	Name        string
+	UID         string
+	Username    string
+	SignerName  string
+	Request     []byte
+	Annotations map[string]string
+	// Approved, Denied and Issued report the CSR's state.
+	Approved, Denied, Issued bool
+}
+
+// ErrCSRNotFound is wrapped by LookupCSR when the named CSR does not exist.
+var ErrCSRNotFound = errors.New("certificate signing request not found")
 
 // Result is what a verifier proved. Exactly one of Identity and Challenge is
 // set.
