@@ -1,0 +1,243 @@
+// Package cache keeps the kubelet client credential on the node: the current
+// certificate and its key in one file (so the pair is replaced atomically),
+// the key of a request still in flight, and the lock that makes concurrent
+// invocations of the exec plugin and the agent produce one CSR, not many.
+//
+// Readers need no lock: every file is replaced by rename, so a reader sees
+// the old content or the new, never a mix. Writers hold the lock.
+package cache
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/gofrs/flock"
+)
+
+const (
+	// CurrentFile holds the current certificate chain followed by its key.
+	CurrentFile = "kubelet-client-current.pem"
+	// PendingKeyFile holds the key of a CSR that was filed but not yet
+	// answered, so that a retry finds the same CSR.
+	PendingKeyFile = "kubelet-client-pending.key"
+	// LockFile is the flock(2) file guarding writers.
+	LockFile = ".lock"
+)
+
+// ErrNotFound is returned by Load when there is no cached credential.
+var ErrNotFound = errors.New("no cached credential")
+
+// Dir is a cache directory.
+type Dir struct {
+	Path string
+}
+
+// Credential is a certificate chain and its private key.
+type Credential struct {
+	// CertPEM is the PEM certificate chain, leaf first; KeyPEM the PEM key.
+	CertPEM []byte
+	KeyPEM  []byte
+	// Leaf is the parsed first certificate and Key the parsed private key.
+	Leaf *x509.Certificate
+	Key  crypto.Signer
+}
+
+// Ensure creates the directory (0700) if it does not exist.
+func (d Dir) Ensure() error {
+	if err := os.MkdirAll(d.Path, 0o700); err != nil {
+		return fmt.Errorf("unable to create cache directory: %w", err)
+	}
+	return nil
+}
+
+// Lock takes the writers' lock, waiting until ctx is done. The returned
+// function releases it.
+func (d Dir) Lock(ctx context.Context) (func(), error) {
+	if err := d.Ensure(); err != nil {
+		return nil, err
+	}
+	l := flock.New(filepath.Join(d.Path, LockFile), flock.SetPermissions(0o600))
+	ok, err := l.TryLockContext(ctx, 50*time.Millisecond)
+	if err != nil {
+		return nil, fmt.Errorf("unable to lock cache directory %s: %w", d.Path, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("unable to lock cache directory %s: %w", d.Path, ctx.Err())
+	}
+	return func() { _ = l.Unlock() }, nil
+}
+
+// Load reads and parses the current credential. It returns ErrNotFound when
+// there is none, and an error saying what is wrong when the file is corrupt
+// or its key does not match its certificate; callers replace such a file,
+// never trust it.
+func (d Dir) Load() (*Credential, error) {
+	data, err := os.ReadFile(filepath.Join(d.Path, CurrentFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read cached credential: %w", err)
+	}
+	return ParseCredential(data)
+}
+
+// ParseCredential parses a certificate chain followed by its key, as Store
+// writes it.
+func ParseCredential(data []byte) (*Credential, error) {
+	var certPEM, keyPEM bytes.Buffer
+	rest := data
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		switch blk.Type {
+		case "CERTIFICATE":
+			_ = pem.Encode(&certPEM, blk)
+		case "PRIVATE KEY", "EC PRIVATE KEY":
+			if keyPEM.Len() != 0 {
+				return nil, errors.New("cached credential has more than one key")
+			}
+			_ = pem.Encode(&keyPEM, blk)
+		default:
+			return nil, fmt.Errorf("cached credential has an unexpected %q block", blk.Type)
+		}
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("cached credential has trailing data")
+	}
+	if certPEM.Len() == 0 || keyPEM.Len() == 0 {
+		return nil, errors.New("cached credential lacks a certificate or a key")
+	}
+	pair, err := tls.X509KeyPair(certPEM.Bytes(), keyPEM.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("cached credential is invalid: %w", err)
+	}
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, errors.New("cached key cannot sign")
+	}
+	return &Credential{CertPEM: certPEM.Bytes(), KeyPEM: keyPEM.Bytes(), Leaf: pair.Leaf, Key: signer}, nil
+}
+
+// Store replaces the current credential atomically (0600).
+func (d Dir) Store(certPEM, keyPEM []byte) error {
+	if _, err := ParseCredential(append(append([]byte{}, certPEM...), keyPEM...)); err != nil {
+		return fmt.Errorf("refusing to store credential: %w", err)
+	}
+	if err := d.Ensure(); err != nil {
+		return err
+	}
+	data := append(append([]byte{}, certPEM...), keyPEM...)
+	return WriteFileAtomic(filepath.Join(d.Path, CurrentFile), data, 0o600)
+}
+
+// LoadPendingKey returns the key of a CSR in flight, or nil if there is none
+// (or the file is unusable, in which case it is discarded).
+func (d Dir) LoadPendingKey() (*ecdsa.PrivateKey, error) {
+	p := filepath.Join(d.Path, PendingKeyFile)
+	data, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read pending key: %w", err)
+	}
+	key, err := parseECKey(data)
+	if err != nil {
+		// A corrupt pending key is replaced, never trusted.
+		_ = os.Remove(p)
+		return nil, nil
+	}
+	return key, nil
+}
+
+// StorePendingKey records the key of a CSR about to be filed (0600).
+func (d Dir) StorePendingKey(key *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("unable to encode key: %w", err)
+	}
+	if err := d.Ensure(); err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(d.Path, PendingKeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+// ClearPendingKey forgets the key of the CSR in flight.
+func (d Dir) ClearPendingKey() error {
+	err := os.Remove(filepath.Join(d.Path, PendingKeyFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("unable to remove pending key: %w", err)
+	}
+	return nil
+}
+
+func parseECKey(data []byte) (*ecdsa.PrivateKey, error) {
+	blk, rest := pem.Decode(data)
+	if blk == nil || len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("not a single PEM block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	ec, ok := k.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, errors.New("not an ECDSA key")
+	}
+	return ec, nil
+}
+
+// WriteFileAtomic writes data to a temporary file in the same directory,
+// syncs it, and renames it over path, so that readers see the old content or
+// the new, never a partial file.
+func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("unable to write %s: %w", path, err)
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,396 @@
+// Package credential obtains the kubelet client credential: from the cache
+// when it is fresh, otherwise by attesting, filing a CSR and waiting for the
+// signer. It is what the exec plugin and the agent's renewal both call.
+package credential
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/agent/csr"
+	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// ReasonUnsupportedEvidenceVersion is the denial reason after which the node
+// re-files in a version the signer supports.
+const ReasonUnsupportedEvidenceVersion = "UnsupportedEvidenceVersion"
+
+// Source obtains credentials.
+type Source struct {
+	Config   *config.NodeConfig
+	Attestor attestor.Attestor
+	// Cluster is the cluster the credential is for, from
+	// KUBERNETES_EXEC_INFO; nil when not provided.
+	Cluster *clientauthv1.Cluster
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logf receives progress lines (the exec plugin sends them to stderr);
+	// nil discards them.
+	Logf func(format string, args ...any)
+}
+
+func (s *Source) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Source) logf(format string, args ...any) {
+	if s.Logf != nil {
+		s.Logf(format, args...)
+	}
+}
+
+func (s *Source) dir() cache.Dir { return cache.Dir{Path: s.Config.CacheDir} }
+
+// Cached returns the cached credential if it is fresh: its key matches, it
+// is inside its validity with the safety margin and not past the point
+// where the exec plugin renews. It takes no lock and touches no network.
+func (s *Source) Cached() (*cache.Credential, bool) {
+	cred, err := s.dir().Load()
+	if err != nil {
+		return nil, false
+	}
+	return cred, rotation.Fresh(cred.Leaf, s.now())
+}
+
+// Get returns a credential kubelet can use now, and the time until which it
+// should be reused. When the cache is not fresh it takes the cache lock,
+// looks again (another process may have renewed it meanwhile) and renews.
+// If renewing fails while the cached certificate is still usable, that
+// certificate is returned and the failure only logged: a failed renewal never
+// takes a working credential away.
+func (s *Source) Get(ctx context.Context) (*cache.Credential, time.Time, error) {
+	if cred, ok := s.Cached(); ok {
+		return cred, rotation.Expiration(cred.Leaf), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.Config.RequestTimeout.Duration)
+	defer cancel()
+	unlock, err := s.dir().Lock(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	defer unlock()
+	return s.renewLocked(ctx, false)
+}
+
+// Renew obtains a new credential even if the cached one is fresh (the agent
+// calls it at its renewal point). It holds the cache lock throughout.
+func (s *Source) Renew(ctx context.Context) (*cache.Credential, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.Config.RequestTimeout.Duration)
+	defer cancel()
+	unlock, err := s.dir().Lock(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	defer unlock()
+	return s.renewLocked(ctx, true)
+}
+
+func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential, time.Time, error) {
+	current, err := s.dir().Load()
+	switch {
+	case errors.Is(err, cache.ErrNotFound):
+		current = nil
+	case err != nil:
+		s.logf("replacing unusable cached credential: %v", err)
+		current = nil
+	case !force && rotation.Fresh(current.Leaf, s.now()):
+		return current, rotation.Expiration(current.Leaf), nil
+	}
+	if current != nil && !rotation.Usable(current.Leaf, s.now()) {
+		current = nil
+	}
+	cred, err := s.obtain(ctx, current)
+	if err != nil {
+		if current != nil {
+			retry := s.now().Add(time.Minute)
+			if end := current.Leaf.NotAfter.Add(-rotation.Margin(current.Leaf)); end.Before(retry) {
+				retry = end
+			}
+			s.logf("renewal failed, keeping the current certificate (valid until %s): %v", current.Leaf.NotAfter.UTC().Format(time.RFC3339), err)
+			return current, retry, nil
+		}
+		return nil, time.Time{}, err
+	}
+	return cred, rotation.Expiration(cred.Leaf), nil
+}
+
+// obtain files a CSR with fresh evidence and waits for the certificate.
+// current, when set, is a usable certificate that authenticates the renewal
+// as the node itself.
+func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
+	cfg := s.Config
+	restCfg, err := s.restConfig(current)
+	if err != nil {
+		return nil, err
+	}
+	client, err := csr.NewClient(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	dir := s.dir()
+	key, err := dir.LoadPendingKey()
+	if err != nil {
+		return nil, err
+	}
+	if key == nil {
+		if key, err = csr.GenerateKey(); err != nil {
+			return nil, fmt.Errorf("unable to generate key: %w", err)
+		}
+		if err := dir.StorePendingKey(key); err != nil {
+			return nil, err
+		}
+	}
+	binding, err := csr.Binding(key)
+	if err != nil {
+		return nil, err
+	}
+	pkcs10, err := csr.PKCS10(key, cfg.NodeName, cfg.ProviderID)
+	if err != nil {
+		return nil, err
+	}
+	var expiration *int32
+	if d := cfg.CertificateLifetime.Duration; d > 0 {
+		v := int32(d / time.Second)
+		expiration = &v
+	}
+
+	version := ""
+	tried := map[string]bool{}
+	for {
+		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, Version: version}
+		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, req)
+		var denied *csr.DeniedError
+		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
+			tried[version] = true
+			next, ok := s.nextVersion(ctx, client, denied.Name, tried)
+			if ok {
+				s.logf("signer does not accept evidence version %q; re-filing with %q", version, next)
+				version = next
+				continue
+			}
+		}
+		if err != nil {
+			if errors.As(err, &denied) {
+				// A denied key is never reused: the next attempt starts afresh.
+				_ = dir.ClearPendingKey()
+			}
+			return nil, err
+		}
+		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			return nil, err
+		}
+		keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+		if err := dir.Store(certPEM, keyPEM); err != nil {
+			return nil, err
+		}
+		if err := dir.ClearPendingKey(); err != nil {
+			s.logf("%v", err)
+		}
+		return dir.Load()
+	}
+}
+
+// fileAndWait files one CSR (and, for attestors that answer a challenge, the
+// second) and returns the issued certificate.
+func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, req *attestor.Request) ([]byte, error) {
+	cfg := s.Config
+	provider := cfg.Attestor
+	evidence, err := s.Attestor.Attest(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("attestation failed: %w", err)
+	}
+	version, err := attestor.EvidenceVersion(evidence)
+	if err != nil {
+		return nil, fmt.Errorf("attestor produced invalid evidence: %w", err)
+	}
+	request, err := attestor.EncodeRequest(pkcs10, provider, evidence)
+	if err != nil {
+		return nil, err
+	}
+	name, err := csr.Name(cfg.SignerName, cfg.NodeName, key, version, "1")
+	if err != nil {
+		return nil, err
+	}
+	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, annotationsFor(evidence)))
+	if err != nil {
+		return nil, err
+	}
+	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, cfg.SignerName, provider, version)
+	responder, _ := s.Attestor.(attestor.Responder)
+	var challenge *attestor.Challenge
+	obj, err = client.Wait(ctx, name, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+		cert, err := csr.Outcome(o)
+		if err != nil || cert != nil {
+			return true, err
+		}
+		if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
+			challenge = &attestor.Challenge{CSRName: o.Name, CSRUID: string(o.UID), Data: []byte(ch)}
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if challenge == nil {
+		return csr.Outcome(obj)
+	}
+
+	// Second round: answer the challenge in a new CSR over the same key.
+	answer, err := responder.Respond(ctx, req, challenge)
+	if err != nil {
+		return nil, fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
+	}
+	request2, err := attestor.EncodeRequest(pkcs10, provider, answer)
+	if err != nil {
+		return nil, err
+	}
+	name2, err := csr.Name(cfg.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, nil)); err != nil {
+		return nil, err
+	}
+	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)
+	obj, err = client.Wait(ctx, name2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+		cert, err := csr.Outcome(o)
+		return err != nil || cert != nil, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return csr.Outcome(obj)
+}
+
+// annotationsFor returns the annotations the node writes on its CSR. Only
+// the TPM attestor has one (the EK public key), which it reports through an
+// optional "endorsementKey" field of its evidence.
+func annotationsFor(evidence attestor.Evidence) map[string]string {
+	var ek struct {
+		EndorsementKey []byte `json:"endorsementKey"`
+	}
+	if json.Unmarshal(evidence, &ek) != nil || len(ek.EndorsementKey) == 0 {
+		return nil
+	}
+	return map[string]string{attestor.AnnotationEndorsementKey: base64.StdEncoding.EncodeToString(ek.EndorsementKey)}
+}
+
+// nextVersion picks the newest evidence version both the attestor and the
+// signer support, from the signer's annotation on the denied CSR.
+func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name string, tried map[string]bool) (string, bool) {
+	obj, err := client.Get(ctx, name)
+	if err != nil {
+		return "", false
+	}
+	supported := strings.Split(obj.Annotations[attestor.AnnotationSupportedVersions], ",")
+	for _, v := range s.Attestor.Versions() {
+		if !tried[v] && slices.Contains(supported, v) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// restConfig returns the client configuration for filing the CSR: the
+// cluster from KUBERNETES_EXEC_INFO when provided, else from the bootstrap
+// kubeconfig; authenticated as the node with current when there is one (a
+// renewal), else with the bootstrap credential.
+func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
+	var boot *rest.Config
+	bootErr := error(nil)
+	if data, err := os.ReadFile(s.Config.BootstrapKubeconfig); err != nil {
+		bootErr = fmt.Errorf("unable to read bootstrap kubeconfig: %w", err)
+	} else if boot, err = clientcmd.RESTConfigFromKubeConfig(data); err != nil {
+		bootErr = fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", s.Config.BootstrapKubeconfig, err)
+	}
+	cfg := &rest.Config{}
+	switch {
+	case s.Cluster != nil && s.Cluster.Server != "":
+		cfg.Host = s.Cluster.Server
+		cfg.TLSClientConfig.CAData = s.Cluster.CertificateAuthorityData
+		cfg.TLSClientConfig.ServerName = s.Cluster.TLSServerName
+		cfg.TLSClientConfig.Insecure = s.Cluster.InsecureSkipTLSVerify
+		if s.Cluster.ProxyURL != "" {
+			return nil, errors.New("cluster proxy-url is not supported")
+		}
+	case boot != nil:
+		cfg.Host = boot.Host
+		cfg.TLSClientConfig = rest.TLSClientConfig{CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}
+	default:
+		return nil, fmt.Errorf("no cluster to talk to: KUBERNETES_EXEC_INFO has none and %w", bootErr)
+	}
+	if current != nil {
+		cfg.TLSClientConfig.CertData = current.CertPEM
+		cfg.TLSClientConfig.KeyData = current.KeyPEM
+		return cfg, nil
+	}
+	if boot == nil {
+		return nil, bootErr
+	}
+	cfg.BearerToken = boot.BearerToken
+	cfg.BearerTokenFile = boot.BearerTokenFile
+	cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = boot.CertData, boot.KeyData
+	cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile = boot.CertFile, boot.KeyFile
+	if cfg.BearerToken == "" && cfg.BearerTokenFile == "" && len(cfg.CertData) == 0 && cfg.CertFile == "" {
+		return nil, fmt.Errorf("bootstrap kubeconfig %s has no credential", s.Config.BootstrapKubeconfig)
+	}
+	return cfg, nil
+}
+
+// ExecInfo parses KUBERNETES_EXEC_INFO. An empty value yields nil.
+func ExecInfo(env string) (*clientauthv1.ExecCredential, error) {
+	if strings.TrimSpace(env) == "" {
+		return nil, nil
+	}
+	var ec clientauthv1.ExecCredential
+	if err := json.Unmarshal([]byte(env), &ec); err != nil {
+		return nil, fmt.Errorf("unable to parse KUBERNETES_EXEC_INFO: %w", err)
+	}
+	switch ec.APIVersion {
+	case "client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1":
+	default:
+		return nil, fmt.Errorf("KUBERNETES_EXEC_INFO has apiVersion %q; this plugin speaks client.authentication.k8s.io/v1 (and v1beta1)", ec.APIVersion)
+	}
+	return &ec, nil
+}
+
+// Marshal returns the ExecCredential JSON for cred, in the apiVersion kubelet
+// asked with ("" means v1).
+func Marshal(apiVersion string, cred *cache.Credential, expires time.Time) ([]byte, error) {
+	if apiVersion == "" {
+		apiVersion = "client.authentication.k8s.io/v1"
+	}
+	ts := metav1.NewTime(expires.UTC().Truncate(time.Second))
+	return json.Marshal(&clientauthv1.ExecCredential{
+		TypeMeta: metav1.TypeMeta{APIVersion: apiVersion, Kind: "ExecCredential"},
+		Status: &clientauthv1.ExecCredentialStatus{
+			ExpirationTimestamp:   &ts,
+			ClientCertificateData: string(cred.CertPEM),
+			ClientKeyData:         string(cred.KeyPEM),
+		},
+	})
+}

@@ -1,0 +1,224 @@
+// Package csr builds attested kubelet client certificate signing requests as
+// the wire contract lays them out, files them under a deterministic name so
+// that a retry finds the same object, and waits for the signer's answer.
+package csr
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/agent/kube"
+)
+
+// NamePrefix starts the name of every CSR this project files.
+const NamePrefix = "kubelet-authenticator-"
+
+// ClientUsages are the usages of a kubelet client certificate.
+var ClientUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+
+// GenerateKey returns a new ECDSA P-256 key, the only key type the contract
+// uses for kubelet client certificates.
+func GenerateKey() (*ecdsa.PrivateKey, error) {
+	return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+}
+
+// SPKI returns the DER SubjectPublicKeyInfo of key's public half.
+func SPKI(key *ecdsa.PrivateKey) ([]byte, error) {
+	return x509.MarshalPKIXPublicKey(&key.PublicKey)
+}
+
+// Binding returns the binding evidence for key must commit to.
+func Binding(key *ecdsa.PrivateKey) ([]byte, error) {
+	spki, err := SPKI(key)
+	if err != nil {
+		return nil, err
+	}
+	return attestor.Binding(spki), nil
+}
+
+// PKCS10 returns the DER certificate request for nodeName, carrying
+// providerID in the provider-ID extension, signed by key.
+func PKCS10(key *ecdsa.PrivateKey, nodeName, providerID string) ([]byte, error) {
+	ext, err := attestor.ProviderIDExtension(providerID)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.CertificateRequest{
+		Subject: pkix.Name{
+			CommonName:   "system:node:" + nodeName,
+			Organization: []string{"system:nodes"},
+		},
+		ExtraExtensions: []pkix.Extension{ext},
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		return nil, fmt.Errorf("unable to create certificate request: %w", err)
+	}
+	return der, nil
+}
+
+// Name returns the deterministic name of the CSR that key files for
+// nodeName to signerName with evidence of the given version and round: the
+// same inputs give the same name, so a retry finds the CSR it filed before.
+func Name(signerName, nodeName string, key *ecdsa.PrivateKey, version, round string) (string, error) {
+	spki, err := SPKI(key)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, s := range [][]byte{[]byte(signerName), []byte(nodeName), spki, []byte(version), []byte(round)} {
+		h.Write(s)
+		h.Write([]byte{0})
+	}
+	return NamePrefix + hex.EncodeToString(h.Sum(nil)[:16]), nil
+}
+
+// Object returns the CertificateSigningRequest object to file.
+func Object(name, signerName string, request []byte, expirationSeconds *int32, annotations map[string]string) *certificatesv1.CertificateSigningRequest {
+	return &certificatesv1.CertificateSigningRequest{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "certificates.k8s.io/v1", Kind: "CertificateSigningRequest"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+		Spec: certificatesv1.CertificateSigningRequestSpec{
+			Request:           request,
+			SignerName:        signerName,
+			Usages:            ClientUsages,
+			ExpirationSeconds: expirationSeconds,
+		},
+	}
+}
+
+// DeniedError is returned when the signer denied (or failed) a CSR.
+type DeniedError struct {
+	Name    string
+	Type    certificatesv1.RequestConditionType
+	Reason  string
+	Message string
+}
+
+func (e *DeniedError) Error() string {
+	verb := "denied"
+	if e.Type == certificatesv1.CertificateFailed {
+		verb = "failed"
+	}
+	return fmt.Sprintf("certificate signing request %s was %s: %s: %s", e.Name, verb, e.Reason, e.Message)
+}
+
+// Client files and watches CertificateSigningRequests.
+type Client struct {
+	rc     *rest.RESTClient
+	scheme *runtime.Scheme
+}
+
+// NewClient returns a Client using cfg.
+func NewClient(cfg *rest.Config) (*Client, error) {
+	rc, scheme, err := kube.CertificatesClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{rc: rc, scheme: scheme}, nil
+}
+
+const resource = "certificatesigningrequests"
+
+// Create files obj. If a CSR of that name exists already and carries the
+// same PKCS#10 request (a retry of ours), it is returned instead; a
+// different one with that name is an error.
+func (c *Client) Create(ctx context.Context, obj *certificatesv1.CertificateSigningRequest) (*certificatesv1.CertificateSigningRequest, error) {
+	out := &certificatesv1.CertificateSigningRequest{}
+	err := c.rc.Post().Resource(resource).Body(obj).Do(ctx).Into(out)
+	if err == nil {
+		return out, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("unable to create certificate signing request %s: %w", obj.Name, err)
+	}
+	existing, gerr := c.Get(ctx, obj.Name)
+	if gerr != nil {
+		return nil, gerr
+	}
+	if !samePKCS10(existing.Spec.Request, obj.Spec.Request) {
+		return nil, fmt.Errorf("certificate signing request %s exists with a different request", obj.Name)
+	}
+	return existing, nil
+}
+
+// Get returns the named CSR.
+func (c *Client) Get(ctx context.Context, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	out := &certificatesv1.CertificateSigningRequest{}
+	if err := c.rc.Get().Resource(resource).Name(name).Do(ctx).Into(out); err != nil {
+		return nil, fmt.Errorf("unable to get certificate signing request %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// Wait watches the named CSR until done reports true or returns an error,
+// or ctx ends. done sees every version of the object, starting with the
+// current one.
+func (c *Client) Wait(ctx context.Context, name string, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+	lw := cache.NewListWatchFromClient(c.rc, resource, "", fields.OneTermEqualSelector("metadata.name", name))
+	ev, err := watchtools.UntilWithSync(ctx, lw, &certificatesv1.CertificateSigningRequest{}, nil,
+		func(ev watch.Event) (bool, error) {
+			switch ev.Type {
+			case watch.Deleted:
+				return false, fmt.Errorf("certificate signing request %s was deleted", name)
+			case watch.Added, watch.Modified:
+				obj, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+				if !ok {
+					return false, nil
+				}
+				return done(obj)
+			}
+			return false, nil
+		})
+	if err != nil {
+		if errors.Is(err, watchtools.ErrWatchClosed) || ctx.Err() != nil {
+			return nil, fmt.Errorf("timed out waiting for certificate signing request %s to be signed: %w", name, context.DeadlineExceeded)
+		}
+		return nil, err
+	}
+	return ev.Object.(*certificatesv1.CertificateSigningRequest), nil
+}
+
+// Outcome reports what the signer decided on a CSR: its certificate, a
+// *DeniedError, or neither (still pending).
+func Outcome(obj *certificatesv1.CertificateSigningRequest) ([]byte, error) {
+	for _, c := range obj.Status.Conditions {
+		if (c.Type == certificatesv1.CertificateDenied || c.Type == certificatesv1.CertificateFailed) && c.Status != corev1.ConditionFalse {
+			return nil, &DeniedError{Name: obj.Name, Type: c.Type, Reason: c.Reason, Message: c.Message}
+		}
+	}
+	if len(obj.Status.Certificate) > 0 {
+		return obj.Status.Certificate, nil
+	}
+	return nil, nil
+}
+
+func samePKCS10(a, b []byte) bool {
+	ra, errA := attestor.ParseRequest(a)
+	rb, errB := attestor.ParseRequest(b)
+	if errA != nil || errB != nil {
+		return false
+	}
+	return bytes.Equal(ra.CSR.RawSubjectPublicKeyInfo, rb.CSR.RawSubjectPublicKeyInfo) && ra.CSR.Subject.CommonName == rb.CSR.Subject.CommonName
+}
