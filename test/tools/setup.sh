@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need on a fresh machine, idempotently:
+# the Debian packages in test/tools/apt-packages.txt (swtpm, ...) and the
+# Kubernetes and etcd binaries (built from Go modules, cached outside the
+# repository by test/tools/install-k8s.sh). Prints the binaries' directory.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+missing=()
+while read -r pkg; do
+  [ -z "$pkg" ] && continue
+  case "$pkg" in \#*) continue ;; esac
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done < "$here/apt-packages.txt"
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >&2 || true
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+"$here/install-k8s.sh" | tail -n 1
