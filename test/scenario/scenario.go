@@ -1,0 +1,235 @@
+// Package scenario sets up the whole product for end-to-end tests, the demo
+// and the benchmarks: a management cluster with the Cluster API CRDs, a
+// workload cluster opted in to attestation, the real node-attestation-controller
+// binary watching it, and a node: a config file, a bootstrap token
+// kubeconfig, and a kubeconfig whose user runs the real kubelet-authenticator
+// binary as its exec credential plugin.
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// Annotations that opt a Cluster in.
+const (
+	AnnotationEnabled    = "kubelet-authenticator.x-k8s.io/enabled"
+	AnnotationAttestors  = "kubelet-authenticator.x-k8s.io/authorized-attestors"
+	DefaultNamespace     = "fleet"
+	DefaultClusterName   = "workload"
+	binaryTags           = "tpmsimulator"
+	controllerBinaryName = "node-attestation-controller"
+	nodeBinaryName       = "kubelet-authenticator"
+)
+
+var built struct {
+	sync.Mutex
+	dir string
+}
+
+// Binaries builds kubelet-authenticator (with the test build tags) and
+// node-attestation-controller (CGO_ENABLED=0, as released) once per test
+// process and returns the directory holding them.
+func Binaries(tb testing.TB) string {
+	tb.Helper()
+	built.Lock()
+	defer built.Unlock()
+	if built.dir != "" {
+		return built.dir
+	}
+	root, err := harness.RepoRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "ka-bin-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, b := range []struct {
+		name, pkg string
+		env       []string
+		tags      string
+	}{
+		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, binaryTags},
+		{controllerBinaryName, "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, ""},
+	} {
+		cmd := exec.Command("go", "build", "-tags", b.tags, "-o", filepath.Join(dir, b.name), b.pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), b.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.Fatalf("unable to build %s: %v\n%s", b.name, err, out)
+		}
+	}
+	built.dir = dir
+	return dir
+}
+
+// Env is a running scenario.
+type Env struct {
+	Mgmt     *harness.Management
+	Workload *harness.ControlPlane
+	// Namespace and Cluster name the Cluster object on the management side.
+	Namespace, Cluster string
+	// BinDir holds the project's binaries; K8sBin the Kubernetes ones.
+	BinDir, K8sBin string
+	// Token is the workload cluster's bootstrap token and BootstrapKubeconfig
+	// a kubeconfig that uses it.
+	Token, BootstrapKubeconfig string
+	// Dir is the scenario's scratch directory.
+	Dir string
+
+	controller *harness.Process
+}
+
+// Options shape a scenario.
+type Options struct {
+	// Attestors authorized on the Cluster; default "insecure".
+	Attestors string
+	// ControllerArgs are extra flags for the controller.
+	ControllerArgs []string
+	// NoController leaves the controller stopped (StartController starts it).
+	NoController bool
+}
+
+// Start brings up the scenario. Everything stops when the test ends.
+func Start(tb testing.TB, o Options) *Env {
+	tb.Helper()
+	if o.Attestors == "" {
+		o.Attestors = "insecure"
+	}
+	e := &Env{Namespace: DefaultNamespace, Cluster: DefaultClusterName, Dir: tb.TempDir()}
+	e.BinDir = Binaries(tb)
+	e.K8sBin = harness.Binaries(tb)
+	e.Mgmt = harness.StartManagement(tb)
+	e.Workload = harness.StartControlPlane(tb, e.Cluster)
+	e.Mgmt.AddWorkloadCluster(tb, e.Namespace, e.Cluster, e.Workload, map[string]string{
+		AnnotationEnabled:   "true",
+		AnnotationAttestors: o.Attestors,
+	})
+	e.Token = e.Workload.CreateBootstrapToken(tb)
+	e.BootstrapKubeconfig = e.Workload.BootstrapKubeconfig(tb, e.Token)
+	if !o.NoController {
+		e.StartController(tb, o.ControllerArgs...)
+	}
+	return e
+}
+
+// StartController runs the node-attestation-controller binary against the
+// management cluster.
+func (e *Env) StartController(tb testing.TB, extra ...string) *harness.Process {
+	tb.Helper()
+	args := append([]string{
+		"--kubeconfig=" + e.Mgmt.AdminKubeconfig,
+		"--leader-election-namespace=default",
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=0",
+		"-v=2",
+	}, extra...)
+	e.controller = harness.StartProcess(tb, controllerBinaryName, filepath.Join(e.Dir, "controller.log"),
+		filepath.Join(e.BinDir, controllerBinaryName), args...)
+	return e.controller
+}
+
+// ControllerLog returns the controller's log so far.
+func (e *Env) ControllerLog() string {
+	b, _ := os.ReadFile(filepath.Join(e.Dir, "controller.log"))
+	return string(b)
+}
+
+// Node is one node's files.
+type Node struct {
+	Name, ProviderID string
+	// Dir holds the node's files; CacheDir its credential cache.
+	Dir, CacheDir string
+	// ConfigPath is its NodeConfig and Kubeconfig the exec-plugin kubeconfig.
+	ConfigPath, Kubeconfig string
+	env                    *Env
+}
+
+// NewNode writes a node's config and kubeconfigs. It does not create a
+// Machine (see Machine).
+func (e *Env) NewNode(tb testing.TB, name, providerID, attestorName string, extraConfig ...string) *Node {
+	tb.Helper()
+	n := &Node{Name: name, ProviderID: providerID, Dir: filepath.Join(e.Dir, "node-"+name), env: e}
+	n.CacheDir = filepath.Join(n.Dir, "cache")
+	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	n.ConfigPath = filepath.Join(n.Dir, "config.yaml")
+	cfg := fmt.Sprintf(`apiVersion: %s
+kind: %s
+nodeName: %s
+providerID: %q
+attestor: %s
+bootstrapKubeconfig: %s
+cacheDir: %s
+requestTimeout: 60s
+`, config.APIVersion, config.Kind, name, providerID, attestorName, e.BootstrapKubeconfig, n.CacheDir)
+	cfg += strings.Join(extraConfig, "\n")
+	if err := os.WriteFile(n.ConfigPath, []byte(cfg), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	n.Kubeconfig = filepath.Join(n.Dir, "kubelet.kubeconfig")
+	kc := e.Workload.KubeconfigFor("", clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{
+		APIVersion:         "client.authentication.k8s.io/v1",
+		Command:            filepath.Join(e.BinDir, nodeBinaryName),
+		Args:               []string{"credential", "--config=" + n.ConfigPath},
+		InteractiveMode:    clientcmdapi.NeverExecInteractiveMode,
+		ProvideClusterInfo: true,
+	}})
+	if err := os.WriteFile(n.Kubeconfig, kc, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// Machine creates the node's Machine in the management cluster, bootstrap
+// ready, claiming the node's name as its hostname.
+func (e *Env) Machine(tb testing.TB, n *Node) {
+	tb.Helper()
+	e.Mgmt.CreateMachine(tb, e.Namespace, e.Cluster, "machine-"+n.Name, n.ProviderID, true, n.Name)
+}
+
+// Result is a finished command.
+type Result struct {
+	Stdout, Stderr string
+	Err            error
+	Took           time.Duration
+}
+
+// Credential runs `kubelet-authenticator credential` for the node, as
+// kubelet would (KUBERNETES_EXEC_INFO with the cluster).
+func (n *Node) Credential(ctx context.Context, extra ...string) Result {
+	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
+		n.env.Workload.URL, n.env.Workload.CACertPEM)
+	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, filepath.Join(n.env.BinDir, nodeBinaryName),
+		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)
+}
+
+// Kubectl runs the built kubectl with the node's exec-plugin kubeconfig.
+func (n *Node) Kubectl(ctx context.Context, args ...string) Result {
+	return run(ctx, nil, filepath.Join(n.env.K8sBin, "kubectl"), append([]string{"--kubeconfig=" + n.Kubeconfig}, args...)...)
+}
+
+func run(ctx context.Context, env []string, bin string, args ...string) Result {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), Err: err, Took: time.Since(start)}
+}
