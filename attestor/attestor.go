@@ -15,6 +15,7 @@ package attestor
 
 import (
 	"context"
+	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"errors"
@@ -47,6 +48,18 @@ type Request struct {
 	ProviderID string
 	// Binding is Binding(SPKI of the CSR key).
 	Binding []byte
+	// SPKI is the DER SubjectPublicKeyInfo of the CSR key, for attestors
+	// that must show the key itself to their evidence source (TPM2_Certify
+	// loads it into the TPM; the TPM challenge answer is bound to it).
+	// Binding must equal Binding(SPKI). Optional for attestors that need
+	// only the binding.
+	SPKI []byte
+	// Key is the CSR's private key, for attestors whose evidence source
+	// must be shown possession of it: TPM2_Certify refuses a public-only
+	// object, so the TPM attestor loads the key pair into the TPM's null
+	// hierarchy (transiently) to certify it. Optional for other attestors;
+	// never sent anywhere.
+	Key crypto.Signer
 	// Version is the evidence version to produce; "" for the newest.
 	Version string
 }

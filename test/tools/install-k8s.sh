@@ -27,6 +27,15 @@ fi
 
 log() { echo "install-k8s: $*" >&2; }
 mkdir -p "$out"
+
+# One build at a time: test binaries of several packages (and people) may run
+# this together, and a second copy would delete the first one's work tree.
+exec 9>"$KA_CACHE/install-k8s.lock"
+flock 9
+if have_all; then
+  echo "$out"
+  exit 0
+fi
 work="$KA_CACHE/src"
 mkdir -p "$work"
 
@@ -63,7 +72,12 @@ GO
   done < <(awk '/^require|^\t/ {print}' "$modfile" | grep -E '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0( |$)' | awk '{print $1}' | sort -u)
   go mod edit -require="k8s.io/kubernetes@v${K8S_VERSION}" "${replaces[@]}"
   GOFLAGS="-mod=mod" go mod tidy -e >/dev/null 2>&1 || true
-  GOFLAGS="-mod=mod" go build -trimpath -ldflags="-s -w" -o "$out/" \
+  # Stamp the release version: unstamped binaries report v0.0.0-master
+  # (kube-apiserver /version, kubectl version, kubemark's kubeletVersion).
+  vpkg=k8s.io/component-base/version
+  minor="${K8S_VERSION#1.}"; minor="${minor%%.*}"
+  ldflags="-s -w -X ${vpkg}.gitVersion=v${K8S_VERSION} -X ${vpkg}.gitMajor=1 -X ${vpkg}.gitMinor=${minor} -X ${vpkg}.gitTreeState=clean"
+  GOFLAGS="-mod=mod" go build -trimpath -ldflags="$ldflags" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kubemark \

@@ -1,0 +1,518 @@
+package aws
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
+	awsemu "sigs.k8s.io/kubelet-authenticator/test/emulators/aws"
+)
+
+func newBinding(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return attestor.Binding(der)
+}
+
+// realdata returns the path of a file under ../shared/realdata, located
+// from the repository root. A missing file fails the test.
+func realdata(t testing.TB, elem ...string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("repository root (go.mod) not found")
+		}
+		dir = parent
+	}
+	p := filepath.Join(append([]string{dir, "..", "shared", "realdata"}, elem...)...)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("real test data missing (it must be present, never skipped): %v", err)
+	}
+	return p
+}
+
+type fixture struct {
+	emu     *awsemu.Emulator
+	att     *Attestor
+	cfg     VerifierConfig
+	binding []byte
+}
+
+func newFixture(t *testing.T, inst awsemu.Instance) *fixture {
+	t.Helper()
+	emu := awsemu.New(t, inst)
+	att, err := NewAttestor(AttestorConfig{IMDSEndpoint: emu.IMDSURL, STSEndpoint: emu.STSURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{
+		emu: emu,
+		att: att,
+		cfg: VerifierConfig{
+			CertificatesDir: emu.WriteCertDir(t),
+			Accounts:        []string{emu.Instance.AccountID},
+			STS: STSConfig{
+				Hosts: []string{emu.STSHost},
+				TLS:   &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{PEM: emu.STSCAPEM}},
+			},
+		},
+		binding: newBinding(t),
+	}
+}
+
+func (f *fixture) providerID() string {
+	return "aws:///" + f.emu.Instance.AvailabilityZone + "/" + f.emu.Instance.InstanceID
+}
+
+func (f *fixture) attest(t *testing.T) attestor.Evidence {
+	t.Helper()
+	ev, err := f.att.Attest(context.Background(), &attestor.Request{NodeName: "node-a", ProviderID: f.providerID(), Binding: f.binding})
+	if err != nil {
+		t.Fatalf("Attest: %v", err)
+	}
+	return ev
+}
+
+func (f *fixture) verifier(t *testing.T) *Verifier {
+	t.Helper()
+	v, err := NewVerifier(f.cfg)
+	if err != nil {
+		t.Fatalf("NewVerifier: %v", err)
+	}
+	return v
+}
+
+func (f *fixture) request(ev attestor.Evidence) *attestor.VerifyRequest {
+	return &attestor.VerifyRequest{Evidence: ev, Version: VersionV1, Binding: f.binding, NodeName: "node-a", ProviderID: f.providerID()}
+}
+
+func editEvidence(t *testing.T, ev attestor.Evidence, edit func(*Evidence)) attestor.Evidence {
+	t.Helper()
+	var e Evidence
+	if err := json.Unmarshal(ev, &e); err != nil {
+		t.Fatal(err)
+	}
+	edit(&e)
+	out, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func editQuery(t *testing.T, raw string, edit func(url.Values)) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	edit(q)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func wantDenial(t *testing.T, err error, reason string) {
+	t.Helper()
+	d, ok := attestor.AsDenial(err)
+	if !ok {
+		t.Fatalf("got %v, want a denial with reason %s", err, reason)
+	}
+	if d.Reason != reason {
+		t.Fatalf("got denial %v, want reason %s", d, reason)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	ev := f.attest(t)
+	if v, err := attestor.EvidenceVersion(ev); err != nil || v != VersionV1 {
+		t.Fatalf("EvidenceVersion = %q, %v", v, err)
+	}
+	res, err := f.verifier(t).Verify(context.Background(), f.request(ev))
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	want := attestor.Identity{ProviderID: f.providerID(), Stable: "aws:" + f.emu.Instance.AccountID + ":" + f.emu.Instance.InstanceID}
+	if res.Identity == nil || *res.Identity != want || res.Challenge != nil {
+		t.Fatalf("Verify = %+v, want identity %+v", res, want)
+	}
+	if f.emu.STSCalls() != 1 {
+		t.Fatalf("STS was called %d times, want 1", f.emu.STSCalls())
+	}
+	// The request travels inside a CSR: check it survives the wire format.
+	req, err := attestor.EncodeRequest([]byte{0x30, 0}, Name, ev)
+	if err != nil || len(req) == 0 {
+		t.Fatalf("EncodeRequest: %v", err)
+	}
+}
+
+func TestAttestRequiresIMDSv2Token(t *testing.T) {
+	emu := awsemu.New(t, awsemu.Instance{})
+	resp, err := http.Get(emu.IMDSURL + "/latest/dynamic/instance-identity/document")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("IMDSv1 GET answered %s, want 401", resp.Status)
+	}
+}
+
+func TestDenials(t *testing.T) {
+	other := awsemu.New(t, awsemu.Instance{})
+	tests := []struct {
+		name   string
+		reason string
+		// setup may change the fixture before attesting; edit changes the
+		// evidence and the request after.
+		setup func(t *testing.T, f *fixture)
+		edit  func(t *testing.T, f *fixture, v *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence
+	}{
+		{
+			name: "signature by an untrusted CA", reason: ReasonUntrustedSigner,
+			setup: func(t *testing.T, f *fixture) { f.cfg.CertificatesDir = other.WriteCertDir(t) },
+		},
+		{
+			name: "signer certificate embedded by the attacker is ignored", reason: ReasonUntrustedSigner,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					sig, err := awsemu.SignWith(e.Document, other.RegionCert, other.RegionKey)
+					if err != nil {
+						t.Fatal(err)
+					}
+					e.RSA2048 = sig
+				})
+			},
+		},
+		{
+			name: "document altered after signing", reason: ReasonDocumentMismatch,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					e.Document = bytes.Replace(e.Document, []byte(f.emu.Instance.InstanceID), []byte("i-0fffffffffffffff0"), 1)
+				})
+			},
+		},
+		{
+			name: "signed content altered", reason: ReasonInvalidSignature,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					from, to := []byte(f.emu.Instance.InstanceID), []byte("i-0fffffffffffffff0")
+					e.RSA2048 = bytes.Replace(e.RSA2048, from, to, 1)
+					e.Document = bytes.Replace(e.Document, from, to, 1)
+				})
+			},
+		},
+		{
+			name: "region of the signing certificate differs", reason: ReasonRegionMismatch,
+			setup: func(t *testing.T, f *fixture) {
+				dir := t.TempDir()
+				if err := os.WriteFile(filepath.Join(dir, "us-east-1.pem"), f.emu.RegionCertPEM, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				f.cfg.CertificatesDir = dir
+			},
+		},
+		{
+			name: "binding from another key", reason: ReasonBindingMismatch,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
+				in.Binding = newBinding(t)
+				return ev
+			},
+		},
+		{
+			name: "binding header rewritten after signing", reason: ReasonSTSRejected,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
+				in.Binding = newBinding(t)
+				return editEvidence(t, ev, func(e *Evidence) { e.STS.Headers[BindingHeader] = bindingHex(in.Binding) })
+			},
+		},
+		{
+			name: "expired presigned request", reason: ReasonPresignExpired,
+			edit: func(t *testing.T, f *fixture, v *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				v.now = func() time.Time { return time.Now().Add(2 * time.Minute) }
+				return ev
+			},
+		},
+		{
+			name: "presigned request valid for more than 60 seconds", reason: ReasonPresignInvalid,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					e.STS.URL = editQuery(t, e.STS.URL, func(q url.Values) { q.Set("X-Amz-Expires", "3600") })
+				})
+			},
+		},
+		{
+			name: "presigned request without the binding header signed", reason: ReasonPresignInvalid,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					e.STS.URL = editQuery(t, e.STS.URL, func(q url.Values) { q.Set("X-Amz-SignedHeaders", "host") })
+				})
+			},
+		},
+		{
+			name: "presigned request for another action", reason: ReasonPresignInvalid,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					e.STS.URL = editQuery(t, e.STS.URL, func(q url.Values) { q.Set("Action", "AssumeRole") })
+				})
+			},
+		},
+		{
+			name: "presigned request to a host not on the allowlist", reason: ReasonSTSHostNotAllowed,
+			setup: func(t *testing.T, f *fixture) { f.cfg.STS.Hosts = nil },
+		},
+		{
+			name: "lookalike STS host", reason: ReasonSTSHostNotAllowed,
+			setup: func(t *testing.T, f *fixture) { f.cfg.STS.Hosts = nil },
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return editEvidence(t, ev, func(e *Evidence) {
+					u, _ := url.Parse(e.STS.URL)
+					u.Host = "sts.amazonaws.com.attacker.example"
+					e.STS.URL = u.String()
+				})
+			},
+		},
+		{
+			name: "wrong account", reason: ReasonAccountNotAllowed,
+			setup: func(t *testing.T, f *fixture) { f.cfg.Accounts = []string{"999988887777"} },
+		},
+		{
+			name: "provider ID not matching the document", reason: ReasonProviderIDMismatch,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
+				in.ProviderID = "aws:///" + f.emu.Instance.AvailabilityZone + "/i-0aaaaaaaaaaaaaaa0"
+				return ev
+			},
+		},
+		{
+			name: "role session of another instance", reason: ReasonCallerMismatch,
+			setup: func(t *testing.T, f *fixture) {
+				id := f.emu.AddCredential("arn:aws:sts::" + f.emu.Instance.AccountID + ":assumed-role/node-role/i-0bbbbbbbbbbbbbbb0")
+				f.emu.UseCredential(id)
+			},
+		},
+		{
+			name: "not an assumed role", reason: ReasonCallerMismatch,
+			setup: func(t *testing.T, f *fixture) {
+				f.emu.UseCredential(f.emu.AddCredential("arn:aws:iam::" + f.emu.Instance.AccountID + ":user/" + f.emu.Instance.InstanceID))
+			},
+		},
+		{
+			name: "unknown evidence field", reason: ReasonMalformedEvidence,
+			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
+				return attestor.Evidence(strings.Replace(string(ev), `{`, `{"extra":1,`, 1))
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, awsemu.Instance{})
+			if tc.setup != nil {
+				tc.setup(t, f)
+			}
+			ev := f.attest(t)
+			v := f.verifier(t)
+			in := f.request(ev)
+			if tc.edit != nil {
+				in.Evidence = tc.edit(t, f, v, ev, in)
+			}
+			res, err := v.Verify(context.Background(), in)
+			if err == nil {
+				t.Fatalf("Verify accepted: %+v", res.Identity)
+			}
+			wantDenial(t, err, tc.reason)
+		})
+	}
+}
+
+func TestSTSUnreachableIsTransient(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	ev := f.attest(t)
+	v := f.verifier(t)
+	v.client = &http.Client{Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, errors.New("connection refused")
+	})}
+	_, err := v.Verify(context.Background(), f.request(ev))
+	if err == nil {
+		t.Fatal("Verify accepted with STS down")
+	}
+	if d, ok := attestor.AsDenial(err); ok {
+		t.Fatalf("STS down was a denial (%v), want a transient error", d)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestNewVerifierValidates(t *testing.T) {
+	_, err := NewVerifier(VerifierConfig{})
+	if err == nil || !strings.Contains(err.Error(), "certificatesDir") || !strings.Contains(err.Error(), "accounts") {
+		t.Fatalf("NewVerifier(empty) = %v, want errors naming certificatesDir and accounts", err)
+	}
+	_, err = NewVerifier(VerifierConfig{CertificatesDir: realdata(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"12"}})
+	if err == nil || !strings.Contains(err.Error(), "12-digit") {
+		t.Fatalf("NewVerifier(bad account) = %v", err)
+	}
+	if _, err := NewAttestor(AttestorConfig{PresignExpiry: 120}); err == nil {
+		t.Fatal("NewAttestor accepted a presign expiry over 60 s")
+	}
+}
+
+func readReal(t *testing.T) (doc, p7 []byte) {
+	t.Helper()
+	doc, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b64, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.b64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p7, err = base64.StdEncoding.DecodeString(strings.Join(strings.Fields(string(b64)), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
+	if err != nil || !bytes.Equal(der, p7) {
+		t.Fatalf("the .b64 and .p7.der samples differ (%v)", err)
+	}
+	return doc, p7
+}
+
+// TestRealDocument checks the PKCS#7 half against a real AWS rsa2048
+// signature and AWS's published region certificates.
+func TestRealDocument(t *testing.T) {
+	doc, p7 := readReal(t)
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdata(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iid, err := v.verifyDocument(doc, p7)
+	if err != nil {
+		t.Fatalf("real document rejected: %v", err)
+	}
+	if iid.ProviderID() != "aws:///ap-southeast-2a/i-0c5541936caf78c12" || iid.Stable() != "aws:189292791360:i-0c5541936caf78c12" {
+		t.Fatalf("real document parsed as %+v", iid)
+	}
+
+	t.Run("one byte of the signed content altered", func(t *testing.T) {
+		i := bytes.Index(p7, []byte("i-0c5541936caf78c12"))
+		if i < 0 {
+			t.Fatal("document not embedded in the PKCS#7")
+		}
+		bad := bytes.Clone(p7)
+		bad[i+5] ^= 1
+		badDoc := bytes.Replace(doc, []byte("i-0c5541936caf78c12"), bad[i:i+19], 1)
+		_, err := v.verifyDocument(badDoc, bad)
+		wantDenial(t, err, ReasonInvalidSignature)
+	})
+	t.Run("one byte of the signature altered", func(t *testing.T) {
+		bad := bytes.Clone(p7)
+		bad[len(bad)-10] ^= 1
+		_, err := v.verifyDocument(doc, bad)
+		wantDenial(t, err, ReasonInvalidSignature)
+	})
+	t.Run("one byte of the document altered", func(t *testing.T) {
+		bad := bytes.Clone(doc)
+		bad[len(bad)-3] ^= 1
+		_, err := v.verifyDocument(bad, p7)
+		wantDenial(t, err, ReasonDocumentMismatch)
+	})
+	t.Run("another region's certificate", func(t *testing.T) {
+		dir := t.TempDir()
+		pem, err := os.ReadFile(realdata(t, "aws", "region-certs", "rsa2048", "us-east-1.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "us-east-1.pem"), pem, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, Accounts: []string{"189292791360"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = v2.verifyDocument(doc, p7)
+		wantDenial(t, err, ReasonUntrustedSigner)
+	})
+}
+
+// TestRealDocumentEndToEnd verifies whole evidence made of the real
+// AWS-signed document and a presigned request answered by the emulated STS
+// for the same instance.
+func TestRealDocumentEndToEnd(t *testing.T) {
+	doc, p7 := readReal(t)
+	f := newFixture(t, awsemu.Instance{AccountID: "189292791360", Region: "ap-southeast-2", AvailabilityZone: "ap-southeast-2a", InstanceID: "i-0c5541936caf78c12"})
+	f.cfg.CertificatesDir = realdata(t, "aws", "region-certs", "rsa2048")
+	ev := editEvidence(t, f.attest(t), func(e *Evidence) { e.Document, e.RSA2048 = doc, p7 })
+	res, err := f.verifier(t).Verify(context.Background(), f.request(ev))
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if res.Identity.ProviderID != "aws:///ap-southeast-2a/i-0c5541936caf78c12" {
+		t.Fatalf("identity %+v", res.Identity)
+	}
+}
+
+// TestPresignKnownAnswer checks the SigV4 presigner against the example in
+// AWS's documentation of query-string authentication.
+func TestPresignKnownAnswer(t *testing.T) {
+	u, _ := url.Parse("https://examplebucket.s3.amazonaws.com/test.txt")
+	got := presignURL(u, nil, credentials{AccessKeyID: "AKIAIOSFODNN7EXAMPLE", SecretAccessKey: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"},
+		"us-east-1", "s3", time.Date(2013, 5, 24, 0, 0, 0, 0, time.UTC), 86400, "UNSIGNED-PAYLOAD")
+	const want = "X-Amz-Signature=aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404"
+	if !strings.HasSuffix(got, want) {
+		t.Fatalf("presigned URL %s does not end in %s", got, want)
+	}
+}
+
+func FuzzVerifyEvidence(f *testing.F) {
+	doc, _ := os.ReadFile(realdata(f, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
+	p7, _ := os.ReadFile(realdata(f, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
+	seed, _ := json.Marshal(Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: PresignedRequest{URL: "https://sts.amazonaws.com/?Action=GetCallerIdentity", Headers: map[string]string{BindingHeader: "00"}}})
+	f.Add(seed)
+	f.Add([]byte(`{"version":"v1"}`))
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdata(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	v.client = &http.Client{Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, errors.New("no network in fuzzing")
+	})}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		res, err := v.Verify(context.Background(), &attestor.VerifyRequest{Evidence: data, Version: VersionV1, Binding: make([]byte, 32), ProviderID: "aws:///ap-southeast-2a/i-0c5541936caf78c12"})
+		if err == nil {
+			t.Fatalf("fuzzed evidence accepted: %+v", res)
+		}
+	})
+}

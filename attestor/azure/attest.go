@@ -1,0 +1,92 @@
+package azure
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// DefaultIMDSEndpoint is the instance metadata service.
+const DefaultIMDSEndpoint = "http://169.254.169.254"
+
+// DefaultAPIVersion is the IMDS api-version used for the attested document.
+const DefaultAPIVersion = "2021-02-01"
+
+// AttestorConfig configures the node half.
+type AttestorConfig struct {
+	// IMDSEndpoint is the base URL of IMDS; DefaultIMDSEndpoint when empty.
+	IMDSEndpoint string `json:"imdsEndpoint,omitempty"`
+	// APIVersion is the IMDS api-version; DefaultAPIVersion when empty.
+	APIVersion string `json:"apiVersion,omitempty"`
+}
+
+// Attestor is the node half.
+type Attestor struct {
+	endpoint, apiVersion string
+	client               *http.Client
+}
+
+// NewAttestor returns the node half.
+func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
+	a := &Attestor{endpoint: strings.TrimSuffix(cfg.IMDSEndpoint, "/"), apiVersion: cfg.APIVersion, client: &http.Client{Timeout: 10 * time.Second}}
+	if a.endpoint == "" {
+		a.endpoint = DefaultIMDSEndpoint
+	}
+	if a.apiVersion == "" {
+		a.apiVersion = DefaultAPIVersion
+	}
+	if u, err := url.Parse(a.endpoint); err != nil || u.Host == "" {
+		return nil, fmt.Errorf("imdsEndpoint %q is not an absolute URL", a.endpoint)
+	}
+	return a, nil
+}
+
+// Versions implements attestor.Attestor.
+func (a *Attestor) Versions() []string { return []string{VersionV1} }
+
+// Attest implements attestor.Attestor.
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+	if req.Version != "" && req.Version != VersionV1 {
+		return nil, fmt.Errorf("azure attestor cannot produce evidence version %q", req.Version)
+	}
+	if len(req.Binding) == 0 {
+		return nil, errors.New("azure attestor needs a binding")
+	}
+	q := url.Values{"api-version": {a.apiVersion}, "nonce": {Nonce(req.Binding)}}
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, a.endpoint+"/metadata/attested/document?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	r.Header.Set("Metadata", "true")
+	resp, err := a.client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("unable to reach IMDS: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the attested document: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("IMDS answered %s for the attested document", resp.Status)
+	}
+	var doc struct {
+		Encoding  string `json:"encoding"`
+		Signature string `json:"signature"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, fmt.Errorf("unable to parse the attested document: %w", err)
+	}
+	if doc.Encoding != "pkcs7" || doc.Signature == "" {
+		return nil, fmt.Errorf("the attested document has encoding %q and no usable signature", doc.Encoding)
+	}
+	return json.Marshal(Evidence{Version: VersionV1, Signature: doc.Signature})
+}

@@ -1,0 +1,79 @@
+package gcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// DefaultMetadataEndpoint is the GCE metadata server.
+const DefaultMetadataEndpoint = "http://metadata.google.internal"
+
+// AttestorConfig configures the node half.
+type AttestorConfig struct {
+	// MetadataEndpoint is the base URL of the metadata server;
+	// DefaultMetadataEndpoint when empty.
+	MetadataEndpoint string `json:"metadataEndpoint,omitempty"`
+	// AudiencePrefix prefixes hex(binding) in the token audience;
+	// DefaultAudiencePrefix when empty. The verifier must use the same.
+	AudiencePrefix string `json:"audiencePrefix,omitempty"`
+}
+
+// Attestor is the node half.
+type Attestor struct {
+	endpoint, prefix string
+	client           *http.Client
+}
+
+// NewAttestor returns the node half.
+func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
+	a := &Attestor{endpoint: trimSlash(cfg.MetadataEndpoint), prefix: cfg.AudiencePrefix, client: &http.Client{Timeout: 10 * time.Second}}
+	if a.endpoint == "" {
+		a.endpoint = DefaultMetadataEndpoint
+	}
+	if u, err := url.Parse(a.endpoint); err != nil || u.Host == "" {
+		return nil, fmt.Errorf("metadataEndpoint %q is not an absolute URL", a.endpoint)
+	}
+	return a, nil
+}
+
+// Versions implements attestor.Attestor.
+func (a *Attestor) Versions() []string { return []string{VersionV1} }
+
+// Attest implements attestor.Attestor.
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+	if req.Version != "" && req.Version != VersionV1 {
+		return nil, fmt.Errorf("gcp attestor cannot produce evidence version %q", req.Version)
+	}
+	if len(req.Binding) == 0 {
+		return nil, errors.New("gcp attestor needs a binding")
+	}
+	q := url.Values{"audience": {Audience(a.prefix, req.Binding)}, "format": {"full"}}
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		a.endpoint+"/computeMetadata/v1/instance/service-accounts/default/identity?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	r.Header.Set("Metadata-Flavor", "Google")
+	resp, err := a.client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("unable to reach the metadata server: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the identity token: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("metadata server answered %s for the identity token", resp.Status)
+	}
+	return json.Marshal(Evidence{Version: VersionV1, Token: strings.TrimSpace(string(body))})
+}

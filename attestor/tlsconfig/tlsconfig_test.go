@@ -1,0 +1,135 @@
+package tlsconfig
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestProfiles(t *testing.T) {
+	tests := []struct {
+		profile *SecurityProfile
+		min     uint16
+	}{
+		{nil, tls.VersionTLS12},
+		{&SecurityProfile{Type: ProfileOld}, tls.VersionTLS10},
+		{&SecurityProfile{Type: ProfileIntermediate}, tls.VersionTLS12},
+		{&SecurityProfile{Type: ProfileModern}, tls.VersionTLS13},
+		{&SecurityProfile{Type: ProfileCustom, Custom: &CustomProfile{MinTLSVersion: "VersionTLS12", Ciphers: []string{"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"}}}, tls.VersionTLS12},
+	}
+	for _, tc := range tests {
+		c, err := (&Config{SecurityProfile: tc.profile}).TLSConfig()
+		if err != nil {
+			t.Fatalf("%+v: %v", tc.profile, err)
+		}
+		if c.MinVersion != tc.min {
+			t.Fatalf("%+v: MinVersion %x, want %x", tc.profile, c.MinVersion, tc.min)
+		}
+		if c.RootCAs != nil {
+			t.Fatalf("%+v: roots set without trustedCA", tc.profile)
+		}
+	}
+}
+
+func TestValidateReportsEverything(t *testing.T) {
+	c := &Config{
+		TrustedCA:       &CABundle{File: "a", ConfigMap: &ConfigMapReference{Name: "b"}},
+		SecurityProfile: &SecurityProfile{Type: ProfileCustom, Custom: &CustomProfile{MinTLSVersion: "TLS9", Ciphers: []string{"NOPE"}}},
+	}
+	err := c.Validate()
+	for _, want := range []string{"only one of file and configMap", "minTLSVersion", "NOPE"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Validate = %v, want it to mention %q", err, want)
+		}
+	}
+	if err := (&Config{SecurityProfile: &SecurityProfile{Type: "Paranoid"}}).Validate(); err == nil {
+		t.Fatal("unknown profile accepted")
+	}
+	if _, err := (&Config{TrustedCA: &CABundle{ConfigMap: &ConfigMapReference{Name: "ca"}}}).TLSConfig(); err == nil {
+		t.Fatal("unresolved ConfigMap reference accepted")
+	}
+}
+
+// TestTrustedCAReplacesSystemRoots: a client trusts exactly its own bundle.
+func TestTrustedCAReplacesSystemRoots(t *testing.T) {
+	a := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer a.Close()
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}
+	b.StartTLS()
+	defer b.Close()
+	file := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client, err := (&Config{TrustedCA: &CABundle{File: file}}).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Get(a.URL)
+	if err != nil {
+		t.Fatalf("upstream with the trusted CA: %v", err)
+	}
+	resp.Body.Close()
+	if _, err := client.Get(b.URL); err == nil {
+		t.Fatal("upstream signed by another CA was trusted")
+	}
+	other, err := (&Config{}).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Get(a.URL); err == nil {
+		t.Fatal("a client without trustedCA trusted another upstream's private CA")
+	}
+}
+
+// selfSigned returns a certificate for 127.0.0.1 unlike httptest's shared
+// one.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "other"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestNoRedirects(t *testing.T) {
+	srv := httptest.NewServer(http.RedirectHandler("https://elsewhere.example/", http.StatusFound))
+	defer srv.Close()
+	client, err := (*Config)(nil).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound {
+		t.Fatalf("redirect followed: %s", resp.Status)
+	}
+}

@@ -1,0 +1,571 @@
+package tpm
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// Opener opens the TPM for one attestation; the Attestor closes it when
+// done. See the device package (and tpmsim in tests).
+type Opener func() (transport.TPMCloser, error)
+
+// Attestor is the node half of the TPM attestor. It keeps no state: the EK
+// and the AK are primary keys re-created from fixed templates on every use
+// (the same keys every boot), and every transient handle it creates is
+// flushed before it returns.
+type Attestor struct {
+	open Opener
+	eks  []ekSpec
+}
+
+var (
+	_ attestor.Attestor  = (*Attestor)(nil)
+	_ attestor.Responder = (*Attestor)(nil)
+)
+
+// EKKind names an endorsement key type.
+type EKKind string
+
+// EK kinds, in the default order of preference.
+const (
+	EKRSA2048 EKKind = "rsa2048"
+	EKECCP256 EKKind = "ecc-p256"
+	EKECCP384 EKKind = "ecc-p384"
+)
+
+// NewAttestor returns a node attestor that opens its TPM with open. By
+// default it uses the first EK with a certificate in the order RSA 2048,
+// ECC P-256, ECC P-384 (and the RSA EK where none has one); prefer lists EK
+// kinds to try first.
+func NewAttestor(open Opener, prefer ...EKKind) (*Attestor, error) {
+	a := &Attestor{open: open}
+	for _, k := range prefer {
+		i := slices.IndexFunc(ekSpecs, func(s ekSpec) bool { return s.kind == k })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown EK kind %q (want %s, %s or %s)", k, EKRSA2048, EKECCP256, EKECCP384)
+		}
+		if !slices.ContainsFunc(a.eks, func(s ekSpec) bool { return s.kind == k }) {
+			a.eks = append(a.eks, ekSpecs[i])
+		}
+	}
+	for _, s := range ekSpecs {
+		if !slices.ContainsFunc(a.eks, func(x ekSpec) bool { return x.kind == s.kind }) {
+			a.eks = append(a.eks, s)
+		}
+	}
+	return a, nil
+}
+
+// Versions implements attestor.Attestor.
+func (*Attestor) Versions() []string { return []string{VersionV1} }
+
+// EK certificate NV indices (TCG EK Credential Profile 2.x, 2.2.1.4) with
+// the template the certified key is made from and the handle where
+// provisioning tools conventionally persist it.
+type ekSpec struct {
+	kind       EKKind
+	what       string
+	certIndex  tpm2.TPMHandle
+	persistent tpm2.TPMHandle
+	template   tpm2.TPMTPublic
+}
+
+// eccP384EKTemplate is the TCG EK Credential Profile template H-3 (ECC NIST
+// P-384, high range), which swtpm provisions alongside the RSA EK. Being a
+// high-range template, it allows password (empty) authorization for use.
+var eccP384EKTemplate = tpm2.TPMTPublic{
+	Type:    tpm2.TPMAlgECC,
+	NameAlg: tpm2.TPMAlgSHA384,
+	ObjectAttributes: tpm2.TPMAObject{
+		FixedTPM:            true,
+		FixedParent:         true,
+		SensitiveDataOrigin: true,
+		UserWithAuth:        true,
+		AdminWithPolicy:     true,
+		Restricted:          true,
+		Decrypt:             true,
+	},
+	AuthPolicy: tpm2.TPM2BDigest{Buffer: []byte{
+		// PolicyB, SHA-384.
+		0xB2, 0x6E, 0x7D, 0x28, 0xD1, 0x1A, 0x50, 0xBC, 0x53, 0xD8, 0x82, 0xBC,
+		0xF5, 0xFD, 0x3A, 0x1A, 0x07, 0x41, 0x48, 0xBB, 0x35, 0xD3, 0xB4, 0xE4,
+		0xCB, 0x1C, 0x0A, 0xD9, 0xBD, 0xE4, 0x19, 0xCA, 0xCB, 0x47, 0xBA, 0x09,
+		0x69, 0x96, 0x46, 0x15, 0x0F, 0x9F, 0xC0, 0x00, 0xF3, 0xF8, 0x0E, 0x12,
+	}},
+	Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+		Symmetric: tpm2.TPMTSymDefObject{
+			Algorithm: tpm2.TPMAlgAES,
+			KeyBits:   tpm2.NewTPMUSymKeyBits(tpm2.TPMAlgAES, tpm2.TPMKeyBits(256)),
+			Mode:      tpm2.NewTPMUSymMode(tpm2.TPMAlgAES, tpm2.TPMAlgCFB),
+		},
+		Scheme:  tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgNull},
+		CurveID: tpm2.TPMECCNistP384,
+		KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
+	}),
+	Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{}),
+}
+
+// ekSpecs in order of preference: the RSA EK has the widest certificate
+// coverage; a TPM with no EK certificate at all uses the RSA EK too.
+var ekSpecs = []ekSpec{
+	{EKRSA2048, "RSA 2048", 0x01c00002, 0x81010001, tpm2.RSAEKTemplate},
+	{EKECCP256, "ECC NIST P-256", 0x01c0000a, 0x81010002, tpm2.ECCEKTemplate},
+	{EKECCP384, "ECC NIST P-384", 0x01c00016, 0x81010016, eccP384EKTemplate},
+}
+
+// akTemplate is the attestation key: an ECC P-256 restricted signing key
+// (ECDSA/SHA-256) created as a primary key of the endorsement hierarchy, so
+// the TPM derives the same key from its endorsement seed every time and
+// nothing needs to be persisted.
+var akTemplate = tpm2.TPMTPublic{
+	Type:    tpm2.TPMAlgECC,
+	NameAlg: tpm2.TPMAlgSHA256,
+	ObjectAttributes: tpm2.TPMAObject{
+		FixedTPM:            true,
+		FixedParent:         true,
+		SensitiveDataOrigin: true,
+		UserWithAuth:        true,
+		NoDA:                true,
+		Restricted:          true,
+		SignEncrypt:         true,
+	},
+	Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+		Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
+		Scheme: tpm2.TPMTECCScheme{
+			Scheme:  tpm2.TPMAlgECDSA,
+			Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
+		},
+		CurveID: tpm2.TPMECCNistP256,
+		KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
+	}),
+	Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{}),
+}
+
+// session tracks the transient handles of one TPM conversation.
+type session struct {
+	t       transport.TPM
+	flushes []tpm2.TPMHandle
+}
+
+func (s *session) track(h tpm2.TPMHandle) { s.flushes = append(s.flushes, h) }
+
+// close flushes every tracked handle, newest first.
+func (s *session) close() error {
+	var errs []error
+	for i := len(s.flushes) - 1; i >= 0; i-- {
+		if _, err := (tpm2.FlushContext{FlushHandle: s.flushes[i]}).Execute(s.t); err != nil {
+			errs = append(errs, fmt.Errorf("unable to flush handle 0x%08x: %w", uint32(s.flushes[i]), err))
+		}
+	}
+	s.flushes = nil
+	return errors.Join(errs...)
+}
+
+// key is a loaded object.
+type key struct {
+	handle tpm2.TPMHandle
+	name   tpm2.TPM2BName
+	pub    *tpm2.TPMTPublic
+	raw    []byte // TPMT_PUBLIC as the TPM returned it
+}
+
+func (k *key) auth(s tpm2.Session) tpm2.AuthHandle {
+	return tpm2.AuthHandle{Handle: k.handle, Name: k.name, Auth: s}
+}
+
+// Attest implements attestor.Attestor: it certifies req's CSR key with the
+// AK, qualified by req.Binding.
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (ev attestor.Evidence, err error) {
+	if req.Version != "" && req.Version != VersionV1 {
+		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q", req.Version)
+	}
+	csrKey, err := checkRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	loadPub, err := tpmPublicForKey(csrKey)
+	if err != nil {
+		return nil, err
+	}
+	sensitive, err := tpmSensitiveForKey(req.Key, csrKey)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.start()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, s.finish()) }()
+
+	ek, cert, err := s.endorsementKey(a.eks)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ak, err := s.createPrimary(akTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("unable to create the attestation key: %w", err)
+	}
+	// TPM2_Certify needs the object's ADMIN authorization, which a
+	// public-only object cannot give, so the key pair is loaded (null
+	// hierarchy, flushed below); the TPM also checks that the private part
+	// matches the public part.
+	ext, err := tpm2.LoadExternal{
+		InPrivate: tpm2.New2B(*sensitive),
+		InPublic:  tpm2.New2B(*loadPub),
+		Hierarchy: tpm2.TPMRHNull,
+	}.Execute(s.t)
+	if err != nil {
+		return nil, fmt.Errorf("unable to load the CSR key into the TPM: %w", err)
+	}
+	s.track(ext.ObjectHandle)
+	cert2, err := tpm2.Certify{
+		ObjectHandle:   tpm2.AuthHandle{Handle: ext.ObjectHandle, Name: ext.Name, Auth: tpm2.PasswordAuth(nil)},
+		SignHandle:     ak.auth(tpm2.PasswordAuth(nil)),
+		QualifyingData: tpm2.TPM2BData{Buffer: req.Binding},
+		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
+	}.Execute(s.t)
+	if err != nil {
+		return nil, fmt.Errorf("unable to certify the CSR key with the attestation key: %w", err)
+	}
+	return json.Marshal(Evidence{
+		Version: VersionV1,
+		Attestation: &Attestation{
+			EKCertificate:    cert,
+			EKPublic:         ek.raw,
+			AKPublic:         ak.raw,
+			CertifiedKey:     tpm2.Marshal(loadPub),
+			CertifyInfo:      cert2.CertifyInfo.Bytes(),
+			CertifySignature: tpm2.Marshal(&cert2.Signature),
+		},
+	})
+}
+
+// Respond implements attestor.Responder: it recovers the challenge secret
+// with TPM2_ActivateCredential and proves possession of it for req's key.
+func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (ev attestor.Evidence, err error) {
+	if req.Version != "" && req.Version != VersionV1 {
+		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q", req.Version)
+	}
+	if _, err := checkRequest(req); err != nil {
+		return nil, err
+	}
+	if ch == nil || ch.CSRName == "" || ch.CSRUID == "" {
+		return nil, errors.New("tpm challenge must name the challenged CSR and its UID")
+	}
+	c, err := DecodeChallenge(ch.Data)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.start()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, s.finish()) }()
+
+	ek, _, err := s.endorsementKey(a.eks)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ak, err := s.createPrimary(akTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("unable to create the attestation key: %w", err)
+	}
+	ekAuth := tpm2.PasswordAuth(nil)
+	if !ek.pub.ObjectAttributes.UserWithAuth {
+		// The low-range EK templates are usable only through their policy,
+		// PolicySecret(TPM_RH_ENDORSEMENT), in a session of the EK's name
+		// algorithm. The session is created just in time and flushed by
+		// the TPM when the command completes (or by go-tpm if it fails).
+		ekAuth = tpm2.Policy(ek.pub.NameAlg, 16, func(t transport.TPM, h tpm2.TPMISHPolicy, nonce tpm2.TPM2BNonce) error {
+			_, err := tpm2.PolicySecret{
+				AuthHandle:    tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
+				PolicySession: h,
+				NonceTPM:      nonce,
+			}.Execute(t)
+			return err
+		})
+	}
+	rsp, err := tpm2.ActivateCredential{
+		ActivateHandle: ak.auth(tpm2.PasswordAuth(nil)),
+		KeyHandle:      ek.auth(ekAuth),
+		CredentialBlob: tpm2.TPM2BIDObject{Buffer: c.CredentialBlob},
+		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: c.EncryptedSecret},
+	}.Execute(s.t)
+	if err != nil {
+		return nil, fmt.Errorf("unable to activate the challenge credential (challenge not made for this TPM's EK and AK?): %w", err)
+	}
+	return json.Marshal(Evidence{
+		Version: VersionV1,
+		Response: &Response{
+			CSRName: ch.CSRName,
+			Proof:   proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID),
+		},
+	})
+}
+
+// tpmSensitiveForKey returns the TPMT_SENSITIVE of the CSR's private key,
+// which must be the key of the request's SPKI.
+func tpmSensitiveForKey(priv crypto.Signer, pub crypto.PublicKey) (*tpm2.TPMTSensitive, error) {
+	if priv == nil {
+		return nil, errors.New("tpm attestor needs the CSR's private key (Request.Key) to have the TPM certify it")
+	}
+	if !publicKeysEqual(priv.Public(), pub) {
+		return nil, errors.New("request key is not the key of its SPKI")
+	}
+	switch k := priv.(type) {
+	case *ecdsa.PrivateKey:
+		d, err := k.Bytes()
+		if err != nil {
+			return nil, fmt.Errorf("unable to encode the CSR private key: %w", err)
+		}
+		return &tpm2.TPMTSensitive{
+			SensitiveType: tpm2.TPMAlgECC,
+			Sensitive:     tpm2.NewTPMUSensitiveComposite(tpm2.TPMAlgECC, &tpm2.TPM2BECCParameter{Buffer: d}),
+		}, nil
+	case *rsa.PrivateKey:
+		if len(k.Primes) != 2 {
+			return nil, errors.New("unsupported multi-prime RSA key")
+		}
+		return &tpm2.TPMTSensitive{
+			SensitiveType: tpm2.TPMAlgRSA,
+			Sensitive:     tpm2.NewTPMUSensitiveComposite(tpm2.TPMAlgRSA, &tpm2.TPM2BPrivateKeyRSA{Buffer: k.Primes[0].Bytes()}),
+		}, nil
+	}
+	return nil, fmt.Errorf("unsupported CSR private key type %T", priv)
+}
+
+// checkRequest returns the CSR public key of req, which must match the
+// binding.
+func checkRequest(req *attestor.Request) (any, error) {
+	if len(req.SPKI) == 0 {
+		return nil, errors.New("tpm attestor needs the CSR's public key (Request.SPKI)")
+	}
+	if !bytesEqual(attestor.Binding(req.SPKI), req.Binding) {
+		return nil, errors.New("request binding is not the binding of its SPKI")
+	}
+	k, err := x509.ParsePKIXPublicKey(req.SPKI)
+	if err != nil {
+		return nil, fmt.Errorf("unable to parse the CSR public key: %w", err)
+	}
+	return k, nil
+}
+
+// openedSession is a session on a TPM the Attestor opened.
+type openedSession struct {
+	session
+	closer transport.TPMCloser
+}
+
+func (a *Attestor) start() (*openedSession, error) {
+	if a.open == nil {
+		return nil, errors.New("tpm attestor has no TPM configured")
+	}
+	t, err := a.open()
+	if err != nil {
+		return nil, fmt.Errorf("unable to open the TPM: %w", err)
+	}
+	return &openedSession{session: session{t: retrying{t}}, closer: t}, nil
+}
+
+// retrying resends a command the TPM answered with TPM_RC_RETRY,
+// TPM_RC_YIELDED or TPM_RC_TESTING: the command did not start, and the TPM
+// asks the caller to send it again (libtpms does so for ECC operations).
+type retrying struct{ t transport.TPM }
+
+func (r retrying) Send(cmd []byte) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		rsp, err := r.t.Send(cmd)
+		if err != nil || len(rsp) < 10 || attempt == 20 {
+			return rsp, err
+		}
+		switch tpm2.TPMRC(binary.BigEndian.Uint32(rsp[6:10])) {
+		case tpm2.TPMRCRetry, tpm2.TPMRCYielded, tpm2.TPMRCTesting:
+			time.Sleep(time.Duration(attempt+1) * 10 * time.Millisecond)
+		default:
+			return rsp, nil
+		}
+	}
+}
+
+func (s *openedSession) finish() error {
+	return errors.Join(s.close(), s.closer.Close())
+}
+
+// createPrimary creates a primary key in the endorsement hierarchy.
+func (s *session) createPrimary(tmpl tpm2.TPMTPublic) (*key, error) {
+	rsp, err := tpm2.CreatePrimary{
+		PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
+		InPublic:      tpm2.New2B(tmpl),
+	}.Execute(s.t)
+	if err != nil {
+		return nil, err
+	}
+	s.track(rsp.ObjectHandle)
+	pub, err := rsp.OutPublic.Contents()
+	if err != nil {
+		return nil, fmt.Errorf("unable to decode the created key: %w", err)
+	}
+	return &key{handle: rsp.ObjectHandle, name: rsp.Name, pub: pub, raw: rsp.OutPublic.Bytes()}, nil
+}
+
+// endorsementKey finds the EK to use and its certificate: the first
+// certificate index present (RSA, ECC P-256, ECC P-384) whose key the TPM
+// re-creates from the standard template (or holds at the conventional
+// persistent handle, for TPMs provisioned with a non-default template). A
+// TPM with no EK certificate uses the RSA EK and no certificate; the signer
+// then needs the Machine's endorsement-key annotation.
+func (s *session) endorsementKey(specs []ekSpec) (*key, []byte, error) {
+	defined, err := s.handles(uint32(tpm2.TPMHTNVIndex) << 24)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unable to list NV indices: %w", err)
+	}
+	for _, spec := range specs {
+		if !defined[spec.certIndex] {
+			continue
+		}
+		raw, err := s.readNV(spec.certIndex)
+		if err != nil {
+			return nil, nil, fmt.Errorf("unable to read the %s EK certificate at 0x%08x: %w", spec.what, uint32(spec.certIndex), err)
+		}
+		der, err := trimDER(raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the %s EK certificate at 0x%08x is not DER: %w", spec.what, uint32(spec.certIndex), err)
+		}
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, nil, fmt.Errorf("unable to parse the %s EK certificate at 0x%08x: %w", spec.what, uint32(spec.certIndex), err)
+		}
+		ek, err := s.createPrimary(spec.template)
+		if err != nil {
+			return nil, nil, fmt.Errorf("unable to create the %s EK: %w", spec.what, err)
+		}
+		if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
+			return ek, der, nil
+		}
+		if ek, err := s.readPersistent(spec.persistent); err == nil {
+			if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
+				return ek, der, nil
+			}
+		}
+		return nil, nil, fmt.Errorf("the %s EK certificate at 0x%08x certifies a key that is neither the standard-template EK nor the one at 0x%08x", spec.what, uint32(spec.certIndex), uint32(spec.persistent))
+	}
+	ek, err := s.createPrimary(specs[0].template)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unable to create the %s EK: %w", specs[0].what, err)
+	}
+	return ek, nil, nil
+}
+
+// readPersistent reads a persistent key (not tracked: it is not flushed).
+func (s *session) readPersistent(h tpm2.TPMHandle) (*key, error) {
+	rsp, err := tpm2.ReadPublic{ObjectHandle: h}.Execute(s.t)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := rsp.OutPublic.Contents()
+	if err != nil {
+		return nil, err
+	}
+	return &key{handle: h, name: rsp.Name, pub: pub, raw: rsp.OutPublic.Bytes()}, nil
+}
+
+// handles lists the handles of one type (first of range) the TPM reports.
+func (s *session) handles(first uint32) (map[tpm2.TPMHandle]bool, error) {
+	out := map[tpm2.TPMHandle]bool{}
+	next := first
+	for {
+		rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapHandles, Property: next, PropertyCount: 64}.Execute(s.t)
+		if err != nil {
+			return nil, err
+		}
+		hs, err := rsp.CapabilityData.Data.Handles()
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hs.Handle {
+			if uint32(h)>>24 != first>>24 {
+				return out, nil
+			}
+			out[h] = true
+			next = uint32(h) + 1
+		}
+		if !rsp.MoreData || len(hs.Handle) == 0 {
+			return out, nil
+		}
+	}
+}
+
+// nvBufferMax is the largest NV read the TPM allows in one command.
+func (s *session) nvBufferMax() uint16 {
+	rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapTPMProperties, Property: uint32(tpm2.TPMPTNVBufferMax), PropertyCount: 1}.Execute(s.t)
+	if err == nil {
+		if ps, err := rsp.CapabilityData.Data.TPMProperties(); err == nil && len(ps.TPMProperty) == 1 &&
+			ps.TPMProperty[0].Property == tpm2.TPMPTNVBufferMax && ps.TPMProperty[0].Value > 0 {
+			return uint16(min(ps.TPMProperty[0].Value, 4096))
+		}
+	}
+	return 512
+}
+
+// readNV reads a whole NV index, authorizing with the index itself (EK
+// certificate indices are AUTHREAD with an empty auth value) and falling
+// back to the owner hierarchy.
+func (s *session) readNV(index tpm2.TPMHandle) ([]byte, error) {
+	pub, err := tpm2.NVReadPublic{NVIndex: index}.Execute(s.t)
+	if err != nil {
+		return nil, err
+	}
+	nv, err := pub.NVPublic.Contents()
+	if err != nil {
+		return nil, err
+	}
+	chunk := s.nvBufferMax()
+	auths := []tpm2.AuthHandle{
+		{Handle: index, Name: pub.NVName, Auth: tpm2.PasswordAuth(nil)},
+		{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
+	}
+	var lastErr error
+	for _, auth := range auths {
+		out := make([]byte, 0, nv.DataSize)
+		for off := uint16(0); off < nv.DataSize; {
+			n := min(chunk, nv.DataSize-off)
+			rsp, err := tpm2.NVRead{
+				AuthHandle: auth,
+				NVIndex:    tpm2.NamedHandle{Handle: index, Name: pub.NVName},
+				Size:       n,
+				Offset:     off,
+			}.Execute(s.t)
+			if err != nil {
+				lastErr = err
+				out = nil
+				break
+			}
+			out = append(out, rsp.Data.Buffer...)
+			off += n
+		}
+		if out != nil {
+			return out, nil
+		}
+	}
+	return nil, lastErr
+}
