@@ -40,6 +40,13 @@ type Responder interface {
 	Respond(ctx context.Context, req *Request, ch *Challenge) (Evidence, error)
 }
 
+// Annotator is implemented by node attestors that label their CSR (the TPM
+// attestor writes the EK public key into cluster-x-k8s-io/tpm-endorsement-key).
+type Annotator interface {
+	// Annotations returns the annotations for a CSR carrying evidence.
+	Annotations(evidence Evidence) (map[string]string, error)
+}
+
 // Request is what a node attestor is asked to attest.
 type Request struct {
 	// NodeName is the name the node registers as.

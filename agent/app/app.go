@@ -13,16 +13,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
-	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/version"
 )
-
-// attestors lists the node halves this binary can use, by provider name.
-// Test-only attestors are added by files with build tags.
-var attestors = map[string]func(*config.NodeConfig) (attestor.Attestor, error){
-	insecure.Name: func(*config.NodeConfig) (attestor.Attestor, error) { return insecure.Attestor{}, nil },
-}
 
 // NewCommand returns the root command.
 func NewCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -135,12 +127,4 @@ func (o *nodeOptions) Complete() (*config.NodeConfig, error) {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
 	return c, nil
-}
-
-func newAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
-	mk, ok := attestors[c.Attestor]
-	if !ok {
-		return nil, fmt.Errorf("attestor %q is not available in this binary", c.Attestor)
-	}
-	return mk(c)
 }

@@ -76,6 +76,30 @@ type NodeConfig struct {
 	// CertificateLifetime is the lifetime requested for client
 	// certificates (spec.expirationSeconds); 0 leaves it to the signer.
 	CertificateLifetime Duration `json:"certificateLifetime,omitempty"`
+
+	// TPM configures the tpm attestor.
+	TPM TPMConfig `json:"tpm,omitempty"`
+}
+
+// TPMConfig configures the tpm attestor.
+type TPMConfig struct {
+	// Device is the TPM to use: a character device (default /dev/tpmrm0,
+	// the kernel's resource manager), unix:///path or tcp://host:port for a
+	// socket TPM such as swtpm. Test builds also accept "simulator".
+	Device string `json:"device,omitempty"`
+	// EndorsementKeys lists EK kinds to prefer (rsa2048, ecc-p256,
+	// ecc-p384); by default the first with a certificate in that order.
+	EndorsementKeys []string `json:"endorsementKeys,omitempty"`
+	// Simulator configures the in-process simulator (test builds only):
+	// a fixed seed stands for one machine's TPM, and its EK certificate is
+	// issued at start by the manufacturer CA saved in ManufacturerCADir.
+	Simulator *TPMSimulatorConfig `json:"simulator,omitempty"`
+}
+
+// TPMSimulatorConfig configures the in-process TPM simulator.
+type TPMSimulatorConfig struct {
+	Seed              int64  `json:"seed"`
+	ManufacturerCADir string `json:"manufacturerCADir"`
 }
 
 // Load reads the file at path. A missing file at the default path is not an

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -162,10 +161,11 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 			return nil, err
 		}
 	}
-	binding, err := csr.Binding(key)
+	spki, err := csr.SPKI(key)
 	if err != nil {
 		return nil, err
 	}
+	binding := attestor.Binding(spki)
 	pkcs10, err := csr.PKCS10(key, cfg.NodeName, cfg.ProviderID)
 	if err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 	version := ""
 	tried := map[string]bool{}
 	for {
-		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, Version: version}
+		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Key: key, Version: version}
 		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, req)
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
@@ -234,7 +234,13 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, annotationsFor(evidence)))
+	var annotations map[string]string
+	if a, ok := s.Attestor.(attestor.Annotator); ok {
+		if annotations, err = a.Annotations(evidence); err != nil {
+			return nil, fmt.Errorf("attestor produced invalid evidence: %w", err)
+		}
+	}
+	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, annotations))
 	if err != nil {
 		return nil, err
 	}
@@ -284,19 +290,6 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 		return nil, err
 	}
 	return csr.Outcome(obj)
-}
-
-// annotationsFor returns the annotations the node writes on its CSR. Only
-// the TPM attestor has one (the EK public key), which it reports through an
-// optional "endorsementKey" field of its evidence.
-func annotationsFor(evidence attestor.Evidence) map[string]string {
-	var ek struct {
-		EndorsementKey []byte `json:"endorsementKey"`
-	}
-	if json.Unmarshal(evidence, &ek) != nil || len(ek.EndorsementKey) == 0 {
-		return nil
-	}
-	return map[string]string{attestor.AnnotationEndorsementKey: base64.StdEncoding.EncodeToString(ek.EndorsementKey)}
 }
 
 // nextVersion picks the newest evidence version both the attestor and the

@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
-	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/agent/kube"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // NamePrefix starts the name of every CSR this project files.

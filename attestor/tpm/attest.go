@@ -569,3 +569,15 @@ func (s *session) readNV(index tpm2.TPMHandle) ([]byte, error) {
 	}
 	return nil, lastErr
 }
+
+var _ attestor.Annotator = (*Attestor)(nil)
+
+// Annotations implements attestor.Annotator: first-round evidence labels its
+// CSR with the EK public key.
+func (*Attestor) Annotations(ev attestor.Evidence) (map[string]string, error) {
+	v, err := EndorsementKeyAnnotation(ev)
+	if err != nil || v == "" {
+		return nil, err
+	}
+	return map[string]string{attestor.AnnotationEndorsementKey: v}, nil
+}

@@ -115,3 +115,20 @@ func Provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int) (*x509.C
 	}
 	return cert, nil
 }
+
+// OpenProvisioned starts a simulator whose seeds derive from seed, so that
+// every process opening it with the same seed sees the same EK (a
+// stand-in for one machine's TPM across invocations), and provisions its EK
+// certificate from ca. Insecure by construction: for tests and the demo.
+func OpenProvisioned(seed int64, ca *tpmtest.ManufacturerCA) (transport.TPMCloser, error) {
+	sim, err := simulator.GetWithFixedSeedInsecure(seed)
+	if err != nil {
+		return nil, fmt.Errorf("unable to start the TPM simulator: %w", err)
+	}
+	t := transport.FromReadWriteCloser(sim)
+	if _, err := Provision(t, ca, 0); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("unable to provision the TPM simulator: %w", err)
+	}
+	return t, nil
+}
