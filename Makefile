@@ -22,8 +22,9 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Targets:\n"} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the node binary and the controller (release: no simulator, no test attestors)
+build: ## Build the node binaries and the controller (release: no simulator, no test attestors)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kubelet-authenticator ./cmd/kubelet-authenticator
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kubelet-authenticator-core ./cmd/kubelet-authenticator-core
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/node-attestation-controller ./cmd/node-attestation-controller
 
 .PHONY: tools

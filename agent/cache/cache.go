@@ -20,14 +20,19 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
+	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 )
 
 const (
-	// CurrentFile holds the current certificate chain followed by its key.
-	CurrentFile = "kubelet-client-current.pem"
+	// CurrentFile holds a header line (see agent/fastpath), the current
+	// certificate chain and its key.
+	CurrentFile = fastpath.CurrentFile
 	// PendingKeyFile holds the key of a CSR that was filed but not yet
 	// answered, so that a retry finds the same CSR.
 	PendingKeyFile = "kubelet-client-pending.key"
@@ -90,20 +95,35 @@ func (d Dir) Load() (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unable to read cached credential: %w", err)
 	}
-	return ParseCredential(data)
+	h, body, err := fastpath.Split(data)
+	if err != nil {
+		return nil, fmt.Errorf("cached credential is corrupt: %w", err)
+	}
+	cred, err := ParseCredential(body)
+	if err != nil {
+		return nil, err
+	}
+	if "system:node:"+h.Node != cred.Leaf.Subject.CommonName {
+		return nil, fmt.Errorf("cached credential header names node %q but the certificate %q", h.Node, cred.Leaf.Subject.CommonName)
+	}
+	return cred, nil
 }
 
 // ParseCredential parses a certificate chain followed by its key, as Store
 // writes it.
 func ParseCredential(data []byte) (*Credential, error) {
 	var certPEM, keyPEM bytes.Buffer
-	rest := data
+	rest := bytes.TrimSpace(data)
 	for {
+		if len(rest) > 0 && !bytes.HasPrefix(rest, []byte("-----BEGIN ")) {
+			return nil, errors.New("cached credential has data outside its PEM blocks")
+		}
 		var blk *pem.Block
 		blk, rest = pem.Decode(rest)
 		if blk == nil {
 			break
 		}
+		rest = bytes.TrimSpace(rest)
 		switch blk.Type {
 		case "CERTIFICATE":
 			_ = pem.Encode(&certPEM, blk)
@@ -133,16 +153,29 @@ func ParseCredential(data []byte) (*Credential, error) {
 	return &Credential{CertPEM: certPEM.Bytes(), KeyPEM: keyPEM.Bytes(), Leaf: pair.Leaf, Key: signer}, nil
 }
 
-// Store replaces the current credential atomically (0600).
+// Store replaces the current credential atomically (0600). It refuses a
+// certificate that does not parse, is not a node's, or whose key does not
+// match, so that what it writes can be trusted by the fast path.
 func (d Dir) Store(certPEM, keyPEM []byte) error {
-	if _, err := ParseCredential(append(append([]byte{}, certPEM...), keyPEM...)); err != nil {
+	body := append(append([]byte{}, certPEM...), keyPEM...)
+	cred, err := ParseCredential(body)
+	if err != nil {
 		return fmt.Errorf("refusing to store credential: %w", err)
+	}
+	node, ok := strings.CutPrefix(cred.Leaf.Subject.CommonName, "system:node:")
+	if !ok || node == "" || strings.ContainsAny(node, " \t\n") {
+		return fmt.Errorf("refusing to store credential for %q: not a node certificate", cred.Leaf.Subject.CommonName)
 	}
 	if err := d.Ensure(); err != nil {
 		return err
 	}
-	data := append(append([]byte{}, certPEM...), keyPEM...)
-	return WriteFileAtomic(filepath.Join(d.Path, CurrentFile), data, 0o600)
+	h := fastpath.Header{
+		Node:       node,
+		NotBefore:  cred.Leaf.NotBefore,
+		RenewBy:    rotation.RenewBy(cred.Leaf),
+		Expiration: rotation.Expiration(cred.Leaf),
+	}
+	return WriteFileAtomic(filepath.Join(d.Path, CurrentFile), append(h.Encode(body), body...), 0o600)
 }
 
 // LoadPendingKey returns the key of a CSR in flight, or nil if there is none

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -11,10 +12,13 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 )
 
 func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
@@ -85,9 +89,12 @@ func TestLoadRejectsCorruptOrMismatched(t *testing.T) {
 		"two keys":       append(append(append([]byte{}, cert...), key...), key...),
 		"trailing bytes": append(append(append([]byte{}, cert...), key...), []byte("xx")...),
 	}
-	for name, data := range cases {
+	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
 			d := Dir{Path: t.TempDir()}
+			// A valid header and digest: the content itself must be rejected.
+			h := fastpath.Header{Node: "n1", NotBefore: time.Now(), RenewBy: time.Now().Add(time.Hour), Expiration: time.Now().Add(time.Hour)}
+			data := append(h.Encode(body), body...)
 			if err := os.WriteFile(filepath.Join(d.Path, CurrentFile), data, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -95,6 +102,28 @@ func TestLoadRejectsCorruptOrMismatched(t *testing.T) {
 				t.Fatalf("loaded a corrupt credential: %v", c.Leaf.Subject)
 			}
 		})
+	}
+}
+
+func TestLoadRejectsEditedFile(t *testing.T) {
+	d := Dir{Path: t.TempDir()}
+	cert, key := selfSigned(t)
+	if err := d.Store(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(d.Path, CurrentFile)
+	data, _ := os.ReadFile(p)
+	for _, edit := range []func([]byte) []byte{
+		func(b []byte) []byte { b[len(b)-40] ^= 1; return b },                                        // body byte
+		func(b []byte) []byte { return []byte(strings.Replace(string(b), "node=n1", "node=n2", 1)) }, // header claim
+		func(b []byte) []byte { return b[bytes.IndexByte(b, '\n')+1:] },                              // header removed
+	} {
+		if err := os.WriteFile(p, edit(append([]byte{}, data...)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Load(); err == nil {
+			t.Fatal("edited cache file trusted")
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
@@ -22,8 +23,8 @@ const (
 
 // Defaults.
 const (
-	DefaultPath                = "/etc/kubelet-authenticator/config.yaml"
-	DefaultCacheDir            = "/var/lib/kubelet-authenticator"
+	DefaultPath                = fastpath.DefaultConfigPath
+	DefaultCacheDir            = fastpath.DefaultCacheDir
 	DefaultBootstrapKubeconfig = "/etc/kubernetes/bootstrap-kubelet.conf"
 	DefaultRequestTimeout      = 5 * time.Minute
 	DefaultAttestor            = "tpm"

@@ -67,10 +67,16 @@ func (s *Source) dir() cache.Dir { return cache.Dir{Path: s.Config.CacheDir} }
 // where the exec plugin renews. It takes no lock and touches no network.
 func (s *Source) Cached() (*cache.Credential, bool) {
 	cred, err := s.dir().Load()
-	if err != nil {
+	if err != nil || !s.forThisNode(cred) {
 		return nil, false
 	}
 	return cred, rotation.Fresh(cred.Leaf, s.now())
+}
+
+// forThisNode reports whether cred was issued for the configured node name
+// (the configuration may have changed since).
+func (s *Source) forThisNode(cred *cache.Credential) bool {
+	return cred.Leaf.Subject.CommonName == "system:node:"+s.Config.NodeName
 }
 
 // Get returns a credential kubelet can use now, and the time until which it
@@ -113,6 +119,9 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 		current = nil
 	case err != nil:
 		s.logf("replacing unusable cached credential: %v", err)
+		current = nil
+	case !s.forThisNode(current):
+		s.logf("replacing cached credential for %s: this node is %s", current.Leaf.Subject.CommonName, s.Config.NodeName)
 		current = nil
 	case !force && rotation.Fresh(current.Leaf, s.now()):
 		return current, rotation.Expiration(current.Leaf), nil

@@ -40,9 +40,9 @@ var built struct {
 	dir string
 }
 
-// Binaries builds kubelet-authenticator (with the test build tags) and
-// node-attestation-controller (CGO_ENABLED=0, as released) once per test
-// process and returns the directory holding them.
+// Binaries builds the kubelet-authenticator launcher, kubelet-authenticator-core
+// (with the test build tags) and node-attestation-controller (CGO_ENABLED=0,
+// as released) once per test process and returns the directory holding them.
 func Binaries(tb testing.TB) string {
 	tb.Helper()
 	built.Lock()
@@ -63,7 +63,8 @@ func Binaries(tb testing.TB) string {
 		env       []string
 		tags      string
 	}{
-		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, binaryTags},
+		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, ""},
+		{nodeBinaryName + "-core", "./cmd/kubelet-authenticator-core", nil, binaryTags},
 		{controllerBinaryName, "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, ""},
 	} {
 		cmd := exec.Command("go", "build", "-tags", b.tags, "-o", filepath.Join(dir, b.name), b.pkg)
