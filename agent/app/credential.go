@@ -74,7 +74,7 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintln(stdout, string(out))
+			_, err = stdout.Write(out)
 			return err
 		},
 	}

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,6 +24,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
+	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -381,18 +381,7 @@ func ExecInfo(env string) (*clientauthv1.ExecCredential, error) {
 }
 
 // Marshal returns the ExecCredential JSON for cred, in the apiVersion kubelet
-// asked with ("" means v1).
+// asked with ("" means v1); the same bytes the launcher's cached path prints.
 func Marshal(apiVersion string, cred *cache.Credential, expires time.Time) ([]byte, error) {
-	if apiVersion == "" {
-		apiVersion = "client.authentication.k8s.io/v1"
-	}
-	ts := metav1.NewTime(expires.UTC().Truncate(time.Second))
-	return json.Marshal(&clientauthv1.ExecCredential{
-		TypeMeta: metav1.TypeMeta{APIVersion: apiVersion, Kind: "ExecCredential"},
-		Status: &clientauthv1.ExecCredentialStatus{
-			ExpirationTimestamp:   &ts,
-			ClientCertificateData: string(cred.CertPEM),
-			ClientKeyData:         string(cred.KeyPEM),
-		},
-	})
+	return fastpath.MarshalExecCredential(apiVersion, expires, cred.CertPEM, cred.KeyPEM)
 }

@@ -187,19 +187,32 @@ func Credential(args []string, execInfo string, now time.Time) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
+	out, err := MarshalExecCredential(apiVersion, h.Expiration, certPEM, keyPEM)
+	if err != nil {
+		return nil, false
+	}
+	return out, true
+}
+
+// MarshalExecCredential returns the ExecCredential JSON (and a newline) the
+// plugin prints, in the apiVersion kubelet asked with ("" means v1).
+func MarshalExecCredential(apiVersion string, expires time.Time, certPEM, keyPEM []byte) ([]byte, error) {
+	if apiVersion == "" {
+		apiVersion = "client.authentication.k8s.io/v1"
+	}
 	out, err := json.Marshal(execCredential{
 		APIVersion: apiVersion,
 		Kind:       "ExecCredential",
 		Status: execCredentialStatus{
-			ExpirationTimestamp:   h.Expiration.UTC().Format(time.RFC3339),
+			ExpirationTimestamp:   expires.UTC().Format(time.RFC3339),
 			ClientCertificateData: string(certPEM),
 			ClientKeyData:         string(keyPEM),
 		},
 	})
 	if err != nil {
-		return nil, false
+		return nil, err
 	}
-	return append(out, '\n'), true
+	return append(out, '\n'), nil
 }
 
 type execCredential struct {

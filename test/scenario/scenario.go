@@ -9,6 +9,7 @@ package scenario
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -215,7 +216,7 @@ type Result struct {
 // kubelet would (KUBERNETES_EXEC_INFO with the cluster).
 func (n *Node) Credential(ctx context.Context, extra ...string) Result {
 	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
-		n.env.Workload.URL, n.env.Workload.CACertPEM)
+		n.env.Workload.URL, base64.StdEncoding.EncodeToString(n.env.Workload.CACertPEM))
 	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, filepath.Join(n.env.BinDir, nodeBinaryName),
 		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)
 }
