@@ -1,0 +1,168 @@
+package app
+
+import (
+	"context"
+	"errors"
+	goflag "flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+)
+
+// NewCommand returns the node-attestation-controller command.
+func NewCommand() *cobra.Command {
+	o := NewOptions()
+	cmd := &cobra.Command{
+		Use:   "node-attestation-controller",
+		Short: "Approve and sign attested kubelet client certificates for Cluster API workload clusters",
+		Long: `node-attestation-controller runs on a Cluster API management cluster. For
+every Cluster annotated kubelet-authenticator.x-k8s.io/enabled=true it watches
+the workload cluster's CertificateSigningRequests for the
+cluster.x-k8s.io/kube-apiserver-client-kubelet-<provider> signers, checks each
+one and its attestation against the Machine Cluster API created, and signs it
+with the cluster's CA, or denies it with a reason.`,
+		SilenceUsage: true,
+		Args:         cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer cancel()
+			return o.Run(ctx)
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	cmd.Flags().AddGoFlagSet(klogFlags)
+	return cmd
+}
+
+// Scheme returns the scheme the manager uses: Kubernetes and Cluster API
+// core v1beta2 types.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := clusterv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run runs the controller until ctx is done. Options must be complete and
+// valid.
+func (o *Options) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	ctrl.SetLogger(logger)
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	// Only the Secrets Cluster API labels with a cluster name are watched,
+	// and only their metadata: the data is read from the API server when a
+	// workload controller starts.
+	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(o.RESTConfig, ctrl.Options{
+		Scheme:                        scheme,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}: {Label: labels.NewSelector().Add(*clusterSecrets)},
+			},
+		},
+		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		Controller: config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
+	})
+	if err != nil {
+		return fmt.Errorf("unable to create the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	metrics, err := newDecisionMetrics(ctrlmetrics.Registry)
+	if err != nil {
+		return err
+	}
+	r := &capi.ClusterReconciler{
+		Client:        mgr.GetClient(),
+		APIReader:     mgr.GetAPIReader(),
+		Verifiers:     Verifiers(),
+		MaxLifetime:   o.MaxClientCertificateLifetime,
+		Metrics:       metrics,
+		Workers:       o.WorkersPerCluster,
+		RecheckPeriod: o.ClusterRecheckPeriod,
+		RESTConfig:    o.WorkloadRESTConfig,
+	}
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("unable to set up the Cluster reconciler: %w", err)
+	}
+	logger.Info("Starting", "leaderElect", o.LeaderElect, "maxClientCertificateLifetime", o.MaxClientCertificateLifetime)
+	return mgr.Start(ctx)
+}
+
+// decisionMetrics counts CSR decisions; it implements controller.Metrics.
+type decisionMetrics struct{ decisions *prometheus.CounterVec }
+
+func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
+	cv := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kubelet_authenticator",
+		Subsystem: "signer",
+		Name:      "csr_decisions_total",
+		Help:      "Decisions on kubelet client CertificateSigningRequests, by workload cluster, decision (approved, denied, failed, challenged, retried) and reason.",
+	}, []string{"cluster", "decision", "reason"})
+	if err := reg.Register(cv); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, fmt.Errorf("unable to register metrics: %w", err)
+		}
+		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
+		if !ok {
+			return nil, fmt.Errorf("unable to register metrics: %w", err)
+		}
+		cv = existing
+	}
+	return &decisionMetrics{decisions: cv}, nil
+}
+
+// Decision implements controller.Metrics.
+func (m *decisionMetrics) Decision(cluster, decision, reason string) {
+	m.decisions.WithLabelValues(cluster, decision, reason).Inc()
+}

@@ -1,0 +1,177 @@
+// Package app is the node-attestation-controller command: its options and
+// flags, the table of attestors it knows, and the controller-runtime
+// Manager it runs on the Cluster API management cluster.
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+)
+
+// Defaults of Options.
+const (
+	// DefaultMaxClientCertificateLifetime caps kubelet client certificates.
+	//
+	// Seven days: kubelet (and the agent) renew at 70-90% of a
+	// certificate's life, so the management cluster may be unreachable for
+	// about a day and a half before nodes lose their credentials, while a
+	// certificate taken from a node that is gone stays useful for at most a
+	// week, not the year kube-controller-manager signs for by default.
+	// Shorter is safer but makes every node depend on the management
+	// cluster's uptime.
+	DefaultMaxClientCertificateLifetime = 7 * 24 * time.Hour
+	// MinClientCertificateLifetime is Kubernetes' minimum
+	// spec.expirationSeconds (10 minutes).
+	MinClientCertificateLifetime = 10 * time.Minute
+	// MaxClientCertificateLifetime is the largest cap accepted: a year, what
+	// kube-controller-manager would sign without attestation.
+	MaxClientCertificateLifetime = 365 * 24 * time.Hour
+	// DefaultLeaderElectionID names the Lease.
+	DefaultLeaderElectionID = "node-attestation-controller.kubelet-authenticator.x-k8s.io"
+)
+
+// inClusterNamespaceFile holds the namespace of a pod's service account.
+const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// Verifiers is the table of attestors the signer knows: provider name →
+// verifier half. A Cluster authorizes a subset of them.
+func Verifiers() map[string]attestor.Verifier {
+	return map[string]attestor.Verifier{
+		insecure.Name: insecure.Verifier{},
+	}
+}
+
+// Options are the controller's settings.
+type Options struct {
+	// Kubeconfig is the management cluster's kubeconfig; "" means in-cluster.
+	Kubeconfig string
+	// LeaderElect runs one active replica; LeaderElectionNamespace and
+	// LeaderElectionID name its Lease.
+	LeaderElect             bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+	// MaxClientCertificateLifetime caps issued certificates' lifetime.
+	MaxClientCertificateLifetime time.Duration
+	// MetricsBindAddress and HealthProbeBindAddress are host:port, or "0" to
+	// disable.
+	MetricsBindAddress     string
+	HealthProbeBindAddress string
+	// WorkersPerCluster is the number of CSR workers per workload cluster.
+	WorkersPerCluster int
+	// ClusterRecheckPeriod is how often opted-in Clusters' Secrets are read
+	// again.
+	ClusterRecheckPeriod time.Duration
+
+	// RESTConfig is the management cluster's client config. Complete loads
+	// it from Kubeconfig unless it is already set (tests set it).
+	RESTConfig *rest.Config
+	// WorkloadRESTConfig, when set, adjusts each workload cluster's client
+	// config (tests).
+	WorkloadRESTConfig func(*rest.Config)
+	// SkipControllerNameValidation lets Run be called more than once in a
+	// process (tests); controller-runtime otherwise refuses a second
+	// controller of the same name.
+	SkipControllerNameValidation bool
+
+	completeErr error
+}
+
+// NewOptions returns Options with defaults.
+func NewOptions() *Options {
+	return &Options{
+		LeaderElect:                  true,
+		LeaderElectionID:             DefaultLeaderElectionID,
+		MaxClientCertificateLifetime: DefaultMaxClientCertificateLifetime,
+		MetricsBindAddress:           ":8080",
+		HealthProbeBindAddress:       ":8081",
+		WorkersPerCluster:            2,
+		ClusterRecheckPeriod:         5 * time.Minute,
+	}
+}
+
+// AddFlags adds the options' flags to fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader election Lease. Empty: the pod's namespace.")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader election Lease.")
+	fs.DurationVar(&o.MaxClientCertificateLifetime, "max-client-certificate-lifetime", o.MaxClientCertificateLifetime,
+		"Longest lifetime of an issued kubelet client certificate; a shorter spec.expirationSeconds wins, and no certificate outlives the cluster CA.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; \"0\" disables it.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
+	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
+	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
+}
+
+// Complete loads what the flags point to. Problems are reported by
+// Validate, together with every other.
+func (o *Options) Complete() error {
+	if o.RESTConfig != nil {
+		return nil
+	}
+	var err error
+	if o.Kubeconfig != "" {
+		o.RESTConfig, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+		if err != nil {
+			o.completeErr = fmt.Errorf("--kubeconfig: unable to load %s: %w", o.Kubeconfig, err)
+		}
+		return nil
+	}
+	o.RESTConfig, err = rest.InClusterConfig()
+	if err != nil {
+		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%v); point --kubeconfig at the management cluster", err)
+	}
+	return nil
+}
+
+// Validate reports every problem with the options at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.completeErr != nil {
+		errs = append(errs, o.completeErr)
+	} else if o.RESTConfig == nil {
+		errs = append(errs, errors.New("no management cluster configuration: call Complete"))
+	}
+	if o.LeaderElect {
+		if o.LeaderElectionID == "" {
+			errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+		}
+		if o.LeaderElectionNamespace == "" {
+			if _, err := os.Stat(inClusterNamespaceFile); err != nil {
+				errs = append(errs, errors.New("--leader-election-namespace is required outside a cluster with --leader-elect"))
+			}
+		}
+	}
+	if l := o.MaxClientCertificateLifetime; l < MinClientCertificateLifetime || l > MaxClientCertificateLifetime {
+		errs = append(errs, fmt.Errorf("--max-client-certificate-lifetime %s must be between %s and %s", l, MinClientCertificateLifetime, MaxClientCertificateLifetime))
+	}
+	for _, a := range []struct{ flag, addr string }{
+		{"--metrics-bind-address", o.MetricsBindAddress},
+		{"--health-probe-bind-address", o.HealthProbeBindAddress},
+	} {
+		flag, addr := a.flag, a.addr
+		if addr == "0" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q is not host:port or \"0\": %w", flag, addr, err))
+		}
+	}
+	if o.WorkersPerCluster < 1 || o.WorkersPerCluster > 64 {
+		errs = append(errs, fmt.Errorf("--workers-per-cluster %d must be between 1 and 64", o.WorkersPerCluster))
+	}
+	if o.ClusterRecheckPeriod < 10*time.Second {
+		errs = append(errs, fmt.Errorf("--cluster-recheck-period %s must be at least 10s", o.ClusterRecheckPeriod))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,110 @@
+// Package capi connects the signer to Cluster API on the management
+// cluster: which Clusters opted in and which attestors they authorize, how
+// to reach each workload cluster and sign with its CA (the `<cluster>-kubeconfig`
+// and `<cluster>-ca` Secrets), which Machine a node belongs to, and the
+// Cluster reconciler that runs one CSR controller per opted-in workload
+// cluster.
+package capi
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+)
+
+// Annotations on a Cluster object (Cluster API has no field for them).
+const (
+	// AnnotationEnabled opts a Cluster in when it is "true".
+	AnnotationEnabled = "kubelet-authenticator.x-k8s.io/enabled"
+	// AnnotationAuthorizedAttestors lists the providers whose evidence the
+	// Cluster accepts, comma-separated ("tpm,aws").
+	AnnotationAuthorizedAttestors = "kubelet-authenticator.x-k8s.io/authorized-attestors"
+)
+
+// Secrets Cluster API writes for every Cluster.
+const (
+	// KubeconfigSecretSuffix names `<cluster>-kubeconfig`, an admin
+	// kubeconfig of the workload cluster under KubeconfigSecretKey.
+	KubeconfigSecretSuffix = "-kubeconfig"
+	KubeconfigSecretKey    = "value"
+	// CASecretSuffix names `<cluster>-ca`, the workload cluster's CA
+	// (tls.crt, tls.key): kube-apiserver trusts it for client certificates.
+	CASecretSuffix = "-ca"
+)
+
+// Enabled reports whether cluster opted in.
+func Enabled(cluster *clusterv1.Cluster) bool {
+	return cluster.Annotations[AnnotationEnabled] == "true"
+}
+
+// AuthorizedAttestors returns the providers cluster authorizes, in order,
+// without blanks or duplicates.
+func AuthorizedAttestors(cluster *clusterv1.Cluster) []string {
+	var out []string
+	for p := range strings.SplitSeq(cluster.Annotations[AnnotationAuthorizedAttestors], ",") {
+		p = strings.TrimSpace(p)
+		if p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ReadKubeconfig reads the workload cluster's kubeconfig from its
+// `<cluster>-kubeconfig` Secret.
+func ReadKubeconfig(ctx context.Context, r client.Reader, cluster types.NamespacedName) ([]byte, error) {
+	s, err := readSecret(ctx, r, cluster.Namespace, cluster.Name+KubeconfigSecretSuffix)
+	if err != nil {
+		return nil, err
+	}
+	v := s.Data[KubeconfigSecretKey]
+	if len(v) == 0 {
+		return nil, fmt.Errorf("secret %s/%s has no %q key", s.Namespace, s.Name, KubeconfigSecretKey)
+	}
+	return v, nil
+}
+
+// ReadCA reads the workload cluster's CA from its `<cluster>-ca` Secret and
+// returns it with the PEM bytes it was loaded from.
+func ReadCA(ctx context.Context, r client.Reader, cluster types.NamespacedName) (*issue.CA, []byte, error) {
+	s, err := readSecret(ctx, r, cluster.Namespace, cluster.Name+CASecretSuffix)
+	if err != nil {
+		return nil, nil, err
+	}
+	certPEM, keyPEM := s.Data[issue.SecretCertKey], s.Data[issue.SecretKeyKey]
+	ca, err := issue.LoadCA(certPEM, keyPEM)
+	if err != nil {
+		return nil, nil, fmt.Errorf("secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return ca, append(append([]byte(nil), certPEM...), keyPEM...), nil
+}
+
+func readSecret(ctx context.Context, r client.Reader, ns, name string) (*corev1.Secret, error) {
+	var s corev1.Secret
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
+		return nil, fmt.Errorf("unable to read secret %s/%s: %w", ns, name, err)
+	}
+	return &s, nil
+}
+
+// clusterForSecret returns the Cluster a `<cluster>-kubeconfig` or
+// `<cluster>-ca` Secret belongs to.
+func clusterForSecret(ns, name string, labels map[string]string) (types.NamespacedName, bool) {
+	for _, suffix := range []string{KubeconfigSecretSuffix, CASecretSuffix} {
+		if c, ok := strings.CutSuffix(name, suffix); ok && c != "" {
+			if l := labels[clusterv1.ClusterNameLabel]; l != "" && l != c {
+				return types.NamespacedName{}, false
+			}
+			return types.NamespacedName{Namespace: ns, Name: c}, true
+		}
+	}
+	return types.NamespacedName{}, false
+}

@@ -1,0 +1,306 @@
+package capi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+)
+
+// Defaults of ClusterReconciler.
+const (
+	// DefaultRecheckPeriod is how often an opted-in Cluster's Secrets are
+	// read again, in case a change was not seen (a Secret without the
+	// cluster-name label is not watched).
+	DefaultRecheckPeriod = 5 * time.Minute
+	// missingSecretRetry is how soon a Cluster whose Secrets do not exist yet
+	// is looked at again.
+	missingSecretRetry = 15 * time.Second
+)
+
+// ClusterReconciler runs one CSR controller per opted-in workload cluster.
+// It starts a controller when a Cluster opts in and its Secrets exist,
+// restarts it when the kubeconfig, the CA or the authorized attestors
+// change, and stops it when the Cluster opts out or is deleted. It is also
+// a manager.Runnable (leader-elected) that stops every controller when the
+// manager stops.
+type ClusterReconciler struct {
+	// Client is the manager's cached client (Clusters, Machines).
+	Client client.Client
+	// APIReader reads Secrets and authoritative Machine lists from the API
+	// server, so that the manager never caches Secrets' data.
+	APIReader client.Reader
+	// Verifiers is the table of providers the signer knows.
+	Verifiers map[string]attestor.Verifier
+	// MaxLifetime caps issued certificates' lifetime.
+	MaxLifetime time.Duration
+	// Metrics records CSR decisions; may be nil.
+	Metrics controller.Metrics
+	// Workers per workload cluster; 0 means 2.
+	Workers int
+	// RecheckPeriod; 0 means DefaultRecheckPeriod.
+	RecheckPeriod time.Duration
+	// MinRetry and MaxRetry bound each CSR controller's backoff; 0 means
+	// the controller's defaults.
+	MinRetry, MaxRetry time.Duration
+	// RESTConfig, when set, adjusts each workload cluster's client config
+	// (tests; user agent and rate limits are set before it runs).
+	RESTConfig func(*rest.Config)
+
+	mu      sync.Mutex
+	base    context.Context
+	started chan struct{}
+	running map[types.NamespacedName]*workload
+}
+
+type workload struct {
+	hash   string
+	ctrl   *controller.Controller
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// SetupWithManager registers the reconciler, the Machine index and the
+// Runnable with mgr.
+func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	r.init()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.Machine{}, IndexProviderID, ProviderIDIndexer); err != nil {
+		return fmt.Errorf("unable to index Machines by provider ID: %w", err)
+	}
+	if err := mgr.Add(r); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("kubelet-authenticator-cluster").
+		For(&clusterv1.Cluster{}).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			nn, ok := clusterForSecret(o.GetNamespace(), o.GetName(), o.GetLabels())
+			if !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: nn}}
+		})).
+		Watches(&clusterv1.Machine{}, handler.Funcs{
+			CreateFunc: func(_ context.Context, e event.CreateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.resync(e.Object)
+			},
+			UpdateFunc: func(_ context.Context, e event.UpdateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.resync(e.ObjectNew)
+			},
+		}).
+		Complete(r)
+}
+
+func (r *ClusterReconciler) init() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started == nil {
+		r.started = make(chan struct{})
+		r.running = map[types.NamespacedName]*workload{}
+	}
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: only the
+// leader runs workload controllers.
+func (r *ClusterReconciler) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable: it holds the context workload
+// controllers run under and stops them all when it is done.
+func (r *ClusterReconciler) Start(ctx context.Context) error {
+	r.init()
+	r.mu.Lock()
+	r.base = ctx
+	close(r.started)
+	r.mu.Unlock()
+	<-ctx.Done()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for nn, w := range r.running {
+		w.cancel()
+		<-w.done
+		delete(r.running, nn)
+	}
+	return nil
+}
+
+// resync asks the controller of a Machine's Cluster to look at its pending
+// CSRs again: the Machine may have become ready.
+func (r *ClusterReconciler) resync(o client.Object) {
+	name := o.GetLabels()[clusterv1.ClusterNameLabel]
+	if name == "" {
+		return
+	}
+	r.mu.Lock()
+	w := r.running[types.NamespacedName{Namespace: o.GetNamespace(), Name: name}]
+	r.mu.Unlock()
+	if w != nil {
+		w.ctrl.Resync()
+	}
+}
+
+// Running reports whether a CSR controller runs for cluster.
+func (r *ClusterReconciler) Running(cluster types.NamespacedName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.running[cluster]
+	return ok
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	logger := klog.FromContext(ctx).WithValues("cluster", req.NamespacedName)
+	select {
+	case <-r.started:
+	case <-ctx.Done():
+		return reconcile.Result{}, ctx.Err()
+	}
+	var cluster clusterv1.Cluster
+	if err := r.Client.Get(ctx, req.NamespacedName, &cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.stop(logger, req.NamespacedName, "Cluster deleted")
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if !cluster.DeletionTimestamp.IsZero() {
+		r.stop(logger, req.NamespacedName, "Cluster is being deleted")
+		return reconcile.Result{}, nil
+	}
+	if !Enabled(&cluster) {
+		r.stop(logger, req.NamespacedName, "Cluster opted out")
+		return reconcile.Result{}, nil
+	}
+
+	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	if err == nil {
+		var ca *issue.CA
+		var caPEM []byte
+		ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
+		if err == nil {
+			err = r.ensure(ctx, logger, &cluster, kubeconfig, ca, caPEM)
+		}
+	}
+	if apierrors.IsNotFound(err) {
+		logger.Info("Waiting for the Cluster's Secrets", "err", err.Error())
+		return reconcile.Result{RequeueAfter: missingSecretRetry}, nil
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	period := r.RecheckPeriod
+	if period <= 0 {
+		period = DefaultRecheckPeriod
+	}
+	return reconcile.Result{RequeueAfter: period}, nil
+}
+
+// ensure runs a controller for cluster with this configuration, replacing
+// one with another.
+func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, ca *issue.CA, caPEM []byte) error {
+	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
+	authorized := AuthorizedAttestors(cluster)
+	h := sha256.New()
+	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ","))} {
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
+	}
+	hash := hex.EncodeToString(h.Sum(nil))
+
+	r.mu.Lock()
+	cur := r.running[nn]
+	r.mu.Unlock()
+	if cur != nil && cur.hash == hash {
+		return nil
+	}
+
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return fmt.Errorf("unable to load the workload cluster's kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "node-attestation-controller"
+	cfg.QPS, cfg.Burst = 20, 40
+	if r.RESTConfig != nil {
+		r.RESTConfig(cfg)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("unable to build the workload cluster's client: %w", err)
+	}
+	workers := r.Workers
+	if workers <= 0 {
+		workers = 2
+	}
+	c, err := controller.New(controller.Config{
+		Cluster:    nn.String(),
+		Client:     cs,
+		Verifiers:  r.Verifiers,
+		Authorized: authorized,
+		Machines:   &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name},
+		Signer:     &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
+		Metrics:    r.Metrics,
+		Workers:    workers,
+		MinRetry:   r.MinRetry,
+		MaxRetry:   r.MaxRetry,
+	})
+	if err != nil {
+		return err
+	}
+
+	if cur != nil {
+		r.stop(logger, nn, "configuration changed")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.base == nil || r.base.Err() != nil {
+		return errors.New("the manager is stopping")
+	}
+	// The controller logs under the manager's logger (it adds the cluster),
+	// not under this reconcile's.
+	wctx, cancel := context.WithCancel(r.base)
+	w := &workload{hash: hash, ctrl: c, cancel: cancel, done: make(chan struct{})}
+	r.running[nn] = w
+	go func() {
+		defer close(w.done)
+		if err := c.Run(wctx); err != nil && wctx.Err() == nil {
+			logger.Error(err, "CSR controller stopped")
+		}
+	}()
+	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter)
+	return nil
+}
+
+func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, why string) {
+	r.mu.Lock()
+	w := r.running[nn]
+	delete(r.running, nn)
+	r.mu.Unlock()
+	if w == nil {
+		return
+	}
+	w.cancel()
+	<-w.done
+	logger.Info("Stopped the CSR controller", "why", why)
+}
