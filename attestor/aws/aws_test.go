@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
 	"time"
@@ -40,25 +41,7 @@ func newBinding(t *testing.T) []byte {
 // from the repository root. A missing file fails the test.
 func realdata(t testing.TB, elem ...string) string {
 	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("repository root (go.mod) not found")
-		}
-		dir = parent
-	}
-	p := filepath.Join(append([]string{dir, "..", "shared", "realdata"}, elem...)...)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("real test data missing (it must be present, never skipped): %v", err)
-	}
-	return p
+	return realdatapkg.Path(t, elem...)
 }
 
 type fixture struct {

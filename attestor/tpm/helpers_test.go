@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"sync"
 	"testing"
@@ -305,11 +306,7 @@ func repoRoot(t testing.TB) string {
 // failure: these tests are what shows real EK certificates verify.
 func realData(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(repoRoot(t), "..", "shared", "realdata")
-	if _, err := os.Stat(filepath.Join(dir, "MANIFEST.md")); err != nil {
-		t.Fatalf("real TPM data not found at %s (checked out next to the repository as ../shared/realdata): %v", dir, err)
-	}
-	return dir
+	return realdatapkg.Dir(t)
 }
 
 var errTransient = errors.New("apiserver unavailable")
