@@ -14,7 +14,8 @@ K8S_VERSION="${K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.8}"
 KA_CACHE="${KA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelet-authenticator}"
 
-out="$KA_CACHE/bin/k8s-v${K8S_VERSION}-etcd-v${ETCD_VERSION}"
+# The suffix names the build recipe: bump it when the way binaries are built changes.
+out="$KA_CACHE/bin/k8s-v${K8S_VERSION}-etcd-v${ETCD_VERSION}-r2"
 want=(kube-apiserver kube-controller-manager kubemark kubectl etcd)
 
 have_all() {
