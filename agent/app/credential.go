@@ -14,6 +14,7 @@ import (
 
 func newCredentialCommand(stdout, stderr io.Writer) *cobra.Command {
 	o := &nodeOptions{}
+	verbose := false
 	cmd := &cobra.Command{
 		Use:   "credential",
 		Short: "Exec credential plugin: print kubelet's client certificate as an ExecCredential",
@@ -45,11 +46,11 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
-			src := &credential.Source{
-				Config: cfg,
-				Logf: func(format string, args ...any) {
+			src := &credential.Source{Config: cfg}
+			if verbose {
+				src.Logf = func(format string, args ...any) {
 					fmt.Fprintf(stderr, "kubelet-authenticator: "+format+"\n", args...)
-				},
+				}
 			}
 			apiVersion := ""
 			if info != nil {
@@ -79,5 +80,6 @@ kubeconfig user entry:
 		},
 	}
 	o.AddFlags(cmd.Flags())
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress (attestation, CSR name, signer decision) on stderr; by default a failure is one line and success prints nothing there")
 	return cmd
 }

@@ -144,6 +144,10 @@ func Credential(args []string, execInfo string, now time.Time) ([]byte, bool) {
 			return nil, false
 		}
 		name, value, hasValue := strings.Cut(a[2:], "=")
+		if name == "verbose" {
+			// Progress logging concerns the slow path only.
+			continue
+		}
 		if !credentialFlags[name] {
 			return nil, false
 		}

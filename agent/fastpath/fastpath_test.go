@@ -51,7 +51,7 @@ func TestCredential(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	writeCache(t, cacheDir, Header{Node: "n1", NotBefore: now.Add(-time.Hour), RenewBy: now.Add(time.Hour), Expiration: now.Add(50 * time.Minute)})
 
-	out, ok := Credential([]string{"credential", "--config=" + cfg, "--timeout", "5m"}, `{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false}}`, now)
+	out, ok := Credential([]string{"credential", "--config=" + cfg, "--timeout", "5m", "--verbose"}, `{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false}}`, now)
 	if !ok {
 		t.Fatal("fresh cache not answered")
 	}
@@ -77,7 +77,7 @@ func TestCredential(t *testing.T) {
 		"past expiration": {[]string{"credential", "--config", cfg}, "", now.Add(55 * time.Minute)},
 		"not yet valid":   {[]string{"credential", "--config", cfg}, "", now.Add(-2 * time.Hour)},
 		"other node":      {[]string{"credential", "--config", cfg, "--node-name=n2"}, "", now},
-		"unknown flag":    {[]string{"credential", "--config", cfg, "--verbose"}, "", now},
+		"unknown flag":    {[]string{"credential", "--config", cfg, "--bogus"}, "", now},
 		"help":            {[]string{"credential", "--help"}, "", now},
 		"other command":   {[]string{"agent", "--config", cfg}, "", now},
 		"missing config":  {[]string{"credential", "--config", cfg + ".missing"}, "", now},

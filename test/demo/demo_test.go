@@ -48,7 +48,7 @@ func TestDemo(t *testing.T) {
 	detail("the node holds only a bootstrap token (%s.****)", strings.SplitN(env.Token, ".", 2)[0])
 
 	say("Node %s runs `kubelet-authenticator credential`, as kubelet's exec plugin would", n.Name)
-	r := n.Credential(ctx)
+	r := n.Credential(ctx, "--verbose")
 	if r.Err != nil {
 		t.Fatalf("credential failed: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, env.ControllerLog())
 	}
