@@ -1,0 +1,91 @@
+package images_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+)
+
+// configFields lists the JSON field paths of a configuration type, dotted
+// for nested objects (tpm.device).
+func configFields(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		path := prefix + name
+		out = append(out, path)
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		// Types of other packages (metav1.LabelSelector) are documented
+		// where they come from.
+		if ft.Kind() == reflect.Struct && ft.PkgPath() == t.PkgPath() && ft != reflect.TypeOf(config.Duration{}) {
+			out = append(out, configFields(ft, path+".")...)
+		}
+	}
+	return out
+}
+
+var docField = regexp.MustCompile("(?m)^\\| `([A-Za-z.]+)` \\|")
+
+// TestNodeConfigurationReference keeps docs/node-configuration.md in step with
+// the NodeConfig type: every field documented, nothing documented that is not
+// a field.
+func TestNodeConfigurationReference(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "node-configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, m := range docField.FindAllStringSubmatch(string(data), -1) {
+		documented = append(documented, m[1])
+	}
+	fields := configFields(reflect.TypeOf(config.NodeConfig{}), "")
+	for _, f := range fields {
+		if !slices.Contains(documented, f) {
+			t.Errorf("field %s of NodeConfig is not in docs/node-configuration.md", f)
+		}
+	}
+	for _, d := range documented {
+		if !slices.Contains(fields, d) {
+			t.Errorf("docs/node-configuration.md documents %s, which NodeConfig does not have", d)
+		}
+	}
+	// Defaults the page states.
+	for _, want := range []string{config.DefaultPath, config.DefaultCacheDir, config.DefaultBootstrapKubeconfig, config.DefaultRequestTimeout.String(), config.APIVersion} {
+		if want == "5m0s" {
+			want = "5m"
+		}
+		if !strings.Contains(string(data), want) {
+			t.Errorf("docs/node-configuration.md does not mention %s", want)
+		}
+	}
+	// The example parses as a NodeConfig.
+	example := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindStringSubmatch(string(data))
+	if example == nil {
+		t.Fatal("no YAML example")
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(example[1]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("the example does not load: %v", err)
+	}
+	c.Default()
+	if err := c.Validate(); err != nil {
+		t.Errorf("the example does not validate: %v", err)
+	}
+}
