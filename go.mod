@@ -3,6 +3,7 @@ module sigs.k8s.io/kubelet-authenticator
 go 1.26.0
 
 require (
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/go-jose/go-jose/v4 v4.1.8
 	github.com/gofrs/flock v0.13.1
 	github.com/google/go-tpm v0.9.8

@@ -27,6 +27,8 @@ kubelet its client certificate, so that a bootstrap token alone cannot
 register a node.
 
   credential   the client-go exec credential plugin kubelet's kubeconfig runs
+  agent        the service beside kubelet: renewal, trust bundles, metrics
+  status       the certificate, the last renewal, the trust bundles
   version      print the version`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -35,6 +37,8 @@ register a node.
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newCredentialCommand(stdout, stderr))
+	root.AddCommand(newAgentCommand())
+	root.AddCommand(newStatusCommand(stdout))
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version",

@@ -5,14 +5,22 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
+	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
 )
 
 // APIVersion and Kind identify the configuration document.
@@ -28,6 +36,11 @@ const (
 	DefaultBootstrapKubeconfig = "/etc/kubernetes/bootstrap-kubelet.conf"
 	DefaultRequestTimeout      = 5 * time.Minute
 	DefaultAttestor            = "tpm"
+	// DefaultMetricsBindAddress is where the agent serves /metrics and
+	// /healthz unless configured otherwise: localhost only.
+	DefaultMetricsBindAddress  = "127.0.0.1:10279"
+	DefaultRenewalRetryInitial = 10 * time.Second
+	DefaultRenewalRetryMax     = 5 * time.Minute
 )
 
 // Duration is a time.Duration written as a Go duration string ("5m").
@@ -80,7 +93,55 @@ type NodeConfig struct {
 
 	// TPM configures the tpm attestor.
 	TPM TPMConfig `json:"tpm,omitempty"`
+	// AWS, Azure and GCP configure the cloud attestors (cloud.go).
+	AWS   aws.AttestorConfig   `json:"aws,omitempty"`
+	Azure azure.AttestorConfig `json:"azure,omitempty"`
+	GCP   gcp.AttestorConfig   `json:"gcp,omitempty"`
+
+	// Agent configures the long-running agent (`kubelet-authenticator agent`).
+	Agent AgentConfig `json:"agent,omitempty"`
+	// TrustBundles lists the ClusterTrustBundle projections the agent keeps
+	// current on disk, each in a directory of its own.
+	TrustBundles []TrustBundleProjection `json:"trustBundles,omitempty"`
 }
+
+// AgentConfig configures the agent.
+type AgentConfig struct {
+	// MetricsBindAddress is the host:port serving /metrics and /healthz.
+	// "0" turns the server off. Default: 127.0.0.1:10279.
+	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
+	// RenewalRetryInitial is the wait after a first failed renewal; it
+	// doubles with every further failure up to RenewalRetryMax.
+	// Defaults: 10s and 5m.
+	RenewalRetryInitial Duration `json:"renewalRetryInitial,omitempty"`
+	RenewalRetryMax     Duration `json:"renewalRetryMax,omitempty"`
+}
+
+// TrustBundleProjection selects ClusterTrustBundle objects and names the
+// file their certificates are written to. Exactly one of Name and
+// SignerName is set.
+type TrustBundleProjection struct {
+	// Name selects one ClusterTrustBundle by name.
+	Name string `json:"name,omitempty"`
+	// SignerName selects the ClusterTrustBundles linked to this signer
+	// (spec.signerName), narrowed by LabelSelector.
+	SignerName string `json:"signerName,omitempty"`
+	// LabelSelector narrows SignerName; unset or empty matches every
+	// bundle of the signer. Only with SignerName.
+	LabelSelector *metav1.LabelSelector `json:"labelSelector,omitempty"`
+	// Path is the absolute path of the file consumers read, e.g.
+	// /etc/kubernetes/trust-bundles/cluster/ca.crt. The agent owns its
+	// directory: it is written like kubelet's AtomicWriter writes a volume
+	// (the file is a symlink into ..data/, swapped atomically), so no other
+	// projection may use the same directory.
+	Path string `json:"path"`
+	// PostUpdateCommand, when set, runs (argv, no shell) after each change
+	// of the file, with TRUST_BUNDLE_PATH set to Path.
+	PostUpdateCommand []string `json:"postUpdateCommand,omitempty"`
+}
+
+// Key identifies a projection in logs, metrics and status: its path.
+func (p TrustBundleProjection) Key() string { return p.Path }
 
 // TPMConfig configures the tpm attestor.
 type TPMConfig struct {
@@ -151,6 +212,15 @@ func (c *NodeConfig) Default() {
 	if c.RequestTimeout.Duration == 0 {
 		c.RequestTimeout.Duration = DefaultRequestTimeout
 	}
+	if c.Agent.MetricsBindAddress == "" {
+		c.Agent.MetricsBindAddress = DefaultMetricsBindAddress
+	}
+	if c.Agent.RenewalRetryInitial.Duration == 0 {
+		c.Agent.RenewalRetryInitial.Duration = DefaultRenewalRetryInitial
+	}
+	if c.Agent.RenewalRetryMax.Duration == 0 {
+		c.Agent.RenewalRetryMax.Duration = DefaultRenewalRetryMax
+	}
 }
 
 // Validate reports every problem at once.
@@ -174,5 +244,84 @@ func (c *NodeConfig) Validate() error {
 	if c.CacheDir == "" {
 		errs = append(errs, errors.New("cacheDir is required"))
 	}
+	errs = append(errs, c.Agent.validate()...)
+	errs = append(errs, c.validateCloud()...)
+	dirs := map[string]int{}
+	for i, p := range c.TrustBundles {
+		errs = append(errs, p.validate(i)...)
+		if p.Path == "" {
+			continue
+		}
+		dir := filepath.Dir(filepath.Clean(p.Path))
+		if j, ok := dirs[dir]; ok {
+			errs = append(errs, fmt.Errorf("trustBundles[%d].path: directory %s is already used by trustBundles[%d]; each projection needs a directory of its own", i, dir, j))
+		} else {
+			dirs[dir] = i
+		}
+		if c.CacheDir != "" && (dir == filepath.Clean(c.CacheDir) || strings.HasPrefix(dir, filepath.Clean(c.CacheDir)+"/")) {
+			errs = append(errs, fmt.Errorf("trustBundles[%d].path must not be inside cacheDir %s", i, c.CacheDir))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+func (a AgentConfig) validate() []error {
+	var errs []error
+	if addr := a.MetricsBindAddress; addr != "" && addr != "0" {
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("agent.metricsBindAddress %q: %w", addr, err))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			errs = append(errs, fmt.Errorf("agent.metricsBindAddress %q: invalid port", addr))
+		}
+	}
+	if a.RenewalRetryInitial.Duration < 0 || a.RenewalRetryMax.Duration < 0 {
+		errs = append(errs, errors.New("agent.renewalRetryInitial and agent.renewalRetryMax must not be negative"))
+	}
+	if a.RenewalRetryMax.Duration != 0 && a.RenewalRetryMax.Duration < a.RenewalRetryInitial.Duration {
+		errs = append(errs, errors.New("agent.renewalRetryMax must not be less than agent.renewalRetryInitial"))
+	}
+	return errs
+}
+
+func (p TrustBundleProjection) validate(i int) []error {
+	var errs []error
+	field := func(f string) string { return fmt.Sprintf("trustBundles[%d].%s", i, f) }
+	switch {
+	case p.Name == "" && p.SignerName == "":
+		errs = append(errs, fmt.Errorf("trustBundles[%d]: one of name and signerName is required", i))
+	case p.Name != "" && p.SignerName != "":
+		errs = append(errs, fmt.Errorf("trustBundles[%d]: name and signerName are mutually exclusive", i))
+	}
+	if p.Name != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(strings.ReplaceAll(p.Name, ":", "-")) {
+			errs = append(errs, fmt.Errorf("%s %q: %s", field("name"), p.Name, msg))
+		}
+	}
+	if p.SignerName != "" && !strings.Contains(strings.SplitN(p.SignerName, "/", 2)[0], ".") {
+		errs = append(errs, fmt.Errorf("%s %q must be <domain>/<path> with a dotted domain", field("signerName"), p.SignerName))
+	}
+	if p.LabelSelector != nil {
+		if p.SignerName == "" {
+			errs = append(errs, fmt.Errorf("%s is only allowed with signerName", field("labelSelector")))
+		}
+		if _, err := metav1.LabelSelectorAsSelector(p.LabelSelector); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field("labelSelector"), err))
+		}
+	}
+	switch {
+	case p.Path == "":
+		errs = append(errs, fmt.Errorf("%s is required", field("path")))
+	case !filepath.IsAbs(p.Path):
+		errs = append(errs, fmt.Errorf("%s %q must be absolute", field("path"), p.Path))
+	case filepath.Clean(p.Path) != p.Path:
+		errs = append(errs, fmt.Errorf("%s %q must be clean (no trailing slash, . or ..)", field("path"), p.Path))
+	case strings.HasPrefix(filepath.Base(p.Path), ".."):
+		errs = append(errs, fmt.Errorf("%s %q: the file name must not start with \"..\"", field("path"), p.Path))
+	case filepath.Dir(p.Path) == "/":
+		errs = append(errs, fmt.Errorf("%s %q: the file must be in a directory of its own, not /", field("path"), p.Path))
+	}
+	if len(p.PostUpdateCommand) > 0 && p.PostUpdateCommand[0] == "" {
+		errs = append(errs, fmt.Errorf("%s: the program must not be empty", field("postUpdateCommand")))
+	}
+	return errs
 }

@@ -33,6 +33,11 @@ import (
 // re-files in a version the signer supports.
 const ReasonUnsupportedEvidenceVersion = "UnsupportedEvidenceVersion"
 
+// Denial reasons of a challenge that was not answered in time (a node
+// that was down, slow or cut off between the two rounds), after which the
+// node files anew, with a new key, once in the same call.
+var challengeLostReasons = []string{"ChallengeExpired"}
+
 // Source obtains credentials.
 type Source struct {
 	Config   *config.NodeConfig
@@ -146,8 +151,20 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 
 // obtain files a CSR with fresh evidence and waits for the certificate.
 // current, when set, is a usable certificate that authenticates the renewal
-// as the node itself.
+// as the node itself. A challenge lost to time (the request filed by an
+// earlier call, challenged while nobody was there to answer) is filed anew
+// once, so that no person has to step in.
 func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
+	cred, err := s.obtainOnce(ctx, current)
+	var denied *csr.DeniedError
+	if errors.As(err, &denied) && slices.Contains(challengeLostReasons, denied.Reason) {
+		s.logf("the challenge on %s was not answered in time (%s); filing anew", denied.Name, denied.Reason)
+		return s.obtainOnce(ctx, current)
+	}
+	return cred, err
+}
+
+func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
 	cfg := s.Config
 	restCfg, err := s.restConfig(current)
 	if err != nil {

@@ -1,8 +1,9 @@
 // Package gcp emulates, on 127.0.0.1, the Google endpoints the GCP attestor
-// talks to: the GCE metadata server's instance identity token endpoint
-// (requires Metadata-Flavor: Google) and a JWKS publishing the signing key,
-// served over HTTPS. Tokens are RS256 JWTs shaped like Google's, signed by a
-// key generated when the emulator starts.
+// talks to: the GCE metadata server's instance identity token endpoint and
+// the project ID, zone and instance name (all require Metadata-Flavor:
+// Google), and a JWKS publishing the signing key, served over HTTPS.
+// Tokens are RS256 JWTs shaped like Google's, signed by a key generated when
+// the emulator starts.
 package gcp
 
 import (
@@ -11,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -108,6 +110,18 @@ func (e *Emulator) RotateKey(t testing.TB) {
 	e.key, e.kid = key, hex.EncodeToString(b)
 }
 
+// ShareKey makes e sign with other's current key, as Google signs the
+// tokens of every project with the same published keys: a verifier that
+// trusts other's JWKS accepts e's tokens' signatures.
+func (e *Emulator) ShareKey(other *Emulator) {
+	other.mu.Lock()
+	key, kid := other.key, other.kid
+	other.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.key, e.kid = key, kid
+}
+
 // SetClock sets the clock tokens are issued with.
 func (e *Emulator) SetClock(now func() time.Time) {
 	e.mu.Lock()
@@ -170,7 +184,18 @@ func (e *Emulator) serveMetadata(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Metadata-Flavor", "Google")
-	if r.URL.Path != "/computeMetadata/v1/instance/service-accounts/default/identity" {
+	switch r.URL.Path {
+	case "/computeMetadata/v1/project/project-id":
+		_, _ = w.Write([]byte(e.Instance.ProjectID))
+		return
+	case "/computeMetadata/v1/instance/zone":
+		_, _ = fmt.Fprintf(w, "projects/%d/zones/%s", e.Instance.ProjectNumber, e.Instance.Zone)
+		return
+	case "/computeMetadata/v1/instance/name":
+		_, _ = w.Write([]byte(e.Instance.InstanceName))
+		return
+	case "/computeMetadata/v1/instance/service-accounts/default/identity":
+	default:
 		http.NotFound(w, r)
 		return
 	}

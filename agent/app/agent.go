@@ -1,0 +1,414 @@
+package app
+
+import (
+	"context"
+	"crypto/x509"
+	goflag "flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/connrotation"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/agent/credential"
+	"sigs.k8s.io/kubelet-authenticator/agent/daemon"
+	"sigs.k8s.io/kubelet-authenticator/agent/metrics"
+	"sigs.k8s.io/kubelet-authenticator/agent/status"
+	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+func newAgentCommand() *cobra.Command {
+	o := &agentOptions{}
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run beside kubelet: renew its client certificate ahead of expiry and project trust bundles",
+		Long: `agent is the node's long-running service (systemd Type=notify, with watchdog).
+
+It renews kubelet's client certificate with fresh attestation at a random
+point between 70% and 90% of its lifetime, through the same cache and lock
+as the credential plugin, so that the plugin always finds a fresh
+certificate. A failed renewal keeps the current certificate and is retried
+with exponential backoff (agent.renewalRetryInitial .. agent.renewalRetryMax).
+
+It projects the ClusterTrustBundles listed under trustBundles in the config
+to host files, authenticating as the node with its client certificate.
+
+It serves Prometheus metrics and /healthz on agent.metricsBindAddress
+(localhost), records its state for 'kubelet-authenticator status', and
+talks to systemd: READY, STATUS, WATCHDOG, RELOADING, STOPPING.
+
+Signals: SIGHUP reloads the config (an invalid one is logged and ignored);
+SIGTERM and SIGINT stop it after the write in progress.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger := klog.NewKlogr().WithName("agent")
+			return runAgent(klog.NewContext(cmd.Context(), logger), o)
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	cmd.Flags().StringVar(&o.metricsAddr, "metrics-bind-address", "", "host:port serving /metrics and /healthz, \"0\" for none (default "+config.DefaultMetricsBindAddress+")")
+	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(gfs)
+	cmd.Flags().AddGoFlag(gfs.Lookup("v"))
+	return cmd
+}
+
+type agentOptions struct {
+	nodeOptions
+	metricsAddr string
+}
+
+// load reads and checks the configuration, including that its attestor is
+// available.
+func (o *agentOptions) load() (*config.NodeConfig, attestor.Attestor, error) {
+	cfg, err := o.Complete()
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.flags.Changed("metrics-bind-address") {
+		cfg.Agent.MetricsBindAddress = o.metricsAddr
+		if err := cfg.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("invalid configuration: %w", err)
+		}
+	}
+	att, err := newAttestor(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, att, nil
+}
+
+func notify(state string) { _, _ = sddaemon.SdNotify(false, state) }
+
+func runAgent(ctx context.Context, o *agentOptions) error {
+	logger := klog.FromContext(ctx)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	cfg, att, err := o.load()
+	if err != nil {
+		return err
+	}
+	m := metrics.New()
+	a := &agent{metrics: m, log: logger, started: time.Now()}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	srvCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	if addr := cfg.Agent.MetricsBindAddress; addr != "0" {
+		l, err := metrics.Listen(addr)
+		if err != nil {
+			return err
+		}
+		a.metricsAddr = l.Addr().String()
+		logger.Info("serving metrics", "address", "http://"+a.metricsAddr+"/metrics")
+		wg.Go(func() {
+			if err := metrics.Serve(srvCtx, l, m.Handler(a.healthz)); err != nil {
+				logger.Error(err, "metrics server stopped")
+			}
+		})
+	}
+	if interval, err := sddaemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
+		wg.Go(func() {
+			t := time.NewTicker(interval / 2)
+			defer t.Stop()
+			for {
+				select {
+				case <-srvCtx.Done():
+					return
+				case <-t.C:
+					if a.healthz() == nil {
+						notify("WATCHDOG=1")
+					}
+				}
+			}
+		})
+	}
+
+	for {
+		genCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a.run(genCtx, cfg, att)
+		}()
+	wait:
+		select {
+		case <-ctx.Done():
+			notify("STOPPING=1")
+			logger.Info("stopping")
+			cancel()
+			<-done
+			logger.Info("stopped")
+			return nil
+		case <-hup:
+			newCfg, newAtt, err := o.load()
+			if err != nil {
+				logger.Error(err, "not reloading: the new configuration is invalid; keeping the running one")
+				goto wait
+			}
+			if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress {
+				logger.Info("agent.metricsBindAddress changes take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
+			}
+			notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+			logger.Info("reloading configuration")
+			cancel()
+			<-done
+			cfg, att = newCfg, newAtt
+		}
+	}
+}
+
+// agent is one run of the agent; run is called again on every reload.
+type agent struct {
+	metrics     *metrics.Metrics
+	log         logr.Logger
+	started     time.Time
+	metricsAddr string
+
+	mu        sync.Mutex
+	renewal   *daemon.Renewal
+	beatLimit time.Duration
+	recorder  *status.Recorder
+	bundles   map[string]trustbundle.Status
+}
+
+// healthz is healthy while the renewal loop wakes up as it should.
+func (a *agent) healthz() error {
+	a.mu.Lock()
+	r := a.renewal
+	a.mu.Unlock()
+	if r == nil {
+		return fmt.Errorf("renewal loop not running")
+	}
+	// The loop beats at least every daemon.Heartbeat; an attempt in
+	// progress, bounded by requestTimeout, keeps it from beating meanwhile.
+	if since := time.Since(r.LastBeat()); since > a.beatLimit {
+		return fmt.Errorf("renewal loop silent for %s", since.Round(time.Second))
+	}
+	return nil
+}
+
+func (a *agent) record(change func(*status.State)) {
+	a.mu.Lock()
+	rec := a.recorder
+	a.mu.Unlock()
+	if err := rec.Update(change); err != nil {
+		a.log.Error(err, "unable to record state")
+	}
+}
+
+// sdStatus sends a one-line summary to systemd.
+func (a *agent) sdStatus(cert string) {
+	a.mu.Lock()
+	stale := 0
+	for _, s := range a.bundles {
+		if s.Stale {
+			stale++
+		}
+	}
+	n := len(a.bundles)
+	a.mu.Unlock()
+	line := cert
+	if n > 0 {
+		line += fmt.Sprintf("; trust bundles: %d current, %d stale", n-stale, stale)
+	}
+	notify("STATUS=" + line)
+}
+
+func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.Attestor) {
+	log := a.log
+	rec := status.NewRecorder(cfg.CacheDir)
+	a.mu.Lock()
+	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
+	a.mu.Unlock()
+	a.record(func(s *status.State) {
+		s.PID, s.Started, s.MetricsAddress = os.Getpid(), a.started, a.metricsAddr
+		s.TrustBundles = nil
+	})
+
+	var lastFailure struct {
+		sync.Mutex
+		msg string
+	}
+	src := &credential.Source{
+		Config: cfg,
+		Attestor: daemon.Instrument(att, func(d time.Duration, err error) {
+			a.metrics.ObserveAttestation(d, err)
+			a.record(func(s *status.State) { s.Attestation = status.NewResult(time.Now().Add(-d), d, err) })
+		}),
+		Logf: func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
+			log.Info(msg, "component", "credential")
+			if strings.HasPrefix(msg, "renewal failed") {
+				lastFailure.Lock()
+				lastFailure.msg = msg
+				lastFailure.Unlock()
+			}
+		},
+	}
+	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
+	certLine := "no client certificate yet"
+	var certMu sync.Mutex
+	setCertLine := func(s string) {
+		certMu.Lock()
+		certLine = s
+		certMu.Unlock()
+		a.sdStatus(s)
+	}
+	getCertLine := func() string {
+		certMu.Lock()
+		defer certMu.Unlock()
+		return certLine
+	}
+	haveCert := make(chan struct{})
+	var haveCertOnce sync.Once
+	ren := &daemon.Renewal{
+		Renewer:      src,
+		Load:         cache.Dir{Path: cfg.CacheDir}.Load,
+		NodeName:     cfg.NodeName,
+		RetryInitial: cfg.Agent.RenewalRetryInitial.Duration,
+		RetryMax:     cfg.Agent.RenewalRetryMax.Duration,
+		Metrics:      a.metrics.Renewal(),
+		Explain: func() string {
+			lastFailure.Lock()
+			defer lastFailure.Unlock()
+			return lastFailure.msg
+		},
+		OnSchedule: func(cert *x509.Certificate, next time.Time) {
+			if cert != nil {
+				haveCertOnce.Do(func() { close(haveCert) })
+				setCertLine(fmt.Sprintf("certificate valid until %s, renewal at %s", cert.NotAfter.UTC().Format(time.RFC3339), next.UTC().Format(time.RFC3339)))
+			}
+			a.record(func(s *status.State) { s.Renewal.NextAttempt = next })
+		},
+		OnAttempt: func(at daemon.Attempt) {
+			res := status.NewResult(at.Start, at.Duration, at.Err)
+			if at.Err != nil {
+				log.Error(at.Err, "client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				a.record(func(s *status.State) {
+					s.Renewal.Last, s.Renewal.ConsecutiveFailures, s.Renewal.NextAttempt = res, at.ConsecutiveFailures, at.NextAttempt
+				})
+				setCertLine(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
+				return
+			}
+			// New connections present the new certificate at once.
+			dialer.CloseAll()
+			log.Info("renewed the client certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339), "took", at.Duration.Round(time.Millisecond))
+			a.record(func(s *status.State) {
+				s.Renewal.Last, s.Renewal.LastSuccess, s.Renewal.ConsecutiveFailures = res, at.Start, 0
+			})
+		},
+		OnReady: func() {
+			notify("READY=1")
+			a.sdStatus(getCertLine())
+			log.Info("ready")
+		},
+	}
+	a.mu.Lock()
+	a.renewal, a.beatLimit = ren, 2*daemon.Heartbeat+cfg.RequestTimeout.Duration
+	a.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := ren.Run(ctx); err != nil {
+			log.Error(err, "renewal loop stopped")
+		}
+	})
+	if len(cfg.TrustBundles) > 0 {
+		wg.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-haveCert:
+			}
+			restCfg, err := nodeRESTConfig(cfg, dialer)
+			if err != nil {
+				log.Error(err, "unable to project trust bundles")
+				return
+			}
+			mgr := &trustbundle.Manager{
+				Config:      restCfg,
+				Projections: cfg.TrustBundles,
+				Metrics:     a.metrics,
+				OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, getCertLine()) },
+			}
+			if err := mgr.Run(ctx); err != nil {
+				log.Error(err, "trust bundle projection stopped")
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// bundleStatus records a projection's status and logs what changed.
+func (a *agent) bundleStatus(s trustbundle.Status, certLine string) {
+	a.mu.Lock()
+	old, seen := a.bundles[s.Projection]
+	a.bundles[s.Projection] = s
+	rec := a.recorder
+	a.mu.Unlock()
+	if err := rec.SetTrustBundle(s); err != nil {
+		a.log.Error(err, "unable to record state")
+	}
+	log := a.log.WithValues("path", s.Projection)
+	switch {
+	case !s.LastUpdate.Equal(old.LastUpdate) && s.LastUpdate.After(a.started):
+		log.Info("trust bundle updated", "sources", s.Sources, "certificates", s.Certificates)
+	case s.Stale && (!old.Stale || old.Reason != s.Reason) && s.Reason != "":
+		log.Info("trust bundle stale", "reason", s.Reason, "certificates", s.Certificates)
+	case !s.Stale && old.Stale && seen:
+		log.Info("trust bundle current", "sources", s.Sources, "certificates", s.Certificates)
+	}
+	if s.Reason != "" && !s.Stale && s.Reason != old.Reason {
+		log.Info("trust bundle post-update command failed", "error", s.Reason)
+	}
+	if !seen || old.Stale != s.Stale {
+		a.sdStatus(certLine)
+	}
+}
+
+// nodeRESTConfig reaches the cluster of the bootstrap kubeconfig (server and
+// CA only) as the node, with the cached client certificate, re-read when it
+// changes; dialer lets the renewal close connections that present the old one.
+func nodeRESTConfig(cfg *config.NodeConfig, dialer *connrotation.Dialer) (*rest.Config, error) {
+	data, err := os.ReadFile(cfg.BootstrapKubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the cluster from the bootstrap kubeconfig: %w", err)
+	}
+	boot, err := clientcmd.RESTConfigFromKubeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", cfg.BootstrapKubeconfig, err)
+	}
+	credFile := filepath.Join(cfg.CacheDir, cache.CurrentFile)
+	return &rest.Config{
+		Host: boot.Host,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure,
+			CertFile: credFile, KeyFile: credFile,
+		},
+		UserAgent: "kubelet-authenticator-agent",
+		Dial:      dialer.DialContext,
+		QPS:       5,
+		Burst:     10,
+	}, nil
+}

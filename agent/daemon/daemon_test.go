@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	mrand "math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+)
+
+var serial int64
+
+func leaf(t *testing.T, notBefore time.Time, lifetime time.Duration) *x509.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	serial++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "system:node:n1"}, NotBefore: notBefore, NotAfter: notBefore.Add(lifetime)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return c
+}
+
+// fakeSource is a cache and a signer: Renew issues a new certificate at the
+// fake clock's time, or fails and keeps the current one as credential.Source does.
+type fakeSource struct {
+	t        *testing.T
+	clock    *clocktesting.FakeClock
+	mu       sync.Mutex
+	current  *cache.Credential
+	fail     bool
+	attempts []time.Time
+}
+
+func (f *fakeSource) Load() (*cache.Credential, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.current == nil {
+		return nil, cache.ErrNotFound
+	}
+	return f.current, nil
+}
+
+func (f *fakeSource) Renew(context.Context) (*cache.Credential, time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts = append(f.attempts, f.clock.Now())
+	if f.fail {
+		if f.current == nil {
+			return nil, time.Time{}, errors.New("signer down")
+		}
+		return f.current, time.Time{}, nil
+	}
+	f.current = &cache.Credential{Leaf: leaf(f.t, f.clock.Now(), time.Hour)}
+	return f.current, time.Time{}, nil
+}
+
+func (f *fakeSource) set(fail bool) { f.mu.Lock(); f.fail = fail; f.mu.Unlock() }
+func (f *fakeSource) count() int    { f.mu.Lock(); defer f.mu.Unlock(); return len(f.attempts) }
+
+type counter struct{ n int }
+
+func (c *counter) Inc() { c.n++ }
+
+// TestRenewalSchedule: the loop gets a certificate at once when there is
+// none, renews at the jittered point (70-90%), retries failures with
+// doubling backoff capped at RetryMax while keeping the current
+// certificate, and resets the backoff after a success.
+func TestRenewalSchedule(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	src := &fakeSource{t: t, clock: clk}
+	var mu sync.Mutex
+	var attempts []Attempt
+	var next time.Time
+	success, failure := &counter{}, &counter{}
+	r := &Renewal{
+		Renewer: src, Load: src.Load, NodeName: "n1",
+		RetryInitial: 10 * time.Second, RetryMax: 40 * time.Second,
+		Clock: clk, Rand: mrand.New(mrand.NewPCG(1, 2)),
+		Metrics:    Metrics{RenewalSuccess: success, RenewalFailure: failure},
+		Explain:    func() string { return "signer down" },
+		OnAttempt:  func(a Attempt) { mu.Lock(); attempts = append(attempts, a); mu.Unlock() },
+		OnSchedule: func(_ *x509.Certificate, at time.Time) { mu.Lock(); next = at; mu.Unlock() },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// waitAttempts waits until the loop has made n attempts and sleeps again.
+	waitAttempts := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for src.count() < n || !clk.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for attempt %d: have %d", n, src.count())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// advanceTo steps the fake clock to at in steps no longer than the
+	// loop's heartbeat, letting it wake up each time.
+	advanceTo := func(at time.Time) {
+		t.Helper()
+		for clk.Now().Before(at) {
+			step := min(at.Sub(clk.Now()), Heartbeat)
+			for !clk.HasWaiters() {
+				time.Sleep(time.Millisecond)
+			}
+			clk.Step(step)
+		}
+	}
+
+	waitAttempts(1) // no certificate: at once
+	first, _ := src.Load()
+	point := rotation.JitteredRenewal(first.Leaf, mrand.New(mrand.NewPCG(1, 2)))
+	if f := float64(point.Sub(first.Leaf.NotBefore)) / float64(time.Hour); f < 0.7 || f > 0.9 {
+		t.Fatalf("renewal point at %.2f of the lifetime", f)
+	}
+	advanceTo(point.Add(-time.Second))
+	if src.count() != 1 {
+		t.Fatalf("renewed before the jittered point")
+	}
+	advanceTo(point)
+	waitAttempts(2)
+	if !src.attempts[1].Equal(point) {
+		t.Fatalf("renewed at %s, want %s", src.attempts[1], point)
+	}
+
+	// Failures: backoff 10s, 20s, 40s, 40s; the certificate stays.
+	second, _ := src.Load()
+	src.set(true)
+	mu.Lock()
+	due := next
+	mu.Unlock()
+	if f := float64(due.Sub(second.Leaf.NotBefore)) / float64(time.Hour); f < 0.7 || f > 0.9 {
+		t.Fatalf("second renewal scheduled at %.2f of the lifetime", f)
+	}
+	advanceTo(due)
+	waitAttempts(3)
+	for i, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 40 * time.Second} {
+		before := clk.Now()
+		advanceTo(before.Add(wait - time.Millisecond))
+		if src.count() != 3+i {
+			t.Fatalf("retry %d came before its backoff of %s", i+1, wait)
+		}
+		advanceTo(before.Add(wait))
+		waitAttempts(4 + i)
+	}
+	if cur, _ := src.Load(); cur != second {
+		t.Fatal("a failed renewal replaced the certificate")
+	}
+	mu.Lock()
+	last := attempts[len(attempts)-1]
+	mu.Unlock()
+	if !errors.Is(last.Err, ErrNotRenewed) || last.ConsecutiveFailures != 5 || last.Err.Error() != ErrNotRenewed.Error()+": signer down" {
+		t.Fatalf("last attempt %+v", last)
+	}
+	// Recovery resets the backoff.
+	src.set(false)
+	advanceTo(clk.Now().Add(40 * time.Second))
+	waitAttempts(8)
+	if success.n != 3 || failure.n != 5 {
+		t.Fatalf("successes %d failures %d, want 3 and 5", success.n, failure.n)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	r := &Renewal{RetryInitial: time.Second, RetryMax: 5 * time.Second}
+	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 5 * time.Second, 50: 5 * time.Second} {
+		if got := r.Backoff(n); got != want {
+			t.Errorf("Backoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+}

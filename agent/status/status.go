@@ -1,0 +1,331 @@
+// Package status answers `kubelet-authenticator status`: the current
+// client certificate, the agent's last attestation and renewal, and each
+// projected trust bundle. The agent records what only it knows in a small
+// state file in the cache directory (Recorder); Collect combines it with
+// what is on disk.
+package status
+
+import (
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// StateFile is the agent's state file in the cache directory.
+const StateFile = "agent-state.json"
+
+// State is what the agent records.
+type State struct {
+	// PID and Started identify the agent process that wrote the state;
+	// Updated is when it last did.
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Updated time.Time `json:"updated"`
+	// MetricsAddress is where the agent serves /metrics.
+	MetricsAddress string `json:"metricsAddress,omitempty"`
+	// Renewal and Attestation are the last results.
+	Renewal     RenewalState `json:"renewal"`
+	Attestation Result       `json:"attestation"`
+	// TrustBundles are the projections, by path.
+	TrustBundles []trustbundle.Status `json:"trustBundles,omitempty"`
+}
+
+// Result is the outcome of one operation.
+type Result struct {
+	Time     time.Time `json:"time,omitzero"`
+	Success  bool      `json:"success"`
+	Duration string    `json:"duration,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// RenewalState is the renewal loop's state.
+type RenewalState struct {
+	Last                Result    `json:"last"`
+	LastSuccess         time.Time `json:"lastSuccess,omitzero"`
+	ConsecutiveFailures int       `json:"consecutiveFailures"`
+	NextAttempt         time.Time `json:"nextAttempt,omitzero"`
+}
+
+// NewResult returns the Result of an operation that started at start and
+// took d.
+func NewResult(start time.Time, d time.Duration, err error) Result {
+	r := Result{Time: start, Success: err == nil, Duration: d.Round(time.Millisecond).String()}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+// Recorder keeps the agent's state and writes it atomically (0600) on every
+// change. It is safe for concurrent use.
+type Recorder struct {
+	path  string
+	mu    sync.Mutex
+	state State
+}
+
+// NewRecorder returns a recorder for the state file in cacheDir, starting
+// from the state on disk (so that results survive a restart).
+func NewRecorder(cacheDir string) *Recorder {
+	r := &Recorder{path: filepath.Join(cacheDir, StateFile)}
+	if s, err := LoadState(cacheDir); err == nil {
+		r.state = *s
+	}
+	return r
+}
+
+// Update changes the state and writes it.
+func (r *Recorder) Update(change func(*State)) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	change(&r.state)
+	r.state.Updated = time.Now()
+	data, err := json.MarshalIndent(&r.state, "", "  ")
+	if err != nil {
+		return err
+	}
+	return cache.WriteFileAtomic(r.path, append(data, '\n'), 0o600)
+}
+
+// SetTrustBundle records the status of one projection.
+func (r *Recorder) SetTrustBundle(s trustbundle.Status) error {
+	return r.Update(func(st *State) {
+		for i := range st.TrustBundles {
+			if st.TrustBundles[i].Projection == s.Projection {
+				st.TrustBundles[i] = s
+				return
+			}
+		}
+		st.TrustBundles = append(st.TrustBundles, s)
+	})
+}
+
+// LoadState reads the state file in cacheDir.
+func LoadState(cacheDir string) (*State, error) {
+	data, err := os.ReadFile(filepath.Join(cacheDir, StateFile))
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("unable to parse %s: %w", filepath.Join(cacheDir, StateFile), err)
+	}
+	return &s, nil
+}
+
+// Report is what status shows.
+type Report struct {
+	Node        string           `json:"node"`
+	Certificate *CertificateInfo `json:"certificate,omitempty"`
+	// CertificateError says why there is no usable certificate.
+	CertificateError string `json:"certificateError,omitempty"`
+	// Agent is the agent's state; nil when it has not run.
+	Agent        *State         `json:"agent,omitempty"`
+	TrustBundles []BundleReport `json:"trustBundles,omitempty"`
+}
+
+// CertificateInfo describes the cached client certificate.
+type CertificateInfo struct {
+	Subject    string    `json:"subject"`
+	ProviderID string    `json:"providerID,omitempty"`
+	Issuer     string    `json:"issuer"`
+	Serial     string    `json:"serial"`
+	NotBefore  time.Time `json:"notBefore"`
+	NotAfter   time.Time `json:"notAfter"`
+	// RenewAt is when the agent renews it (its recorded next attempt), or
+	// else when the exec plugin would (90% of its lifetime).
+	RenewAt time.Time `json:"renewAt"`
+	// TimeToRenewal and TimeToExpiry are from now, rounded to seconds.
+	TimeToRenewal string `json:"timeToRenewal"`
+	TimeToExpiry  string `json:"timeToExpiry"`
+	Usable        bool   `json:"usable"`
+}
+
+// BundleReport is one configured projection.
+type BundleReport struct {
+	Path   string `json:"path"`
+	Source string `json:"source"`
+	// Certificates is how many the file on disk holds; Exists whether it
+	// exists.
+	Exists       bool `json:"exists"`
+	Certificates int  `json:"certificates"`
+	// State is what the agent last recorded, if anything.
+	State *trustbundle.Status `json:"state,omitempty"`
+	// Stale is the agent's verdict, true when it has not recorded one.
+	Stale bool `json:"stale"`
+}
+
+// Collect builds the report for cfg at now.
+func Collect(cfg *config.NodeConfig, now time.Time) *Report {
+	rep := &Report{Node: cfg.NodeName}
+	state, err := LoadState(cfg.CacheDir)
+	if err == nil {
+		rep.Agent = state
+	}
+	cred, err := cache.Dir{Path: cfg.CacheDir}.Load()
+	switch {
+	case errors.Is(err, cache.ErrNotFound):
+		rep.CertificateError = "no client certificate in " + cfg.CacheDir
+	case err != nil:
+		rep.CertificateError = err.Error()
+	default:
+		rep.Certificate = describe(cred.Leaf, state, now)
+	}
+	for _, p := range cfg.TrustBundles {
+		b := BundleReport{Path: p.Path, Source: source(p), Stale: true}
+		if data, err := os.ReadFile(p.Path); err == nil {
+			b.Exists, b.Certificates = true, trustbundle.Count(data)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			b.Exists = true
+		}
+		if state != nil {
+			for i := range state.TrustBundles {
+				if s := state.TrustBundles[i]; s.Projection == p.Key() {
+					b.State, b.Stale = &s, s.Stale
+				}
+			}
+		}
+		rep.TrustBundles = append(rep.TrustBundles, b)
+	}
+	return rep
+}
+
+func source(p config.TrustBundleProjection) string {
+	if p.Name != "" {
+		return "name=" + p.Name
+	}
+	s := "signerName=" + p.SignerName
+	if p.LabelSelector != nil {
+		if sel, err := metav1.LabelSelectorAsSelector(p.LabelSelector); err == nil && !sel.Empty() {
+			s += " labels=" + sel.String()
+		}
+	}
+	return s
+}
+
+func describe(c *x509.Certificate, state *State, now time.Time) *CertificateInfo {
+	info := &CertificateInfo{
+		Subject:   c.Subject.String(),
+		Issuer:    c.Issuer.String(),
+		Serial:    c.SerialNumber.Text(16),
+		NotBefore: c.NotBefore,
+		NotAfter:  c.NotAfter,
+		RenewAt:   rotation.RenewBy(c),
+		Usable:    rotation.Usable(c, now),
+	}
+	if pid, err := attestor.ProviderIDFromExtensions(c.Extensions); err == nil {
+		info.ProviderID = pid
+	}
+	if state != nil && !state.Renewal.NextAttempt.IsZero() && state.Renewal.NextAttempt.Before(info.RenewAt) {
+		info.RenewAt = state.Renewal.NextAttempt
+	}
+	info.TimeToRenewal = info.RenewAt.Sub(now).Round(time.Second).String()
+	info.TimeToExpiry = c.NotAfter.Sub(now).Round(time.Second).String()
+	return info
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report for a person.
+func (r *Report) WriteText(w io.Writer, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	ts := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), ago(now, t))
+	}
+	fmt.Fprintf(tw, "Node:\t%s\n", r.Node)
+	fmt.Fprintln(tw, "Client certificate:")
+	if c := r.Certificate; c != nil {
+		fmt.Fprintf(tw, "  Subject:\t%s\n", c.Subject)
+		fmt.Fprintf(tw, "  Provider ID:\t%s\n", orDash(c.ProviderID))
+		fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
+		fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
+		fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
+		if !c.Usable {
+			fmt.Fprintf(tw, "  Usable:\tno (expired or about to)\n")
+		}
+	} else {
+		fmt.Fprintf(tw, "  Error:\t%s\n", r.CertificateError)
+	}
+	fmt.Fprintln(tw, "Agent:")
+	if a := r.Agent; a != nil {
+		fmt.Fprintf(tw, "  Process:\tpid %d, started %s, state updated %s\n", a.PID, ts(a.Started), ts(a.Updated))
+		fmt.Fprintf(tw, "  Last attestation:\t%s\n", result(a.Attestation, ts))
+		fmt.Fprintf(tw, "  Last renewal:\t%s\n", result(a.Renewal.Last, ts))
+		if a.Renewal.ConsecutiveFailures > 0 {
+			fmt.Fprintf(tw, "  Failures in a row:\t%d, next attempt %s\n", a.Renewal.ConsecutiveFailures, ts(a.Renewal.NextAttempt))
+		}
+	} else {
+		fmt.Fprintln(tw, "  State:\tnone recorded (the agent has not run)")
+	}
+	if len(r.TrustBundles) > 0 {
+		fmt.Fprintln(tw, "Trust bundles:")
+	}
+	for _, b := range r.TrustBundles {
+		fresh := "current"
+		if b.Stale {
+			fresh = "STALE"
+		}
+		fmt.Fprintf(tw, "  %s\t%s, %d certificates, %s\n", b.Path, b.Source, b.Certificates, fresh)
+		if s := b.State; s != nil {
+			fmt.Fprintf(tw, "    Sources:\t%s\n", orDash(strings.Join(s.Sources, ", ")))
+			fmt.Fprintf(tw, "    Last update:\t%s\n", ts(s.LastUpdate))
+			if s.Reason != "" {
+				fmt.Fprintf(tw, "    Reason:\t%s\n", s.Reason)
+			}
+		}
+		if !b.Exists {
+			fmt.Fprintf(tw, "    File:\tnot written yet\n")
+		}
+	}
+	return tw.Flush()
+}
+
+func result(r Result, ts func(time.Time) string) string {
+	if r.Time.IsZero() {
+		return "-"
+	}
+	if r.Success {
+		return fmt.Sprintf("succeeded %s in %s", ts(r.Time), r.Duration)
+	}
+	return fmt.Sprintf("FAILED %s after %s: %s", ts(r.Time), r.Duration, r.Error)
+}
+
+func ago(now, t time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	if d >= 0 {
+		return "in " + d.String()
+	}
+	return (-d).String() + " ago"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

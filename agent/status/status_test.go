@@ -1,0 +1,73 @@
+package status
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// TestCollect: status shows the cached certificate, the recorded renewal
+// and attestation, and a projection's state, as text and as JSON.
+func TestCollect(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := harness.NewCA("status-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{"system:nodes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (cache.Dir{Path: dir}).Store(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	bundlePath := filepath.Join(dir, "..", "tb", "ca.crt")
+	if _, err := trustbundle.NewWriter(bundlePath).Write(ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rec := NewRecorder(dir)
+	if err := rec.Update(func(s *State) {
+		s.PID = 42
+		s.Renewal.Last = NewResult(now.Add(-time.Minute), time.Second, os.ErrDeadlineExceeded)
+		s.Renewal.ConsecutiveFailures = 2
+		s.Attestation = NewResult(now.Add(-time.Minute), time.Millisecond, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.SetTrustBundle(trustbundle.Status{Projection: bundlePath, Sources: []string{"root"}, Certificates: 1, Stale: true, Reason: "ClusterTrustBundle root not found"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.NodeConfig{NodeName: "n1", CacheDir: dir, TrustBundles: []config.TrustBundleProjection{{Name: "root", Path: bundlePath}}}
+	rep := Collect(cfg, now)
+	if rep.Certificate == nil || rep.Agent == nil || rep.Agent.Renewal.ConsecutiveFailures != 2 || len(rep.TrustBundles) != 1 ||
+		!rep.TrustBundles[0].Stale || rep.TrustBundles[0].Certificates != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CN=system:node:n1", "CN=status-ca", "FAILED", "Failures in a row:  2", "STALE", "ClusterTrustBundle root not found"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, text.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Certificate.Subject != rep.Certificate.Subject {
+		t.Fatalf("JSON round trip: %v", err)
+	}
+}

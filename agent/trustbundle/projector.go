@@ -1,0 +1,378 @@
+package trustbundle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
+)
+
+const (
+	// Group is the API group of ClusterTrustBundle.
+	Group = "certificates.k8s.io"
+	// Resource is its resource name.
+	Resource = "clustertrustbundles"
+	// DefaultCommandTimeout bounds a post-update command.
+	DefaultCommandTimeout = 30 * time.Second
+)
+
+// versions lists the ClusterTrustBundle versions this package reads,
+// preferred first. Their fields (spec.signerName, spec.trustBundle) are the
+// same in all of them, so objects are read unstructured.
+func versions() []string { return []string{"v1", "v1beta1", "v1alpha1"} }
+
+// DiscoverResource returns the ClusterTrustBundle resource the server
+// serves, preferring certificates.k8s.io/v1, then v1beta1, then v1alpha1.
+func DiscoverResource(d discovery.DiscoveryInterface) (schema.GroupVersionResource, error) {
+	var errs []error
+	for _, v := range versions() {
+		gv := schema.GroupVersion{Group: Group, Version: v}
+		list, err := d.ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", gv, err))
+			continue
+		}
+		for _, r := range list.APIResources {
+			if r.Name == Resource {
+				return gv.WithResource(Resource), nil
+			}
+		}
+	}
+	return schema.GroupVersionResource{}, fmt.Errorf("the API server serves no ClusterTrustBundle API (tried %s in %s): %w", strings.Join(versions(), ", "), Group, errors.Join(errs...))
+}
+
+// Metrics receives what projections do; agent/metrics implements it. A
+// projection is named by its Key (its path).
+type Metrics interface {
+	// Updated is called after a projection's file changed.
+	Updated(projection string, certificates int, at time.Time)
+	// Stale is called with whether a projection is stale: its file keeps
+	// content its source no longer provides, or has not been confirmed yet.
+	Stale(projection string, stale bool)
+}
+
+// Status is the state of one projection.
+type Status struct {
+	// Projection is the projection's key, its path.
+	Projection string `json:"projection"`
+	// Resource is the API version read, e.g. certificates.k8s.io/v1beta1.
+	Resource string `json:"resource,omitempty"`
+	// Sources are the ClusterTrustBundle objects the file holds.
+	Sources []string `json:"sources,omitempty"`
+	// Certificates is how many certificates the file holds.
+	Certificates int `json:"certificates"`
+	// LastUpdate is when the file last changed; LastSync when it was last
+	// confirmed to match its source.
+	LastUpdate time.Time `json:"lastUpdate,omitzero"`
+	LastSync   time.Time `json:"lastSync,omitzero"`
+	// Stale means the file keeps the last good content: the source is
+	// gone, invalid or not readable, or not yet read.
+	Stale bool `json:"stale"`
+	// Reason says why the projection is stale, or what last went wrong
+	// (a failed post-update command).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Projector keeps one projection current.
+type Projector struct {
+	// Client reads Resource.
+	Client   dynamic.Interface
+	Resource schema.GroupVersionResource
+	// Projection is what to select and where to write it.
+	Projection config.TrustBundleProjection
+	// Metrics and OnStatus, when set, are told about every change.
+	Metrics  Metrics
+	OnStatus func(Status)
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// CommandTimeout bounds the post-update command; 0 means
+	// DefaultCommandTimeout.
+	CommandTimeout time.Duration
+
+	writer     *Writer
+	commandErr string // of the last post-update command; Run's goroutine only
+	mu         sync.Mutex
+	status     Status
+}
+
+func (p *Projector) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
+}
+
+// ListOptions returns the server-side selection of the projection.
+func ListOptions(pr config.TrustBundleProjection) (metav1.ListOptions, error) {
+	if pr.Name != "" {
+		return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", pr.Name).String()}, nil
+	}
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.signerName", pr.SignerName).String()}
+	if pr.LabelSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(pr.LabelSelector)
+		if err != nil {
+			return opts, fmt.Errorf("invalid label selector: %w", err)
+		}
+		opts.LabelSelector = sel.String()
+	}
+	return opts, nil
+}
+
+// matches checks the selection again on the client: the projection must
+// never take in an object it did not ask for.
+func matches(pr config.TrustBundleProjection, sel labels.Selector, o *unstructured.Unstructured) bool {
+	if pr.Name != "" {
+		return o.GetName() == pr.Name
+	}
+	signer, _, _ := unstructured.NestedString(o.Object, "spec", "signerName")
+	return signer == pr.SignerName && sel.Matches(labels.Set(o.GetLabels()))
+}
+
+// Run watches the selected objects and keeps the file current until ctx is
+// done. A write in progress is finished, never cut short.
+func (p *Projector) Run(ctx context.Context) error {
+	pr := p.Projection
+	opts, err := ListOptions(pr)
+	if err != nil {
+		return err
+	}
+	sel := labels.Everything()
+	if pr.LabelSelector != nil {
+		if sel, err = metav1.LabelSelectorAsSelector(pr.LabelSelector); err != nil {
+			return err
+		}
+	}
+	p.writer = NewWriter(pr.Path)
+	p.status = Status{Projection: pr.Key(), Resource: p.Resource.GroupVersion().String(), Stale: true, Reason: "not read from the API server yet"}
+	if current, err := p.writer.Read(); err != nil {
+		p.status.Reason = err.Error()
+	} else if current != nil {
+		p.status.Certificates = Count(current)
+		if fi, err := os.Stat(p.writer.Path()); err == nil {
+			p.status.LastUpdate = fi.ModTime()
+		}
+	}
+	if err := p.writer.Cleanup(); err != nil {
+		p.status.Reason = err.Error()
+	}
+	p.publish(nil)
+
+	informer := dynamicinformer.NewFilteredDynamicInformer(p.Client, p.Resource, "", 0, cache.Indexers{},
+		func(o *metav1.ListOptions) { o.FieldSelector, o.LabelSelector = opts.FieldSelector, opts.LabelSelector }).Informer()
+	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		// Only explains a projection not read yet: after a first sync the
+		// file stays right while the informer reconnects.
+		p.publish(func(s *Status) {
+			if s.Stale {
+				s.Reason = fmt.Sprintf("unable to watch %s: %v", p.Resource.GroupResource(), err)
+			}
+		})
+	})
+	trigger := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(any, any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	}); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		informer.RunWithContext(ctx)
+	}()
+	defer func() { <-done }()
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil
+	}
+	poke()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-trigger:
+		}
+		objects := map[string]string{}
+		for _, item := range informer.GetStore().List() {
+			o, ok := item.(*unstructured.Unstructured)
+			if !ok || !matches(pr, sel, o) {
+				continue
+			}
+			tb, _, _ := unstructured.NestedString(o.Object, "spec", "trustBundle")
+			objects[o.GetName()] = tb
+		}
+		p.sync(ctx, objects)
+	}
+}
+
+// sync writes the bundle of objects, or keeps the last good content.
+func (p *Projector) sync(ctx context.Context, objects map[string]string) {
+	sources := make([]string, 0, len(objects))
+	for n := range objects {
+		sources = append(sources, n)
+	}
+	slices.Sort(sources)
+	b, err := Assemble(objects)
+	if err != nil {
+		reason := err.Error()
+		if len(objects) == 0 {
+			reason = "no ClusterTrustBundle matches; keeping the last good content"
+			if p.Projection.Name != "" {
+				reason = fmt.Sprintf("ClusterTrustBundle %s not found; keeping the last good content", p.Projection.Name)
+			}
+		} else {
+			reason = "invalid trust bundle, keeping the last good content: " + reason
+		}
+		p.publish(func(s *Status) { s.Stale, s.Reason = true, reason })
+		return
+	}
+	changed, err := p.writer.Write(b.PEM)
+	now := p.now()
+	if err != nil {
+		p.publish(func(s *Status) { s.Stale, s.Reason = true, err.Error() })
+		return
+	}
+	if changed {
+		if p.Metrics != nil {
+			p.Metrics.Updated(p.Projection.Key(), b.Certificates, now)
+		}
+		p.commandErr = ""
+		if err := p.runCommand(ctx); err != nil {
+			p.commandErr = err.Error()
+		}
+	}
+	p.publish(func(s *Status) {
+		s.Sources, s.Certificates, s.LastSync, s.Stale, s.Reason = sources, b.Certificates, now, false, p.commandErr
+		if changed {
+			s.LastUpdate = now
+		}
+	})
+}
+
+// runCommand runs the post-update command. It is not cut short by ctx (a
+// reload or stop waits for it), only by CommandTimeout.
+func (p *Projector) runCommand(ctx context.Context) error {
+	argv := p.Projection.PostUpdateCommand
+	if len(argv) == 0 {
+		return nil
+	}
+	timeout := p.CommandTimeout
+	if timeout == 0 {
+		timeout = DefaultCommandTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "TRUST_BUNDLE_PATH="+p.Projection.Path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if len(msg) > 512 {
+			msg = msg[len(msg)-512:]
+		}
+		return fmt.Errorf("post-update command %q failed: %w: %s", argv[0], err, msg)
+	}
+	return nil
+}
+
+// publish applies change (if any) to the status and reports it.
+func (p *Projector) publish(change func(*Status)) {
+	p.mu.Lock()
+	wasStale := p.status.Stale
+	if change != nil {
+		change(&p.status)
+	}
+	s := p.status
+	s.Sources = slices.Clone(s.Sources)
+	p.mu.Unlock()
+	if p.Metrics != nil && (change == nil || wasStale != s.Stale) {
+		p.Metrics.Stale(s.Projection, s.Stale)
+	}
+	if p.OnStatus != nil {
+		p.OnStatus(s)
+	}
+}
+
+// Manager runs every projection of a configuration against one API server.
+type Manager struct {
+	// Config reaches the API server as the node.
+	Config *rest.Config
+	// Projections are the configured projections.
+	Projections []config.TrustBundleProjection
+	// Metrics and OnStatus are passed to every Projector.
+	Metrics  Metrics
+	OnStatus func(Status)
+	// RetryMax caps the wait between discovery attempts; 0 means a minute.
+	RetryMax time.Duration
+}
+
+// Run discovers the ClusterTrustBundle API (retrying until the server
+// answers) and runs the projections until ctx is done.
+func (m *Manager) Run(ctx context.Context) error {
+	if len(m.Projections) == 0 {
+		return nil
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(m.Config)
+	if err != nil {
+		return fmt.Errorf("unable to create discovery client: %w", err)
+	}
+	client, err := dynamic.NewForConfig(m.Config)
+	if err != nil {
+		return fmt.Errorf("unable to create client: %w", err)
+	}
+	retryMax := m.RetryMax
+	if retryMax == 0 {
+		retryMax = time.Minute
+	}
+	var gvr schema.GroupVersionResource
+	for wait := time.Second; ; wait = min(2*wait, retryMax) {
+		if gvr, err = DiscoverResource(dc); err == nil {
+			break
+		}
+		for _, pr := range m.Projections {
+			if m.OnStatus != nil {
+				m.OnStatus(Status{Projection: pr.Key(), Stale: true, Reason: err.Error()})
+			}
+			if m.Metrics != nil {
+				m.Metrics.Stale(pr.Key(), true)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(m.Projections))
+	for i, pr := range m.Projections {
+		p := &Projector{Client: client, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus}
+		wg.Go(func() { errs[i] = p.Run(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
