@@ -20,6 +20,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Attestor is the node half of a provider.
@@ -124,6 +125,12 @@ type VerifyRequest struct {
 	// must match (cluster-x-k8s-io/tpm-endorsement-key).
 	MachineAnnotations map[string]string
 
+	// Approved reports that this signer approved the CSR already and is
+	// verifying it again before it signs: evidence that is good once (a
+	// challenge answer whose challenged CSR the approval consumed) is still
+	// accepted, since the approval is what consumed it.
+	Approved bool
+
 	// LookupCSR fetches another CSR of the same workload cluster by name,
 	// for providers whose second round refers to the first. It returns an
 	// error wrapping ErrCSRNotFound when there is no such CSR.
@@ -153,6 +160,20 @@ type Result struct {
 	// Challenge is set when the verifier needs a second round: the signer
 	// writes it into the CSR's challenge annotation and waits for the answer.
 	Challenge []byte
+	// Answers, set with Identity, names the earlier CSR whose challenge
+	// this evidence answered. The signer denies that CSR (reason
+	// ChallengeAnswered) before it approves this one, so that a challenge
+	// is answered once.
+	Answers string
+}
+
+// Challenger is implemented by verifiers that challenge (return
+// Result.Challenge). The signer asks it when a challenge it wrote stops
+// being accepted, to deny the challenged CSR then if nobody answered, rather
+// than challenge it again.
+type Challenger interface {
+	// ChallengeExpiry returns the expiry of a challenge this verifier made.
+	ChallengeExpiry(challenge []byte) (time.Time, error)
 }
 
 // Identity is what a provider proved about a node.

@@ -90,7 +90,10 @@ type Verifier struct {
 	rand                 io.Reader
 }
 
-var _ attestor.Verifier = (*Verifier)(nil)
+var (
+	_ attestor.Verifier   = (*Verifier)(nil)
+	_ attestor.Challenger = (*Verifier)(nil)
+)
 
 // NewVerifier returns a Verifier for cfg.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
@@ -323,7 +326,15 @@ func (v *Verifier) verifyResponse(ctx context.Context, in *attestor.VerifyReques
 	if rec.Username != in.Username {
 		return nil, attestor.Deny(ReasonRequesterMismatch, "CSR %q was filed by %q, this one by %q", rec.Name, rec.Username, in.Username)
 	}
-	if rec.Denied || rec.Approved || rec.Issued {
+	if rec.Denied && !rec.Approved && !rec.Issued && !in.Approved {
+		if ch, err := DecodeChallenge([]byte(rec.Annotations[attestor.AnnotationChallenge])); err == nil && !v.now().Before(ch.Expires) {
+			return nil, attestor.Deny(ReasonChallengeExpired, "the challenge on CSR %q expired at %s before it was answered; file a new first-round CSR", rec.Name, ch.Expires.UTC().Format(time.RFC3339))
+		}
+	}
+	// A CSR this signer approved already consumed the challenge (CSR #1
+	// was denied ChallengeAnswered before the approval): it verifies again
+	// before it is signed.
+	if (rec.Denied && !in.Approved) || rec.Approved || rec.Issued {
 		return nil, attestor.Deny(ReasonChallengeUsed, "the challenge of CSR %q was already answered or withdrawn (approved=%t denied=%t issued=%t); file a new first-round CSR", rec.Name, rec.Approved, rec.Denied, rec.Issued)
 	}
 	first, err := attestor.ParseRequest(rec.Request)
@@ -370,13 +381,22 @@ func (v *Verifier) verifyResponse(ctx context.Context, in *attestor.VerifyReques
 	if !hmac.Equal(r.Proof, proof(secret, spki, rec.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", rec.Name)
 	}
-	if !v.now().Before(ch.Expires) {
+	if !in.Approved && !v.now().Before(ch.Expires) {
 		return nil, attestor.Deny(ReasonChallengeExpired, "the challenge on CSR %q expired at %s; file a new first-round CSR", rec.Name, ch.Expires.UTC().Format(time.RFC3339))
 	}
-	return &attestor.Result{Identity: &attestor.Identity{
+	return &attestor.Result{Answers: rec.Name, Identity: &attestor.Identity{
 		ProviderID: in.ProviderID,
 		Stable:     StablePrefix + hex.EncodeToString(at.ekHash[:]),
 	}}, nil
+}
+
+// ChallengeExpiry implements attestor.Challenger.
+func (*Verifier) ChallengeExpiry(challenge []byte) (time.Time, error) {
+	ch, err := DecodeChallenge(challenge)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return ch.Expires, nil
 }
 
 // checkEKAttributes requires a restricted decryption key fixed to its TPM:

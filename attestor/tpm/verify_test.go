@@ -430,6 +430,48 @@ func TestVerifyResponseDenials(t *testing.T) {
 		_, err := verify(e, f, nil)
 		wantReason(t, err, ReasonChallengeExpired)
 	})
+	t.Run("expired, then withdrawn by the signer", func(t *testing.T) {
+		e := setup(t)
+		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
+		e.clk.Add(DefaultChallengeTTL)
+		e.first.record.Denied = true // the signer denied CSR #1 ChallengeExpired
+		_, err := verify(e, f, nil)
+		wantReason(t, err, ReasonChallengeExpired)
+	})
+	t.Run("answer names the challenged CSR, and verifies again once approved", func(t *testing.T) {
+		e := setup(t)
+		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
+		res, err := verify(e, f, nil)
+		if err != nil || res.Identity == nil {
+			t.Fatalf("Verify = %+v, %v", res, err)
+		}
+		if res.Answers != "csr-1" {
+			t.Fatalf("Answers = %q, want csr-1", res.Answers)
+		}
+		// The signer denied CSR #1 ChallengeAnswered and approved CSR #2,
+		// then (after a restart, past the expiry) verifies it again before
+		// signing.
+		e.first.record.Denied = true
+		e.clk.Add(DefaultChallengeTTL)
+		req := e.cl.verifyRequest(f, nil)
+		req.Approved = true
+		if res, err := e.v.Verify(context.Background(), req); err != nil || res.Identity == nil {
+			t.Fatalf("approved CSR #2 no longer verifies: %+v, %v", res, err)
+		}
+		// Not approved: the same answer is a replay.
+		_, err = verify(e, f, nil)
+		wantReason(t, err, ReasonChallengeExpired)
+	})
+	t.Run("challenge expiry", func(t *testing.T) {
+		e := setup(t)
+		got, err := e.v.ChallengeExpiry([]byte(e.first.record.Annotations[attestor.AnnotationChallenge]))
+		if err != nil || !got.Equal(e.ch.Expires) {
+			t.Fatalf("ChallengeExpiry = %v, %v; want %v", got, err, e.ch.Expires)
+		}
+		if _, err := e.v.ChallengeExpiry([]byte("{}")); err == nil {
+			t.Fatal("ChallengeExpiry accepted a document without a challenge")
+		}
+	})
 	t.Run("response names itself", func(t *testing.T) {
 		e := setup(t)
 		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-2"), nil)

@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 )
 
 // NewCommand returns the node-attestation-controller command.
@@ -59,6 +60,7 @@ with the cluster's CA, or denies it with a reason.`,
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	cmd.Flags().AddGoFlagSet(klogFlags)
+	cmd.AddCommand(NewStandaloneCommand())
 	return cmd
 }
 
@@ -121,16 +123,31 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	direct, err := client.New(o.RESTConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("unable to create the management cluster client: %w", err)
+	}
+	verifiers, err := o.Verifiers(ctx, direct)
+	if err != nil {
+		return err
+	}
 	r := &capi.ClusterReconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
-		Verifiers:     Verifiers(),
+		Verifiers:     verifiers,
+		Identities:    &tofu.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,
 		Workers:       o.WorkersPerCluster,
 		RecheckPeriod: o.ClusterRecheckPeriod,
 		RESTConfig:    o.WorkloadRESTConfig,
 	}
+	r.ProbePeriod, r.LockdownPeriod = o.ProbePeriod, o.LockdownPeriod
+	unregister, err := registerFleetMetrics(ctrlmetrics.Registry, r)
+	if err != nil {
+		return err
+	}
+	defer unregister()
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("unable to set up the Cluster reconciler: %w", err)
 	}

@@ -4,6 +4,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -13,9 +14,11 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 )
 
 // Defaults of Options.
@@ -44,11 +47,21 @@ const (
 const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // Verifiers is the table of attestors the signer knows: provider name →
-// verifier half. A Cluster authorizes a subset of them.
-func Verifiers() map[string]attestor.Verifier {
-	return map[string]attestor.Verifier{
-		insecure.Name: insecure.Verifier{},
+// verifier half, configured from the options (the TPM one reads, or
+// creates, its key Secret through c). A Cluster authorizes a subset of them.
+func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, error) {
+	tpmVerifier, err := o.tpmVerifier(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("tpm attestor: %w", err)
 	}
+	table := map[string]attestor.Verifier{
+		insecure.Name: insecure.Verifier{},
+		tpm.Name:      tpmVerifier,
+	}
+	if err := o.addCloudVerifiers(ctx, c, table); err != nil { // aws, azure, gcp (cloud.go)
+		return nil, err
+	}
+	return table, nil
 }
 
 // Options are the controller's settings.
@@ -71,6 +84,8 @@ type Options struct {
 	// ClusterRecheckPeriod is how often opted-in Clusters' Secrets are read
 	// again.
 	ClusterRecheckPeriod time.Duration
+	// TPM configures the TPM attestor.
+	TPM TPMOptions
 
 	// RESTConfig is the management cluster's client config. Complete loads
 	// it from Kubeconfig unless it is already set (tests set it).
@@ -82,6 +97,11 @@ type Options struct {
 	// process (tests); controller-runtime otherwise refuses a second
 	// controller of the same name.
 	SkipControllerNameValidation bool
+
+	// fleetOptions: workload probe and lockdown periods (fleet.go).
+	fleetOptions
+	// cloudOptions: --attestor-config, the cloud attestors (cloud.go).
+	cloudOptions
 
 	completeErr error
 }
@@ -96,11 +116,14 @@ func NewOptions() *Options {
 		HealthProbeBindAddress:       ":8081",
 		WorkersPerCluster:            2,
 		ClusterRecheckPeriod:         5 * time.Minute,
+		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL},
 	}
 }
 
 // AddFlags adds the options' flags to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.fleetOptions.addFlags(fs)
+	o.cloudOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader election Lease. Empty: the pod's namespace.")
@@ -111,6 +134,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
 	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
+	o.TPM.AddFlags(fs)
 }
 
 // Complete loads what the flags point to. Problems are reported by
@@ -173,5 +197,8 @@ func (o *Options) Validate() error {
 	if o.ClusterRecheckPeriod < 10*time.Second {
 		errs = append(errs, fmt.Errorf("--cluster-recheck-period %s must be at least 10s", o.ClusterRecheckPeriod))
 	}
+	errs = append(errs, o.TPM.validate()...)
+	errs = append(errs, o.fleetOptions.validate()...)
+	errs = append(errs, o.cloudOptions.validate()...)
 	return errors.Join(errs...)
 }

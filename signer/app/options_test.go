@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
 func TestOptionsDefaultsAreValid(t *testing.T) {
@@ -62,8 +64,18 @@ func TestOptionsFlagsAndValidateReportsEverything(t *testing.T) {
 }
 
 func TestVerifiersTable(t *testing.T) {
-	v := Verifiers()
-	if _, ok := v["insecure"]; !ok || len(v) != 1 {
+	o := NewOptions()
+	o.LeaderElectionNamespace = "capi-system"
+	v, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"insecure", "tpm"} {
+		if _, ok := v[p]; !ok {
+			t.Errorf("Verifiers() has no %s: %v", p, v)
+		}
+	}
+	if len(v) != 2 {
 		t.Errorf("Verifiers() = %v", v)
 	}
 }

@@ -180,6 +180,7 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 	return &controller.Machine{
 		Namespace:   machine.Namespace,
 		Name:        machine.Name,
+		UID:         machine.UID,
 		ProviderID:  machine.Spec.ProviderID,
 		Annotations: maps.Clone(machine.Annotations),
 	}, nil

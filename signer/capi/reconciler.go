@@ -1,6 +1,7 @@
 package capi
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -21,6 +22,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -59,6 +61,8 @@ type ClusterReconciler struct {
 	MaxLifetime time.Duration
 	// Metrics records CSR decisions; may be nil.
 	Metrics controller.Metrics
+	// Identities applies trust on first use; may be nil (no TOFU).
+	Identities controller.IdentityBinder
 	// Workers per workload cluster; 0 means 2.
 	Workers int
 	// RecheckPeriod; 0 means DefaultRecheckPeriod.
@@ -69,6 +73,15 @@ type ClusterReconciler struct {
 	// RESTConfig, when set, adjusts each workload cluster's client config
 	// (tests; user agent and rate limits are set before it runs).
 	RESTConfig func(*rest.Config)
+	// ProbePeriod is how often each workload API server is probed;
+	// 0 means DefaultProbePeriod.
+	ProbePeriod time.Duration
+	// LockdownPeriod is how often lockdown is enforced again in Clusters
+	// that ask for it; 0 means DefaultLockdownPeriod.
+	LockdownPeriod time.Duration
+	// MaxConcurrentReconciles bounds how many Clusters are reconciled at
+	// once; 0 means 4.
+	MaxConcurrentReconciles int
 
 	mu      sync.Mutex
 	base    context.Context
@@ -78,6 +91,7 @@ type ClusterReconciler struct {
 
 type workload struct {
 	hash   string
+	state  *state
 	ctrl   *controller.Controller
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -95,6 +109,7 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("kubelet-authenticator-cluster").
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4)}).
 		For(&clusterv1.Cluster{}).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			nn, ok := clusterForSecret(o.GetNamespace(), o.GetName(), o.GetLabels())
@@ -222,8 +237,13 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, ca *issue.CA, caPEM []byte) error {
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	authorized := AuthorizedAttestors(cluster)
+	servingCA, servingPEM, err := EnsureServingCA(ctx, r.Client, r.APIReader, cluster)
+	if err != nil {
+		return err
+	}
+	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
 	h := sha256.New()
-	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ","))} {
+	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), servingPEM, fmt.Appendf(nil, "%t,%t", lockdown, approveServing)} {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}
@@ -253,14 +273,18 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if workers <= 0 {
 		workers = 2
 	}
+	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name}
+	handlers := r.servingHandlers(nn.String(), cs, machines, authorized, servingCA, approveServing)
 	c, err := controller.New(controller.Config{
 		Cluster:    nn.String(),
 		Client:     cs,
 		Verifiers:  r.Verifiers,
 		Authorized: authorized,
-		Machines:   &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name},
+		Machines:   machines,
+		Handlers:   handlers,
 		Signer:     &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
 		Metrics:    r.Metrics,
+		Identities: r.Identities,
 		Workers:    workers,
 		MinRetry:   r.MinRetry,
 		MaxRetry:   r.MaxRetry,
@@ -280,8 +304,17 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	w := &workload{hash: hash, ctrl: c, cancel: cancel, done: make(chan struct{})}
+	generation := 1
+	if cur != nil {
+		generation = cur.state.snapshot().Generation + 1
+	}
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation}}
+	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
+	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
+	if lockdown {
+		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+	}
 	go func() {
 		defer close(w.done)
 		if err := c.Run(wctx); err != nil && wctx.Err() == nil {
@@ -301,6 +334,12 @@ func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, wh
 		return
 	}
 	w.cancel()
-	<-w.done
-	logger.Info("Stopped the CSR controller", "why", why)
+	select {
+	case <-w.done:
+		logger.Info("Stopped the CSR controller", "why", why)
+	case <-time.After(stopGrace):
+		// It stops on its own once its requests time out; the Cluster's
+		// new controller (if any) does not wait for it.
+		logger.Info("CSR controller is still stopping, moving on", "why", why, "waited", stopGrace)
+	}
 }

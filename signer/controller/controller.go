@@ -57,6 +57,9 @@ const (
 	// ReasonAttestedProviderIDMismatch: the evidence proves another provider
 	// ID than the CSR extension and the Machine carry.
 	ReasonAttestedProviderIDMismatch = "AttestedProviderIDMismatch"
+	// ReasonIdentityMismatch: the evidence proves another stable identity
+	// than the one the Machine (or allowlist entry) is pinned to.
+	ReasonIdentityMismatch = "IdentityMismatch"
 	// ReasonSigningFailed: an approved request could not be signed and will
 	// not be (its Machine went away between approval and signing).
 	ReasonSigningFailed = "SigningFailed"
@@ -74,11 +77,23 @@ const (
 // Machine is the Cluster API Machine a CSR was matched to.
 type Machine struct {
 	Namespace, Name string
+	// UID is the Machine's UID: trust-on-first-use records are owned by it.
+	UID types.UID
 	// ProviderID is the Machine's spec.providerID.
 	ProviderID string
 	// Annotations are the Machine's (and, where read, its infrastructure
 	// object's) annotations, handed to the verifier.
 	Annotations map[string]string
+	// Identity, when set, pins the attested stable identity: evidence that
+	// proves another one is denied (standalone allowlist entries).
+	Identity string
+}
+
+// Handler decides the CSRs of a signer name the controller does not decide
+// itself (serving certificates). Sync is called for every pending CSR of
+// that signer name; a returned error means "retry".
+type Handler interface {
+	Sync(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) error
 }
 
 // MachineMatcher finds the Machine a node name and provider ID belong to.
@@ -119,6 +134,13 @@ type Config struct {
 	Signer CertificateSigner
 	// Metrics, when set, records decisions.
 	Metrics Metrics
+	// Identities, when set, applies trust on first use to the stable
+	// identities verifiers prove.
+	Identities IdentityBinder
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Handlers decide the CSRs of further signer names, by signer name.
+	Handlers map[string]Handler
 	// Workers is the number of concurrent workers; 0 means 1.
 	Workers int
 	// ResyncPeriod re-lists pending CSRs that often; 0 means 10 minutes.
@@ -199,7 +221,9 @@ func (c *Controller) enqueue(obj any) {
 
 // pending reports whether csr is one of ours that still needs work.
 func (c *Controller) pending(csr *certificatesv1.CertificateSigningRequest) bool {
-	if _, ok := c.signers[csr.Spec.SignerName]; !ok {
+	_, ours := c.signers[csr.Spec.SignerName]
+	_, handled := c.cfg.Handlers[csr.Spec.SignerName]
+	if !ours && !handled {
 		return false
 	}
 	return len(csr.Status.Certificate) == 0 && !hasCondition(csr, certificatesv1.CertificateDenied) && !hasCondition(csr, certificatesv1.CertificateFailed)
@@ -212,6 +236,13 @@ func (c *Controller) Resync() {
 		c.enqueue(obj)
 	}
 }
+
+// QueueLen returns the number of CSRs waiting to be decided.
+func (c *Controller) QueueLen() int { return c.queue.Len() }
+
+// HasSynced reports whether the controller has listed the workload
+// cluster's CSRs.
+func (c *Controller) HasSynced() bool { return c.informer.HasSynced() }
 
 // Run watches CSRs and decides them until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
@@ -274,6 +305,9 @@ type decision struct {
 	deny, message string
 	// challenge is set when the verifier asked for a second round.
 	challenge []byte
+	// answers names the CSR whose challenge this one answered: it is
+	// denied (ChallengeAnswered) before this one is approved.
+	answers string
 	// approve holds what to sign.
 	checked *checks.Checked
 	machine *Machine
@@ -294,11 +328,20 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if !c.pending(csr) {
 		return nil
 	}
+	if h, ok := c.cfg.Handlers[csr.Spec.SignerName]; ok {
+		return h.Sync(ctx, csr)
+	}
 	approved := findCondition(csr, certificatesv1.CertificateApproved)
 	if approved != nil && approved.Reason != ReasonAttestationVerified {
 		// Approved by someone else: not attested, so not signed by us.
 		logger.V(2).Info("Skipping a request approved by someone else", "reason", approved.Reason)
 		return nil
+	}
+
+	if ch, ok := csr.Annotations[attestor.AnnotationChallenge]; ok && approved == nil {
+		if handled, err := c.challenged(ctx, csr, ch); handled {
+			return err
+		}
 	}
 
 	d, err := c.decide(ctx, csr)
@@ -319,6 +362,11 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return c.writeChallenge(ctx, csr, d.challenge)
 	}
 	if approved == nil {
+		if d.answers != "" {
+			if err := c.consumeChallenge(ctx, d.answers, csr.Name); err != nil {
+				return err
+			}
+		}
 		if csr, err = c.approve(ctx, csr, d); err != nil {
 			return err
 		}
@@ -374,6 +422,7 @@ func (c *Controller) decide(ctx context.Context, csr *certificatesv1.Certificate
 		Username:           csr.Spec.Username,
 		Annotations:        csr.Annotations,
 		MachineAnnotations: machine.Annotations,
+		Approved:           hasCondition(csr, certificatesv1.CertificateApproved),
 		LookupCSR:          c.lookupCSR,
 	})
 	if err != nil {
@@ -393,7 +442,20 @@ func (c *Controller) decide(ctx context.Context, csr *certificatesv1.Certificate
 			"attestor %q proves provider ID %q, but the request claims %q and Machine %s/%s has %q",
 			provider, got, checked.ProviderID, machine.Namespace, machine.Name, machine.ProviderID)}, nil
 	}
-	return &decision{checked: checked, machine: machine}, nil
+	if machine.Identity != "" && res.Identity.Stable != machine.Identity {
+		return &decision{deny: ReasonIdentityMismatch, message: fmt.Sprintf(
+			"attestor %q proves identity %q, but %s/%s is pinned to %q; update the pin if the node was replaced",
+			provider, res.Identity.Stable, machine.Namespace, machine.Name, machine.Identity)}, nil
+	}
+	if res.Identity.Stable != "" && c.cfg.Identities != nil && machine.Identity == "" {
+		if err := c.cfg.Identities.Bind(ctx, machine, res.Identity.Stable); err != nil {
+			if reason, msg, ok := checks.Denial(err); ok {
+				return &decision{deny: reason, message: msg}, nil
+			}
+			return nil, fmt.Errorf("unable to apply trust on first use to identity %s: %w", res.Identity.Stable, err)
+		}
+	}
+	return &decision{checked: checked, machine: machine, answers: res.Answers}, nil
 }
 
 func (c *Controller) lookupCSR(_ context.Context, name string) (*attestor.CSRRecord, error) {

@@ -3,12 +3,17 @@
 // harness) but prints its narration on stdout; `make demo` runs the compiled
 // binary directly so the narration is what a newcomer sees. Under `make test`
 // it runs as an ordinary end-to-end test of the same flow.
+//
+// The node proves itself with the TPM attestor on the in-process TPM
+// simulator, whose EK certificate is issued by a manufacturer CA made here:
+// no hardware needed.
 package demo
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +23,9 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
@@ -29,44 +37,103 @@ func detail(format string, args ...any) {
 	fmt.Fprintf(os.Stdout, "    "+format+"\n", args...)
 }
 
+func condition(c *certificatesv1.CertificateSigningRequest) *certificatesv1.CertificateSigningRequestCondition {
+	for i := range c.Status.Conditions {
+		if t := c.Status.Conditions[i].Type; t == certificatesv1.CertificateApproved || t == certificatesv1.CertificateDenied {
+			return &c.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()
 
+	say("Making a TPM manufacturer CA (root + EK-issuing intermediate) for the simulated TPMs")
+	caDir := t.TempDir()
+	ca, err := tpmtest.NewManufacturerCA("Demo TPM Manufacturer", time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Save(caDir); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(caDir, tpmtest.BundleFile)
+	detail("the controller trusts %s (--tpm-manufacturer-ca)", bundle)
+
 	say("Building kubelet-authenticator and node-attestation-controller, starting two control planes on 127.0.0.1")
 	detail("management cluster: etcd + kube-apiserver with the Cluster API CRDs (Cluster, Machine)")
 	detail("workload cluster:   etcd + kube-apiserver, Node,RBAC authorization, NodeRestriction, bootstrap tokens")
-	env := scenario.Start(t, scenario.Options{})
-	detail("Cluster %s/%s opted in: kubelet-authenticator.x-k8s.io/enabled=true, authorized-attestors=insecure", env.Namespace, env.Cluster)
+	env := scenario.Start(t, scenario.Options{Attestors: "tpm,insecure", ControllerArgs: []string{"--tpm-manufacturer-ca=" + bundle}})
+	detail("Cluster %s/%s opted in: kubelet-authenticator.x-k8s.io/enabled=true, authorized-attestors=tpm,insecure", env.Namespace, env.Cluster)
 	detail("its kubeconfig and CA Secrets (%s-kubeconfig, %s-ca) laid out as Cluster API does", env.Cluster, env.Cluster)
 	detail("node-attestation-controller is running against the management cluster")
 
-	n := env.NewNode(t, "node-1", "demo:///fleet/node-1", "insecure")
+	n := env.NewNode(t, "node-1", "demo:///fleet/node-1", "tpm",
+		fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 1\n    manufacturerCADir: %s\n", caDir))
 	env.Machine(t, n)
 	say("Cluster API created Machine machine-%s: spec.providerID=%s, bootstrap ready", n.Name, n.ProviderID)
-	detail("the node holds only a bootstrap token (%s.****)", strings.SplitN(env.Token, ".", 2)[0])
+	detail("the node holds only a bootstrap token (%s.****) and its TPM (simulated, EK certificate from the demo manufacturer)", strings.SplitN(env.Token, ".", 2)[0])
 
 	say("Node %s runs `kubelet-authenticator credential`, as kubelet's exec plugin would", n.Name)
-	r := n.Credential(ctx, "--verbose")
+	r := n.Credential(ctx)
 	if r.Err != nil {
 		t.Fatalf("credential failed: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, env.ControllerLog())
 	}
 	for _, line := range strings.Split(strings.TrimSpace(r.Stderr), "\n") {
-		detail("%s", line)
+		if line != "" {
+			detail("%s", line)
+		}
 	}
+
+	say("The challenge round, as the controller recorded it on the CSRs")
 	csrs, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range csrs.Items {
-		for _, cond := range c.Status.Conditions {
-			if cond.Type == certificatesv1.CertificateApproved {
-				say("The signer approved CSR %s (%s): %s", c.Name, cond.Reason, cond.Message)
-				detail("requested by %s for signer %s", c.Spec.Username, c.Spec.SignerName)
-			}
+	var first, second *certificatesv1.CertificateSigningRequest
+	for i := range csrs.Items {
+		c := &csrs.Items[i]
+		req, err := attestor.ParseRequest(c.Spec.Request)
+		if err != nil || req.CSR.Subject.CommonName != "system:node:"+n.Name {
+			continue
+		}
+		if ev, err := tpm.DecodeEvidence(req.Evidence); err == nil && ev.Attestation != nil {
+			first = c
+		} else {
+			second = c
 		}
 	}
+	if first == nil || second == nil {
+		t.Fatalf("the node did not file two CSRs: %+v", csrs.Items)
+	}
+	ch, err := tpm.DecodeChallenge([]byte(first.Annotations[attestor.AnnotationChallenge]))
+	if err != nil {
+		t.Fatalf("CSR #1 %s carries no challenge: %v", first.Name, err)
+	}
+	detail("CSR #1 %s: EK certificate, AK, TPM2_Certify of the CSR key (by %s)", first.Name, first.Spec.Username)
+	detail("  challenged: MakeCredential to the EK for the AK, secret derived not stored, expires %s", ch.Expires.Format(time.RFC3339))
+	detail("CSR #2 %s: the same key, proof of the activated credential", second.Name)
+	c2 := condition(second)
+	if c2 == nil || c2.Type != certificatesv1.CertificateApproved || len(second.Status.Certificate) == 0 {
+		t.Fatalf("CSR #2 %s not approved and issued: %+v", second.Name, second.Status.Conditions)
+	}
+	detail("  approved (%s): %s", c2.Reason, c2.Message)
+	c1 := condition(first)
+	if c1 == nil || c1.Type != certificatesv1.CertificateDenied || c1.Reason != "ChallengeAnswered" {
+		t.Fatalf("CSR #1 %s not closed ChallengeAnswered: %+v", first.Name, first.Status.Conditions)
+	}
+	detail("CSR #1 %s denied (%s): %s", first.Name, c1.Reason, c1.Message)
+	cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range cms.Items {
+		detail("trust on first use: ConfigMap %s/%s binds %s to Machine %s", cm.Namespace, cm.Name, cm.Data[tofu.KeyIdentity], cm.Data[tofu.KeyMachine])
+	}
+
 	cred, err := (cache.Dir{Path: n.CacheDir}).Load()
 	if err != nil {
 		t.Fatal(err)

@@ -145,6 +145,15 @@ func (e *Env) StartController(tb testing.TB, extra ...string) *harness.Process {
 	return e.controller
 }
 
+// StopController stops the running controller (SIGTERM, then SIGKILL after
+// 10 s), as a crash or a rollout would.
+func (e *Env) StopController() {
+	if e.controller != nil {
+		e.controller.Stop(10 * time.Second)
+		e.controller = nil
+	}
+}
+
 // ControllerLog returns the controller's log so far.
 func (e *Env) ControllerLog() string {
 	b, _ := os.ReadFile(filepath.Join(e.Dir, "controller.log"))

@@ -1,0 +1,221 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
+	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
+)
+
+// APIVersion and kind of the attestor configuration file.
+const (
+	AttestorConfigAPIVersion = "kubelet-authenticator.x-k8s.io/v1alpha1"
+	AttestorConfigKind       = "AttestorConfig"
+)
+
+// AttestorConfig is the file --attestor-config names: the verifier settings
+// of the cloud attestors, one section each, in the providers' own
+// VerifierConfig types. A provider without a section is not served: the
+// controller does not watch its signer name, and its requests stay pending
+// for another signer. A file, not flags: allowlists, CA bundles and
+// per-upstream TLS settings are lists and nested objects, and one file is
+// one ConfigMap to mount.
+type AttestorConfig struct {
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+
+	AWS   *aws.VerifierConfig   `json:"aws,omitempty"`
+	Azure *azure.VerifierConfig `json:"azure,omitempty"`
+	GCP   *gcp.VerifierConfig   `json:"gcp,omitempty"`
+}
+
+// LoadAttestorConfig reads and parses an attestor configuration file,
+// rejecting unknown fields.
+func LoadAttestorConfig(path string) (*AttestorConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read %s: %w", path, err)
+	}
+	c := &AttestorConfig{}
+	if err := yaml.UnmarshalStrict(data, c); err != nil {
+		return nil, fmt.Errorf("unable to parse %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate reports every structural problem at once; what needs files or
+// the management cluster (certificates, ConfigMap CA bundles) is checked
+// when the verifiers are built.
+func (c *AttestorConfig) Validate() error {
+	var errs []error
+	if c.APIVersion != "" && c.APIVersion != AttestorConfigAPIVersion {
+		errs = append(errs, fmt.Errorf("apiVersion %q, want %q", c.APIVersion, AttestorConfigAPIVersion))
+	}
+	if c.Kind != "" && c.Kind != AttestorConfigKind {
+		errs = append(errs, fmt.Errorf("kind %q, want %q", c.Kind, AttestorConfigKind))
+	}
+	if c.AWS == nil && c.Azure == nil && c.GCP == nil {
+		errs = append(errs, errors.New("configures no attestor: add an aws, azure or gcp section"))
+	}
+	if c.AWS != nil {
+		if len(c.AWS.Accounts) == 0 {
+			errs = append(errs, errors.New("aws.accounts: at least one AWS account ID is required"))
+		}
+		if err := c.AWS.STS.TLS.Validate(); err != nil {
+			errs = append(errs, prefixed("aws.sts.tls", err)...)
+		}
+	}
+	if c.Azure != nil {
+		if len(c.Azure.Subscriptions) == 0 {
+			errs = append(errs, errors.New("azure.subscriptions: at least one subscription ID is required"))
+		}
+		if len(c.Azure.Roots) == 0 {
+			errs = append(errs, errors.New("azure.roots: at least one root CA file is required"))
+		}
+	}
+	if c.GCP != nil {
+		if len(c.GCP.Projects) == 0 {
+			errs = append(errs, errors.New("gcp.projects: at least one project ID is required"))
+		}
+		if err := c.GCP.JWKS.TLS.Validate(); err != nil {
+			errs = append(errs, prefixed("gcp.jwks.tls", err)...)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cloudOptions is the --attestor-config flag and what it loaded.
+type cloudOptions struct {
+	// AttestorConfigFile is the path of an AttestorConfig; empty serves no
+	// cloud attestor.
+	AttestorConfigFile string
+
+	attestorConfig *AttestorConfig
+}
+
+func (o *cloudOptions) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.AttestorConfigFile, "attestor-config", o.AttestorConfigFile,
+		"YAML file (kind "+AttestorConfigKind+") configuring the cloud attestors: aws, azure and gcp sections, each with its allowlist, trusted roots and outbound TLS. A provider without a section is not served.")
+}
+
+// validate loads the file and reports its problems, prefixed with the flag.
+func (o *cloudOptions) validate() []error {
+	o.attestorConfig = nil
+	if o.AttestorConfigFile == "" {
+		return nil
+	}
+	c, err := LoadAttestorConfig(o.AttestorConfigFile)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil {
+		return prefixed("--attestor-config "+o.AttestorConfigFile, err)
+	}
+	o.attestorConfig = c
+	return nil
+}
+
+// addCloudVerifiers builds the verifiers of the cloud attestors the
+// attestor configuration names and adds them to table. ConfigMap CA bundles
+// of outbound TLS settings are read through c, from the controller's
+// namespace unless the reference names one.
+func (o *Options) addCloudVerifiers(ctx context.Context, c client.Client, table map[string]attestor.Verifier) error {
+	if o.attestorConfig == nil && o.AttestorConfigFile != "" {
+		// Validate was not called (a caller that builds Options itself).
+		if errs := o.cloudOptions.validate(); len(errs) > 0 {
+			return errors.Join(errs...)
+		}
+	}
+	cfg := o.attestorConfig
+	if cfg == nil {
+		return nil
+	}
+	var errs []error
+	add := func(name string, build func() (attestor.Verifier, error)) {
+		v, err := build()
+		if err != nil {
+			errs = append(errs, prefixed(name+" attestor", err)...)
+			return
+		}
+		table[name] = v
+	}
+	if cfg.AWS != nil {
+		vc := *cfg.AWS
+		add(aws.Name, func() (attestor.Verifier, error) {
+			var err error
+			if vc.STS.TLS, err = o.resolveTLS(ctx, c, vc.STS.TLS); err != nil {
+				return nil, fmt.Errorf("sts.tls: %w", err)
+			}
+			return aws.NewVerifier(vc)
+		})
+	}
+	if cfg.Azure != nil {
+		add(azure.Name, func() (attestor.Verifier, error) { return azure.NewVerifier(*cfg.Azure) })
+	}
+	if cfg.GCP != nil {
+		vc := *cfg.GCP
+		add(gcp.Name, func() (attestor.Verifier, error) {
+			var err error
+			if vc.JWKS.TLS, err = o.resolveTLS(ctx, c, vc.JWKS.TLS); err != nil {
+				return nil, fmt.Errorf("jwks.tls: %w", err)
+			}
+			return gcp.NewVerifier(vc)
+		})
+	}
+	return errors.Join(errs...)
+}
+
+// resolveTLS returns a copy of t whose ConfigMap CA bundle, if any, is read
+// into TrustedCA.PEM.
+func (o *Options) resolveTLS(ctx context.Context, c client.Client, t *tlsconfig.Config) (*tlsconfig.Config, error) {
+	if t == nil || t.TrustedCA == nil || t.TrustedCA.ConfigMap == nil {
+		return t, nil
+	}
+	ref := t.TrustedCA.ConfigMap
+	nn := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+	if nn.Namespace == "" {
+		nn.Namespace = o.namespace()
+	}
+	if nn.Namespace == "" {
+		return nil, fmt.Errorf("trustedCA.configMap %s names no namespace, and the controller's own is unknown outside a cluster without --leader-election-namespace", ref.Name)
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, nn, &cm); err != nil {
+		return nil, fmt.Errorf("unable to read trustedCA ConfigMap %s: %w", nn, err)
+	}
+	bundle, ok := cm.Data[tlsconfig.ConfigMapKey]
+	if !ok {
+		return nil, fmt.Errorf("trustedCA ConfigMap %s has no key %s", nn, tlsconfig.ConfigMapKey)
+	}
+	out := *t
+	ca := *t.TrustedCA
+	ca.PEM = []byte(bundle)
+	out.TrustedCA = &ca
+	return &out, nil
+}
+
+// prefixed splits a joined error and prefixes each part with what it is
+// about.
+func prefixed(what string, err error) []error {
+	parts := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		parts = j.Unwrap()
+	}
+	out := make([]error, 0, len(parts))
+	for _, e := range parts {
+		out = append(out, fmt.Errorf("%s: %w", what, e))
+	}
+	return out
+}

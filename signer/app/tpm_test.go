@@ -1,0 +1,95 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+)
+
+func TestEnsureKeySecret(t *testing.T) {
+	ctx := context.Background()
+	nn := types.NamespacedName{Namespace: "capi-system", Name: DefaultTPMKeySecretName}
+	c := fake.NewClientBuilder().Build()
+	k1, err := EnsureKeySecret(ctx, c, nn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k1) != 32 {
+		t.Fatalf("generated key is %d bytes", len(k1))
+	}
+	// Another replica (or the next start) reads the same key.
+	k2, err := EnsureKeySecret(ctx, c, nn)
+	if err != nil || !bytes.Equal(k1, k2) {
+		t.Fatalf("second call: %x, %v; want %x", k2, err, k1)
+	}
+
+	short := fake.NewClientBuilder().WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nn.Namespace, Name: nn.Name},
+		Data:       map[string][]byte{TPMKeySecretKey: []byte("short")},
+	}).Build()
+	if _, err := EnsureKeySecret(ctx, short, nn); err == nil || !strings.Contains(err.Error(), "at least 32 bytes") {
+		t.Fatalf("short key accepted: %v", err)
+	}
+}
+
+func TestTPMFlags(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := tpmtest.NewManufacturerCA("flags", time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	parse := func(args ...string) *Options {
+		o := NewOptions()
+		o.RESTConfig = &rest.Config{Host: "https://127.0.0.1:6443"}
+		o.LeaderElectionNamespace = "capi-system"
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+
+	o := parse("--tpm-manufacturer-ca="+filepath.Join(dir, tpmtest.BundleFile), "--tpm-challenge-ttl=30s", "--tpm-key-secret-name=k")
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build()); err != nil {
+		t.Fatal(err)
+	}
+
+	o = parse("--tpm-manufacturer-ca="+garbage, "--tpm-manufacturer-ca=/nonexistent.pem", "--tpm-challenge-ttl=0s", "--tpm-key-secret-name=")
+	err = o.Validate()
+	if err == nil {
+		t.Fatal("Validate() passed")
+	}
+	for _, want := range []string{"garbage.pem", "nonexistent.pem", "--tpm-challenge-ttl", "--tpm-key-secret-name"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() does not report %s:\n%v", want, err)
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package capi
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Defaults of the per-cluster loops.
+const (
+	// DefaultProbePeriod is how often each workload cluster's API server is
+	// asked whether it is ready.
+	DefaultProbePeriod = 30 * time.Second
+	// probeTimeout bounds one probe, so that a cluster that does not answer
+	// is reported disconnected promptly.
+	probeTimeout = 5 * time.Second
+	// DefaultLockdownPeriod is how often lockdown is enforced again.
+	DefaultLockdownPeriod = time.Minute
+	// stopGrace bounds how long stopping a workload controller is waited
+	// for, so that a controller stuck on an unreachable cluster does not
+	// hold up the reconciler (and with it every other cluster).
+	stopGrace = 10 * time.Second
+)
+
+// ClusterStatus is what the controller knows about one workload cluster it
+// serves, for metrics and tests.
+type ClusterStatus struct {
+	Cluster types.NamespacedName
+	// Connected is true when the last probe of the workload API server
+	// (/readyz) succeeded; LastContact is when one last did, and LastError
+	// the last probe's error.
+	Connected   bool
+	LastContact time.Time
+	LastError   string
+	// Synced is true once the CSR controller has listed the cluster's CSRs.
+	Synced bool
+	// QueueDepth is the number of CSRs waiting to be decided.
+	QueueDepth int
+	// Lockdown is true when auto-approve bindings are kept removed;
+	// LockdownRemoved counts the bindings removed since the controller
+	// started, and LockdownError is the last enforcement error.
+	Lockdown        bool
+	LockdownRemoved int
+	LockdownError   string
+	// ServingApproval is true when kubelet-serving CSRs are approved.
+	ServingApproval bool
+	// Generation counts the controllers started for this Cluster (one more
+	// each time its kubeconfig, CA or settings change).
+	Generation int
+}
+
+// state is the mutable part of a workload's status.
+type state struct {
+	mu sync.Mutex
+	ClusterStatus
+}
+
+func (s *state) update(f func(*ClusterStatus)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.ClusterStatus)
+}
+
+func (s *state) snapshot() ClusterStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ClusterStatus
+}
+
+// Statuses returns the status of every workload cluster a controller runs
+// for, sorted by Cluster.
+func (r *ClusterReconciler) Statuses() []ClusterStatus {
+	r.mu.Lock()
+	ws := make([]*workload, 0, len(r.running))
+	for _, w := range r.running {
+		ws = append(ws, w)
+	}
+	r.mu.Unlock()
+	out := make([]ClusterStatus, 0, len(ws))
+	for _, w := range ws {
+		st := w.state.snapshot()
+		st.Synced = w.ctrl.HasSynced()
+		st.QueueDepth = w.ctrl.QueueLen()
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b ClusterStatus) int { return strings.Compare(a.Cluster.String(), b.Cluster.String()) })
+	return out
+}
+
+// probe asks the workload API server for /readyz every period and records
+// the outcome, until ctx is done.
+func probe(ctx context.Context, cs kubernetes.Interface, st *state, period time.Duration) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
+		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
+		if ctx.Err() != nil {
+			return
+		}
+		st.update(func(s *ClusterStatus) {
+			s.Connected = err == nil
+			if err == nil {
+				s.LastContact, s.LastError = time.Now(), ""
+			} else {
+				s.LastError = err.Error()
+			}
+		})
+	}, period)
+}

@@ -1,0 +1,153 @@
+// Package standalone is what the signer needs to run without Cluster API
+// (kubeadm or bare-metal clusters), in the cluster it serves: an allowlist
+// of nodes kept in a ConfigMap of that cluster takes the place of Machines,
+// and the CA comes from files or a Secret.
+//
+// An allowlist entry names a node, its provider ID and, optionally, the
+// stable identity its attestor must prove (an EK hash, an instance ID) and
+// annotations handed to the verifier (a pinned TPM endorsement key).
+package standalone
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+)
+
+// AllowlistKey is the ConfigMap key holding the allowlist.
+const AllowlistKey = "allowlist.yaml"
+
+// Reasons of requests the allowlist does not account for.
+const (
+	// ReasonNodeNotAllowed: no allowlist entry names the node.
+	ReasonNodeNotAllowed = "NodeNotAllowed"
+	// ReasonAllowlistProviderIDMismatch: the node's entry has another
+	// provider ID.
+	ReasonAllowlistProviderIDMismatch = "AllowlistProviderIDMismatch"
+)
+
+// Entry is one node the signer may issue certificates for.
+type Entry struct {
+	// NodeName is the node's name (CN=system:node:<nodeName>).
+	NodeName string `json:"nodeName"`
+	// ProviderID is the provider ID the node must claim and prove.
+	ProviderID string `json:"providerID"`
+	// Identity, when set, is the stable identity the attestor must prove
+	// ("tpm:ek-sha256:...", an instance ID).
+	Identity string `json:"identity,omitempty"`
+	// Annotations are handed to the verifier as the Machine's would be
+	// (cluster-x-k8s-io/tpm-endorsement-key pins a TPM's EK).
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Allowlist is the content of the allowlist ConfigMap key.
+type Allowlist struct {
+	Nodes []Entry `json:"nodes"`
+}
+
+// ParseAllowlist parses and validates an allowlist, reporting every
+// problem at once.
+func ParseAllowlist(data []byte) (*Allowlist, error) {
+	var a Allowlist
+	if err := yaml.UnmarshalStrict(data, &a); err != nil {
+		return nil, fmt.Errorf("unable to parse the allowlist: %w", err)
+	}
+	var errs []error
+	seenName, seenID := map[string]int{}, map[string]int{}
+	for i, e := range a.Nodes {
+		if msgs := validation.IsDNS1123Subdomain(e.NodeName); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("nodes[%d].nodeName %q: %s", i, e.NodeName, strings.Join(msgs, "; ")))
+		}
+		if e.ProviderID == "" {
+			errs = append(errs, fmt.Errorf("nodes[%d] (%s): providerID is required", i, e.NodeName))
+		}
+		if j, ok := seenName[e.NodeName]; ok {
+			errs = append(errs, fmt.Errorf("nodes[%d] and nodes[%d] both name node %q", j, i, e.NodeName))
+		}
+		if j, ok := seenID[e.ProviderID]; ok && e.ProviderID != "" {
+			errs = append(errs, fmt.Errorf("nodes[%d] and nodes[%d] both have provider ID %q", j, i, e.ProviderID))
+		}
+		seenName[e.NodeName], seenID[e.ProviderID] = i, i
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("invalid allowlist: %w", err)
+	}
+	return &a, nil
+}
+
+// Matcher matches nodes against the allowlist in a ConfigMap. It implements
+// controller.MachineMatcher; the ConfigMap is read on every request, so an
+// edit takes effect at once. A missing or invalid allowlist is an error
+// (retried), never a reason to deny: fixing it lets pending nodes in.
+type Matcher struct {
+	Client    kubernetes.Interface
+	ConfigMap types.NamespacedName
+}
+
+// MatchMachine implements controller.MachineMatcher.
+func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string) (*controller.Machine, error) {
+	cm, err := m.Client.CoreV1().ConfigMaps(m.ConfigMap.Namespace).Get(ctx, m.ConfigMap.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("allowlist ConfigMap %s does not exist: create it", m.ConfigMap)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the allowlist ConfigMap %s: %w", m.ConfigMap, err)
+	}
+	a, err := ParseAllowlist([]byte(cm.Data[AllowlistKey]))
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s key %s: %w", m.ConfigMap, AllowlistKey, err)
+	}
+	for _, e := range a.Nodes {
+		if e.NodeName != nodeName {
+			continue
+		}
+		if e.ProviderID != providerID {
+			return nil, &checks.Failure{Reason: ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
+				"node %q is allowed with provider ID %q, not %q (allowlist %s)", nodeName, e.ProviderID, providerID, m.ConfigMap)}
+		}
+		return &controller.Machine{
+			Namespace: m.ConfigMap.Namespace, Name: "allowlist/" + nodeName,
+			ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity,
+		}, nil
+	}
+	return nil, &checks.Failure{Reason: ReasonNodeNotAllowed, Message: fmt.Sprintf(
+		"node %q is not in the allowlist %s: add an entry {nodeName, providerID} to key %s", nodeName, m.ConfigMap, AllowlistKey)}
+}
+
+// LoadCA loads the CA from PEM files, or, when secret is set, from the
+// tls.crt and tls.key keys of that Secret.
+func LoadCA(ctx context.Context, c kubernetes.Interface, certFile, keyFile string, secret types.NamespacedName) (*issue.CA, error) {
+	if secret.Name != "" {
+		s, err := c.CoreV1().Secrets(secret.Namespace).Get(ctx, secret.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("unable to read the CA secret %s: %w", secret, err)
+		}
+		ca, err := issue.LoadCA(s.Data[issue.SecretCertKey], s.Data[issue.SecretKeyKey])
+		if err != nil {
+			return nil, fmt.Errorf("CA secret %s: %w", secret, err)
+		}
+		return ca, nil
+	}
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the CA key: %w", err)
+	}
+	return issue.LoadCA(certPEM, keyPEM)
+}

@@ -1,0 +1,66 @@
+package standalone
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+)
+
+func TestParseAllowlistReportsEverything(t *testing.T) {
+	_, err := ParseAllowlist([]byte(`nodes:
+- nodeName: Bad_Name
+  providerID: a
+- nodeName: n1
+- nodeName: n2
+  providerID: a
+- nodeName: n2
+  providerID: b
+`))
+	if err == nil {
+		t.Fatal("invalid allowlist accepted")
+	}
+	for _, want := range []string{"nodes[0].nodeName", "providerID is required", "both have provider ID", "both name node"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := ParseAllowlist([]byte("nodes:\n- nodeName: n\n  providerID: p\n  unknown: x\n")); err == nil {
+		t.Error("unknown field accepted")
+	}
+}
+
+func TestMatcher(t *testing.T) {
+	nn := types.NamespacedName{Namespace: "kube-system", Name: "allow"}
+	client := fake.NewClientset()
+	m := &Matcher{Client: client, ConfigMap: nn}
+	ctx := context.Background()
+	if _, err := m.MatchMachine(ctx, "node-a", "p"); err == nil || len(checks.Failures(err)) > 0 {
+		t.Fatalf("missing allowlist: %v, want a retried error", err)
+	}
+	if _, err := client.CoreV1().ConfigMaps(nn.Namespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: nn.Name, Namespace: nn.Namespace},
+		Data:       map[string]string{AllowlistKey: "nodes:\n- {nodeName: node-a, providerID: p, identity: 'tpm:ek-sha256:ab'}\n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.MatchMachine(ctx, "node-a", "p")
+	if err != nil || got.ProviderID != "p" || got.Identity != "tpm:ek-sha256:ab" {
+		t.Fatalf("match = %+v, %v", got, err)
+	}
+	for _, c := range []struct{ node, pid, reason string }{
+		{"other", "p", ReasonNodeNotAllowed},
+		{"node-a", "q", ReasonAllowlistProviderIDMismatch},
+	} {
+		_, err := m.MatchMachine(ctx, c.node, c.pid)
+		if reason, _, _ := checks.Denial(err); reason != c.reason {
+			t.Errorf("%s/%s: %v, want %s", c.node, c.pid, err, c.reason)
+		}
+	}
+}

@@ -1,0 +1,461 @@
+//go:build tpmsimulator
+
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/tpm2/transport"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"sigs.k8s.io/kubelet-authenticator/agent/csr"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmsim"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+	"sigs.k8s.io/kubelet-authenticator/test/scenario"
+)
+
+// tpmSignerArgs are the controller flags of the TPM tests.
+func tpmSignerArgs(bundle string, ttl time.Duration) []string {
+	return []string{"--tpm-manufacturer-ca=" + bundle, "--tpm-challenge-ttl=" + ttl.String()}
+}
+
+// simulatorConfig is a node's tpm configuration for the in-process
+// simulator: seed stands for the machine's TPM.
+func simulatorConfig(seed int64, caDir string) string {
+	return fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: %d\n    manufacturerCADir: %s\n", seed, caDir)
+}
+
+func manufacturerCA(t *testing.T, name string) (dir string, ca *tpmtest.ManufacturerCA) {
+	t.Helper()
+	ca, err := tpmtest.NewManufacturerCA(name, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	if err := ca.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir, ca
+}
+
+// waitCSR waits until the named CSR satisfies done.
+func waitCSR(t *testing.T, env *scenario.Env, name string, timeout time.Duration, done func(*certificatesv1.CertificateSigningRequest) bool) *certificatesv1.CertificateSigningRequest {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && done(c) {
+			return c
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CSR %s: condition not reached in %s (last: %+v, %v)\ncontroller log:\n%s", name, timeout, conditions(c), err, tail(env.ControllerLog(), 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func conditions(c *certificatesv1.CertificateSigningRequest) []string {
+	if c == nil {
+		return nil
+	}
+	var out []string
+	for _, cond := range c.Status.Conditions {
+		out = append(out, string(cond.Type)+"/"+cond.Reason+": "+cond.Message)
+	}
+	return out
+}
+
+func denied(c *certificatesv1.CertificateSigningRequest) string {
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == certificatesv1.CertificateDenied || cond.Type == certificatesv1.CertificateFailed {
+			return cond.Reason
+		}
+	}
+	return ""
+}
+
+func wantDenied(t *testing.T, env *scenario.Env, name, reason string) *certificatesv1.CertificateSigningRequest {
+	t.Helper()
+	c := waitCSR(t, env, name, time.Minute, func(c *certificatesv1.CertificateSigningRequest) bool {
+		return denied(c) != "" || len(c.Status.Certificate) > 0
+	})
+	if got := denied(c); got != reason {
+		t.Fatalf("CSR %s: %q, want denied %s", name, conditions(c), reason)
+	}
+	return c
+}
+
+func challenged(c *certificatesv1.CertificateSigningRequest) bool {
+	_, ok := c.Annotations[attestor.AnnotationChallenge]
+	return ok || denied(c) != ""
+}
+
+// whoami runs kubectl auth whoami with the node's exec-plugin kubeconfig.
+func whoami(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.Node) {
+	t.Helper()
+	r := n.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+	if r.Err != nil {
+		t.Fatalf("kubectl auth whoami: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, tail(env.ControllerLog(), 60))
+	}
+	if got := strings.TrimSpace(r.Stdout); got != "system:node:"+n.Name {
+		t.Fatalf("API server sees %q, want system:node:%s", got, n.Name)
+	}
+}
+
+// tpmCSRs returns a node's CSRs: CSR #1 (the attestation) and CSR #2 (the
+// answer), each the last filed.
+func tpmCSRs(t *testing.T, env *scenario.Env, node string) (first, second *certificatesv1.CertificateSigningRequest) {
+	t.Helper()
+	for _, c := range nodeCSRs(t, env, node) {
+		r, err := attestor.ParseRequest(c.Spec.Request)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := tpm.DecodeEvidence(r.Evidence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Attestation != nil {
+			first = &c
+		} else {
+			second = &c
+		}
+	}
+	if first == nil || second == nil {
+		t.Fatalf("node %s filed no CSR pair", node)
+	}
+	return first, second
+}
+
+// checkRound asserts the two-round outcome a node sees: CSR #1 challenged
+// and closed ChallengeAnswered, CSR #2 approved and issued.
+func checkRound(t *testing.T, env *scenario.Env, node string) {
+	t.Helper()
+	first, second := tpmCSRs(t, env, node)
+	if _, ok := first.Annotations[attestor.AnnotationChallenge]; !ok {
+		t.Errorf("CSR #1 %s carries no challenge", first.Name)
+	}
+	if _, ok := first.Annotations[attestor.AnnotationEndorsementKey]; !ok {
+		t.Errorf("CSR #1 %s carries no %s annotation", first.Name, attestor.AnnotationEndorsementKey)
+	}
+	if got := denied(first); got != controller.ReasonChallengeAnswered {
+		t.Errorf("CSR #1 %s: %q, want denied %s", first.Name, conditions(first), controller.ReasonChallengeAnswered)
+	}
+	if len(second.Status.Certificate) == 0 || denied(second) != "" {
+		t.Errorf("CSR #2 %s: %q, not issued", second.Name, conditions(second))
+	}
+}
+
+// fakeNode plays a node's part by hand with the in-process simulator, to
+// provoke what the node binary never does (not answering, answering late,
+// answering twice, answering as someone else).
+type fakeNode struct {
+	name, providerID string
+	client           kubernetes.Interface
+	att              *tpm.Attestor
+	key              *ecdsa.PrivateKey
+	req              *attestor.Request
+	pkcs10           []byte
+}
+
+func newFakeNode(t *testing.T, env *scenario.Env, name string, seed int64, ca *tpmtest.ManufacturerCA) *fakeNode {
+	t.Helper()
+	sim, err := tpmsim.OpenProvisioned(seed, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	att, err := tpm.NewAttestor(func() (transport.TPMCloser, error) { return tpmsim.NopCloser(sim), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &fakeNode{name: name, providerID: "test:///fleet/" + name, att: att, client: bootstrapClient(t, env, env.BootstrapKubeconfig)}
+	if n.key, err = csr.GenerateKey(); err != nil {
+		t.Fatal(err)
+	}
+	spki, err := csr.SPKI(n.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.pkcs10, err = csr.PKCS10(n.key, name, n.providerID); err != nil {
+		t.Fatal(err)
+	}
+	n.req = &attestor.Request{NodeName: name, ProviderID: n.providerID, Binding: attestor.Binding(spki), SPKI: spki, Key: n.key}
+	return n
+}
+
+func bootstrapClient(t *testing.T, env *scenario.Env, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func (n *fakeNode) file(t *testing.T, client kubernetes.Interface, name string, ev attestor.Evidence) {
+	t.Helper()
+	request, err := attestor.EncodeRequest(n.pkcs10, tpm.Name, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotations, err := n.att.Annotations(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := csr.Object(name, attestor.ClientSignerName(tpm.Name), request, nil, annotations)
+	if _, err := client.CertificatesV1().CertificateSigningRequests().Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// attest files CSR #1.
+func (n *fakeNode) attest(t *testing.T, name string) {
+	t.Helper()
+	ev, err := n.att.Attest(context.Background(), n.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.file(t, n.client, name, ev)
+}
+
+// answer files CSR #2 (as client) answering the challenge on first.
+func (n *fakeNode) answer(t *testing.T, client kubernetes.Interface, first *certificatesv1.CertificateSigningRequest, name string) {
+	t.Helper()
+	ch, ok := first.Annotations[attestor.AnnotationChallenge]
+	if !ok {
+		t.Fatalf("CSR %s carries no challenge: %q", first.Name, conditions(first))
+	}
+	ev, err := n.att.Respond(context.Background(), n.req, &attestor.Challenge{CSRName: first.Name, CSRUID: string(first.UID), Data: []byte(ch)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.file(t, client, name, ev)
+}
+
+// TestTPMSimulator runs the TPM attestor end to end on the go-tpm-tools
+// simulator (Microsoft's reference TPM): the real node binary answers the
+// challenge, the real controller binary verifies, applies trust on first
+// use and signs, and kubectl authenticates as the node. Then every way the
+// controller must say no, each with its own reason.
+func TestTPMSimulator(t *testing.T) {
+	caDir, ca := manufacturerCA(t, "Trusted TPM Maker")
+	rogueDir, _ := manufacturerCA(t, "Rogue TPM Maker")
+	env := scenario.Start(t, scenario.Options{Attestors: "tpm", ControllerArgs: tpmSignerArgs(filepath.Join(caDir, tpmtest.BundleFile), time.Minute)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	// A controller restarted in a subtest runs until the whole test ends.
+	restart := func(ttl time.Duration) {
+		env.StopController()
+		env.StartController(t, tpmSignerArgs(filepath.Join(caDir, tpmtest.BundleFile), ttl)...)
+	}
+	node := func(name string, seed int64, dir string) *scenario.Node {
+		n := env.NewNode(t, name, "test:///fleet/"+name, "tpm", simulatorConfig(seed, dir))
+		env.Machine(t, n)
+		return n
+	}
+
+	t.Run("node attests with its TPM and talks as itself", func(t *testing.T) {
+		n := node("tpm-1", 1, caDir)
+		start := time.Now()
+		whoami(ctx, t, env, n)
+		t.Logf("cold issuance through kubectl: %s", time.Since(start).Round(time.Millisecond))
+		checkRound(t, env, n.Name)
+		// Trust on first use recorded the EK for the Machine.
+		var recs []string
+		cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cm := range cms.Items {
+			if cm.Data[tofu.KeyMachine] == "machine-"+n.Name {
+				recs = append(recs, cm.Data[tofu.KeyIdentity])
+			}
+		}
+		if len(recs) != 1 || !strings.HasPrefix(recs[0], tpm.StablePrefix) {
+			t.Errorf("trust-on-first-use records of machine-%s: %q", n.Name, recs)
+		}
+	})
+
+	t.Run("EK certificate from an untrusted manufacturer", func(t *testing.T) {
+		n := node("tpm-rogue", 2, rogueDir)
+		if r := n.Credential(ctx); r.Err == nil {
+			t.Fatal("a TPM from an untrusted manufacturer got a certificate")
+		}
+		csrs := nodeCSRs(t, env, n.Name)
+		if len(csrs) != 1 {
+			t.Fatalf("%d CSRs", len(csrs))
+		}
+		wantDenied(t, env, csrs[0].Name, tpm.ReasonUntrustedEKCertificate)
+	})
+
+	t.Run("the same TPM claimed for a second Machine", func(t *testing.T) {
+		n := node("tpm-clone", 1, caDir) // seed 1: tpm-1's TPM
+		if r := n.Credential(ctx); r.Err == nil || !strings.Contains(r.Stderr, tofu.ReasonIdentityClaimedByOtherMachine) {
+			t.Fatalf("a second Machine with tpm-1's TPM: %v\n%s", r.Err, r.Stderr)
+		}
+		_, second := tpmCSRs(t, env, n.Name)
+		wantDenied(t, env, second.Name, tofu.ReasonIdentityClaimedByOtherMachine)
+	})
+
+	t.Run("an answer replayed, and an answer from another requester", func(t *testing.T) {
+		_, second := tpmCSRs(t, env, "tpm-1")
+		replay := func(client kubernetes.Interface, name string) {
+			obj := csr.Object(name, second.Spec.SignerName, second.Spec.Request, nil, nil)
+			if _, err := client.CertificatesV1().CertificateSigningRequests().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The same bootstrap token files tpm-1's answer again.
+		replay(bootstrapClient(t, env, env.BootstrapKubeconfig), "replay-same-requester")
+		wantDenied(t, env, "replay-same-requester", tpm.ReasonChallengeUsed)
+
+		// Another bootstrap token answers a challenge it did not receive.
+		fn := newFakeNode(t, env, "tpm-fake-1", 11, ca)
+		env.Mgmt.CreateMachine(t, env.Namespace, env.Cluster, "machine-"+fn.name, fn.providerID, true, fn.name)
+		fn.attest(t, "fake-1-first")
+		first := waitCSR(t, env, "fake-1-first", time.Minute, challenged)
+		other := bootstrapClient(t, env, env.Workload.BootstrapKubeconfig(t, env.Workload.CreateBootstrapToken(t)))
+		fn.answer(t, other, first, "fake-1-other-requester")
+		wantDenied(t, env, "fake-1-other-requester", tpm.ReasonRequesterMismatch)
+	})
+
+	t.Run("controller restarts between CSR #1 and CSR #2", func(t *testing.T) {
+		fn := newFakeNode(t, env, "tpm-fake-2", 12, ca)
+		env.Mgmt.CreateMachine(t, env.Namespace, env.Cluster, "machine-"+fn.name, fn.providerID, true, fn.name)
+		fn.attest(t, "fake-2-first")
+		first := waitCSR(t, env, "fake-2-first", time.Minute, challenged)
+		env.StopController()
+		fn.answer(t, fn.client, first, "fake-2-second")
+		// A new process, with a short challenge TTL for the next cases; it
+		// reads the same key from the management cluster.
+		restart(4 * time.Second)
+		c := waitCSR(t, env, "fake-2-second", time.Minute, func(c *certificatesv1.CertificateSigningRequest) bool {
+			return len(c.Status.Certificate) > 0 || denied(c) != ""
+		})
+		if len(c.Status.Certificate) == 0 {
+			t.Fatalf("answer after a restart: %q", conditions(c))
+		}
+		wantDenied(t, env, "fake-2-first", controller.ReasonChallengeAnswered)
+	})
+
+	t.Run("challenge expired", func(t *testing.T) {
+		fn := newFakeNode(t, env, "tpm-fake-3", 13, ca)
+		env.Mgmt.CreateMachine(t, env.Namespace, env.Cluster, "machine-"+fn.name, fn.providerID, true, fn.name)
+		fn.attest(t, "fake-3-first")
+		first := waitCSR(t, env, "fake-3-first", time.Minute, challenged)
+		// Nobody answers: the controller closes CSR #1 at the expiry.
+		wantDenied(t, env, "fake-3-first", tpm.ReasonChallengeExpired)
+		// A late answer is refused too.
+		fn.answer(t, fn.client, first, "fake-3-late")
+		wantDenied(t, env, "fake-3-late", tpm.ReasonChallengeExpired)
+	})
+
+	t.Run("node files anew after its challenge expired unanswered", func(t *testing.T) {
+		n := node("tpm-2", 3, caDir)
+		// The node files CSR #1 while no controller runs, and gives up.
+		env.StopController()
+		short, stop := context.WithTimeout(ctx, 5*time.Second)
+		r := n.Credential(short)
+		stop()
+		if r.Err == nil {
+			t.Fatal("credential succeeded without a controller")
+		}
+		csrs := nodeCSRs(t, env, n.Name)
+		if len(csrs) != 1 {
+			t.Fatalf("%d CSRs", len(csrs))
+		}
+		restart(4 * time.Second)
+		wantDenied(t, env, csrs[0].Name, tpm.ReasonChallengeExpired)
+		// The next call (kubelet's next try) gets a certificate by itself.
+		whoami(ctx, t, env, n)
+	})
+}
+
+// TestTPMSwtpm runs the node binary against swtpm (libtpms), a second,
+// independent TPM implementation, over its socket, with EK certificates
+// issued by swtpm_setup from a self-made manufacturer CA.
+func TestTPMSwtpm(t *testing.T) {
+	for _, tool := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: install the packages in test/tools/apt-packages.txt", tool)
+		}
+	}
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command(filepath.Join(root, "test", "tools", "swtpm-provision.sh"), dir).CombinedOutput(); err != nil {
+		t.Fatalf("swtpm-provision.sh: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "tpm.sock")
+	harness.StartProcess(t, "swtpm", filepath.Join(dir, "swtpm.log"), "swtpm", "socket", "--tpm2",
+		"--tpmstate", "dir="+filepath.Join(dir, "state"),
+		"--server", "type=unixio,path="+sock,
+		"--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
+		"--flags", "not-need-init,startup-clear")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("swtpm did not create its socket")
+		}
+	}
+	otherDir, _ := manufacturerCA(t, "Another TPM Maker")
+
+	env := scenario.Start(t, scenario.Options{Attestors: "tpm", ControllerArgs: []string{
+		"--tpm-manufacturer-ca=" + filepath.Join(dir, "manufacturer-ca.pem"),
+		"--tpm-manufacturer-ca=" + filepath.Join(otherDir, tpmtest.BundleFile),
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	n := env.NewNode(t, "swtpm-1", "test:///fleet/swtpm-1", "tpm", "tpm:\n  device: unix://"+sock+"\n")
+	env.Machine(t, n)
+	whoami(ctx, t, env, n)
+	checkRound(t, env, n.Name)
+
+	// The same swtpm for a second Machine.
+	clone := env.NewNode(t, "swtpm-clone", "test:///fleet/swtpm-clone", "tpm", "tpm:\n  device: unix://"+sock+"\n")
+	env.Machine(t, clone)
+	if r := clone.Credential(ctx); r.Err == nil {
+		t.Fatal("a second Machine with the same swtpm got a certificate")
+	}
+	_, second := tpmCSRs(t, env, clone.Name)
+	wantDenied(t, env, second.Name, tofu.ReasonIdentityClaimedByOtherMachine)
+}

@@ -1,0 +1,104 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2/ktesting"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// runSigner runs the controller in-process against mgmt until the test
+// ends; adjust changes its options first.
+func runSigner(t *testing.T, mgmt *harness.Management, adjust func(*app.Options)) {
+	t.Helper()
+	o := app.NewOptions()
+	o.RESTConfig = mgmt.AdminConfig
+	o.LeaderElectionNamespace = metav1.NamespaceSystem
+	o.MetricsBindAddress = "0"
+	o.HealthProbeBindAddress = "0"
+	o.MaxClientCertificateLifetime = 24 * time.Hour
+	o.SkipControllerNameValidation = true
+	o.ClusterRecheckPeriod = 10 * time.Second
+	if adjust != nil {
+		adjust(o)
+	}
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	_, tctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(tctx)
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("controller: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("controller did not stop within 30s")
+		}
+	})
+}
+
+// bootstrapClient returns a client of wl authenticated by a new bootstrap
+// token.
+func bootstrapClient(t *testing.T, wl *harness.ControlPlane) kubernetes.Interface {
+	t.Helper()
+	token := wl.CreateBootstrapToken(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(t, token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// gauge returns the value of the metric name with label cluster=cluster in
+// the controller-runtime registry, and whether it is there.
+func gauge(t *testing.T, name, cluster string) (float64, bool) {
+	t.Helper()
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelValue(m, "cluster") == cluster {
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue(), true
+				}
+				return m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}

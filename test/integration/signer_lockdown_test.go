@@ -1,0 +1,131 @@
+package integration
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509/pkix"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// kubeadmAutoApprove creates kubeadm's CSR auto-approve bindings.
+func kubeadmAutoApprove(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	for _, b := range []*rbacv1.ClusterRoleBinding{
+		{
+			ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveBootstrap},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.NodeClientRole},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
+		},
+		{
+			ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveRotation},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.SelfNodeClientRole},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:nodes"}},
+		},
+	} {
+		if _, err := c.RbacV1().ClusterRoleBindings().Create(context.Background(), b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// plainBootstrap files a kubelet client CSR the way kubelet's TLS bootstrap
+// does (kubernetes.io/kube-apiserver-client-kubelet) and waits up to wait
+// for its certificate; it reports whether one was issued.
+func plainBootstrap(t *testing.T, c kubernetes.Interface, node string, wait time.Duration) bool {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, uid, err := csr.RequestCertificate(c, der, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil,
+		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err = csr.WaitForCertificate(ctx, c, name, uid)
+	return err == nil
+}
+
+// TestSignerLockdown shows that lockdown closes kube-controller-manager's
+// auto-approval of kubelet TLS bootstrap (and keeps it closed), while
+// attested nodes still get certificates.
+func TestSignerLockdown(t *testing.T) {
+	harness.Binaries(t)
+	ctx := context.Background()
+	mgmt := harness.StartManagement(t)
+	wl := harness.StartControlPlane(t, "workload")
+	mgmt.AddWorkloadCluster(t, signerNS, signerCluster, wl, map[string]string{
+		capi.AnnotationEnabled:             "true",
+		capi.AnnotationAuthorizedAttestors: "insecure",
+	})
+	kubeadmAutoApprove(t, wl.Client)
+	wl.StartControllerManager(t, "csrapproving", "csrsigning")
+	bootstrap := bootstrapClient(t, wl)
+	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
+
+	if !plainBootstrap(t, bootstrap, "plain-0", 30*time.Second) {
+		t.Fatal("before lockdown, kube-controller-manager did not approve and sign a plain kubelet TLS bootstrap")
+	}
+
+	var cluster clusterv1.Cluster
+	if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
+		t.Fatal(err)
+	}
+	cluster.Annotations[capi.AnnotationLockdown] = "true"
+	if err := mgmt.Client.Update(ctx, &cluster); err != nil {
+		t.Fatal(err)
+	}
+	gone := func() {
+		t.Helper()
+		harness.WaitFor(t, 20*time.Second, func() (bool, error) {
+			for _, n := range []string{lockdown.KubeadmAutoApproveBootstrap, lockdown.KubeadmAutoApproveRotation} {
+				if _, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+	}
+	gone()
+	// Kept removed: kubeadm (an upgrade, a person) puts them back.
+	kubeadmAutoApprove(t, wl.Client)
+	gone()
+	if v, ok := gauge(t, "kubelet_authenticator_signer_lockdown_bindings_removed", signerNS+"/"+signerCluster); !ok || v < 4 {
+		t.Errorf("lockdown_bindings_removed = %v (present %t), want at least 4", v, ok)
+	}
+
+	if plainBootstrap(t, bootstrap, "plain-1", 8*time.Second) {
+		t.Fatal("after lockdown, a plain kubelet TLS bootstrap was still approved")
+	}
+
+	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
+	mgmt.CreateMachine(t, signerNS, signerCluster, "attested-0", "test:///a0", true)
+	b, _ := signertest.Request{NodeName: "attested-0", ProviderID: "test:///a0"}.Build(t)
+	e.file(t, signertest.CSR("attested-0", b))
+	e.expectIssued(t, "attested-0", "attested-0", "test:///a0", 24*time.Hour)
+}
