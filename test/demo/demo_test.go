@@ -19,13 +19,16 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
@@ -72,7 +75,9 @@ func TestDemo(t *testing.T) {
 	detail("node-attestation-controller is running against the management cluster")
 
 	n := env.NewNode(t, "node-1", "demo:///fleet/node-1", "tpm",
-		fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 1\n    manufacturerCADir: %s\n", caDir))
+		fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 1\n    manufacturerCADir: %s\n", caDir),
+		"agent:\n  metricsBindAddress: \"0\"\n",
+		fmt.Sprintf("trustBundles:\n- name: %s\n  path: %s\n", demoBundle, filepath.Join(t.TempDir(), "trust-bundles", "platform", "ca.crt")))
 	env.Machine(t, n)
 	say("Cluster API created Machine machine-%s: spec.providerID=%s, bootstrap ready", n.Name, n.ProviderID)
 	detail("the node holds only a bootstrap token (%s.****) and its TPM (simulated, EK certificate from the demo manufacturer)", strings.SplitN(env.Token, ".", 2)[0])
@@ -153,6 +158,8 @@ func TestDemo(t *testing.T) {
 	}
 	fmt.Fprintf(os.Stdout, "authenticated as %s\n", user)
 
+	projectTrustBundle(ctx, t, env, n)
+
 	say("The same bootstrap token, used to claim a control-plane node that has no Machine")
 	thief := env.NewNode(t, "control-plane-1", "demo:///fleet/control-plane-1", "insecure")
 	tr := thief.Credential(ctx)
@@ -163,4 +170,67 @@ func TestDemo(t *testing.T) {
 	detail("%s", lines[len(lines)-1])
 
 	say("Done in %s. Everything started here stops now.", time.Since(start).Round(time.Second))
+}
+
+// demoBundle is the ClusterTrustBundle the demo publishes.
+const demoBundle = "demo-platform-ca"
+
+// projectTrustBundle publishes a ClusterTrustBundle in the workload cluster,
+// runs the node agent, and shows the bundle, then an update of it, land on
+// disk.
+func projectTrustBundle(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.Node) {
+	t.Helper()
+	cfg, err := config.Load(n.ConfigPath)
+	if err != nil || len(cfg.TrustBundles) != 1 {
+		t.Fatalf("node config: %v", err)
+	}
+	path := cfg.TrustBundles[0].Path
+	caPEM := func(name string) string {
+		ca, err := harness.NewCA(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(ca.CertPEM)
+	}
+	ctbs := env.Workload.Client.CertificatesV1beta1().ClusterTrustBundles()
+	say("The platform publishes ClusterTrustBundle %s in the workload cluster; the node agent projects it", demoBundle)
+	if _, err := ctbs.Create(ctx, &certificatesv1beta1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: demoBundle},
+		Spec:       certificatesv1beta1.ClusterTrustBundleSpec{TrustBundle: caPEM("Demo Platform CA 1")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.StartProcess(t, "kubelet-authenticator agent", filepath.Join(n.Dir, "agent.log"),
+		filepath.Join(env.BinDir, "kubelet-authenticator"), "agent", "--config="+n.ConfigPath)
+	certs := func() int {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0
+		}
+		return strings.Count(string(b), "BEGIN CERTIFICATE")
+	}
+	waitFor := func(want int) time.Duration {
+		start := time.Now()
+		for certs() != want {
+			if time.Since(start) > time.Minute {
+				log, _ := os.ReadFile(filepath.Join(n.Dir, "agent.log"))
+				t.Fatalf("bundle with %d certificates did not reach %s; agent log:\n%s", want, path, log)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	waitFor(1)
+	target, _ := os.Readlink(path)
+	detail("%s -> %s (written like kubelet's AtomicWriter), 1 certificate", path, target)
+	ctb, err := ctbs.Get(ctx, demoBundle, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctb.Spec.TrustBundle += caPEM("Demo Platform CA 2")
+	if _, err := ctbs.Update(ctx, ctb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(2)
+	detail("the platform added a second CA: the update reached disk %s after the API write", took.Round(time.Millisecond))
 }
