@@ -29,6 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -365,7 +366,7 @@ trustBundles:
 	if err != nil {
 		t.Fatal(err)
 	}
-	var requests, failures atomic.Int64
+	var requests, failures, resets atomic.Int64
 	var firstFailure atomic.Value
 	clientDone := make(chan struct{})
 	clientCtx, stopClient := context.WithCancel(ctx)
@@ -373,6 +374,16 @@ trustBundles:
 		defer close(clientDone)
 		for clientCtx.Err() == nil {
 			user, err := harness.WhoAmI(clientCtx, client)
+			if err != nil && (utilnet.IsProbableEOF(err) || utilnet.IsConnectionReset(err)) {
+				// client-go closes every connection when the exec plugin hands it
+				// a new certificate, so that the new one is presented at once
+				// (kubelet's own certificate manager does the same); a request in
+				// flight on such a connection fails at the transport and is sent
+				// again, as kubelet's loops do. An authentication failure is never
+				// retried here.
+				resets.Add(1)
+				user, err = harness.WhoAmI(clientCtx, client)
+			}
 			if clientCtx.Err() != nil {
 				return
 			}
@@ -406,7 +417,10 @@ trustBundles:
 	if failures.Load() != 0 {
 		t.Fatalf("%d of %d requests failed during renewals (first: %v)", failures.Load(), requests.Load(), firstFailure.Load())
 	}
-	t.Logf("%d certificates issued while %d requests through the exec plugin all succeeded", signer.signed.Load(), requests.Load())
+	if resets.Load() > signer.signed.Load() {
+		t.Fatalf("%d connection resets for %d certificates: more than one per credential change", resets.Load(), signer.signed.Load())
+	}
+	t.Logf("%d certificates issued while %d requests through the exec plugin all succeeded (%d resent after client-go closed connections on a credential change)", signer.signed.Load(), requests.Load(), resets.Load())
 
 	// Metrics, health, status.
 	body := scrape(t, "http://"+metricsAddr+"/metrics")
