@@ -7,8 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
 // fleetOptions are the settings of the per-workload-cluster loops.
@@ -17,6 +19,14 @@ type fleetOptions struct {
 	ProbePeriod time.Duration
 	// LockdownPeriod is how often lockdown is enforced again.
 	LockdownPeriod time.Duration
+	// ServingCALifetime and ServingCARotateBefore are the lifetime of a
+	// serving CA and how long before its expiry the next one is made
+	// (package trust; 0 means its defaults).
+	ServingCALifetime     time.Duration
+	ServingCARotateBefore time.Duration
+	// Clock decides serving CA rotation; nil means the real clock (tests
+	// set a fake one).
+	Clock clock.PassiveClock
 }
 
 func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
@@ -29,6 +39,30 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ProbePeriod, "workload-probe-period", o.ProbePeriod, "How often each workload cluster's API server is probed (kubelet_authenticator_signer_workload_cluster_connected).")
 	fs.DurationVar(&o.LockdownPeriod, "lockdown-period", o.LockdownPeriod,
 		"How often, in Clusters annotated "+capi.AnnotationLockdown+"=true, kubeadm's CSR auto-approve bindings are removed again.")
+	if o.ServingCALifetime == 0 {
+		o.ServingCALifetime = trust.DefaultLifetime
+	}
+	if o.ServingCARotateBefore == 0 {
+		o.ServingCARotateBefore = trust.DefaultRotateBefore
+	}
+	fs.DurationVar(&o.ServingCALifetime, "serving-ca-lifetime", o.ServingCALifetime,
+		"Validity of each serving CA the controller makes for a workload cluster (it signs the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates).")
+	fs.DurationVar(&o.ServingCARotateBefore, "serving-ca-rotate-before", o.ServingCARotateBefore,
+		"How long before the signing serving CA expires the next one is made; both are published as ClusterTrustBundles until the old one expires, and new certificates are signed by the new one only.")
+}
+
+// configure applies the options to r and registers the serving CA rotation
+// counter with reg.
+func (o *fleetOptions) configure(r *capi.ClusterReconciler, reg prometheus.Registerer) error {
+	r.ProbePeriod, r.LockdownPeriod = o.ProbePeriod, o.LockdownPeriod
+	r.ServingCA = trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}
+	r.Clock = o.Clock
+	m, err := newRotationMetrics(reg)
+	if err != nil {
+		return err
+	}
+	r.TrustMetrics = m
+	return nil
 }
 
 func (o *fleetOptions) validate() []error {
@@ -38,6 +72,9 @@ func (o *fleetOptions) validate() []error {
 	}
 	if o.LockdownPeriod != 0 && o.LockdownPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--lockdown-period %s must be at least 1s", o.LockdownPeriod))
+	}
+	if err := (trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--serving-ca-lifetime, --serving-ca-rotate-before: %w", err))
 	}
 	return errs
 }
@@ -49,6 +86,7 @@ type fleetCollector struct {
 	statuses func() []capi.ClusterStatus
 
 	connected, lastContact, synced, queue, lockdown, lockdownRemoved, generation *prometheus.Desc
+	servingCAExpiry, servingCAs, trustBundlesPublished                           *prometheus.Desc
 }
 
 func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
@@ -64,12 +102,17 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		lockdown:        d("workload_cluster_lockdown", "1 when kubeadm's CSR auto-approve bindings are kept removed in the workload cluster."),
 		lockdownRemoved: d("lockdown_bindings_removed", "Auto-approve ClusterRoleBindings removed from the workload cluster since its controller started."),
 		generation:      d("workload_controller_generation", "How many CSR controllers were started for the Cluster (one more per kubeconfig, CA or setting change)."),
+		servingCAExpiry: d("serving_ca_expiry_timestamp_seconds", "When the serving CA that signs the workload cluster's attested serving certificates expires (Unix seconds)."),
+		servingCAs:      d("serving_cas", "Serving CAs published for the workload cluster (2 during a rotation)."),
+		trustBundlesPublished: d("serving_ca_trust_bundles_published",
+			"1 when the last publication of the serving CAs as ClusterTrustBundles in the workload cluster succeeded."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation} {
+	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation,
+		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished} {
 		ch <- d
 	}
 }
@@ -95,6 +138,11 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lockdown, prometheus.GaugeValue, b(s.Lockdown), cl)
 		ch <- prometheus.MustNewConstMetric(c.lockdownRemoved, prometheus.CounterValue, float64(s.LockdownRemoved), cl)
 		ch <- prometheus.MustNewConstMetric(c.generation, prometheus.GaugeValue, float64(s.Generation), cl)
+		if !s.ServingCAExpiry.IsZero() { // not in standalone mode
+			ch <- prometheus.MustNewConstMetric(c.servingCAExpiry, prometheus.GaugeValue, float64(s.ServingCAExpiry.Unix()), cl)
+			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)
+			ch <- prometheus.MustNewConstMetric(c.trustBundlesPublished, prometheus.GaugeValue, b(s.TrustBundlesPublished), cl)
+		}
 	}
 }
 
@@ -122,3 +170,30 @@ func registerFleetMetrics(reg prometheus.Registerer, r statuser) (func(), error)
 	}
 	return func() { reg.Unregister(c) }, nil
 }
+
+// rotationMetrics counts serving CA rotations; it implements trust.Metrics.
+type rotationMetrics struct{ rotations *prometheus.CounterVec }
+
+func newRotationMetrics(reg prometheus.Registerer) (*rotationMetrics, error) {
+	cv := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kubelet_authenticator",
+		Subsystem: "signer",
+		Name:      "serving_ca_rotations_total",
+		Help:      "Serving CAs made to replace one due for rotation, by workload cluster.",
+	}, []string{"cluster"})
+	if err := reg.Register(cv); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, fmt.Errorf("unable to register serving CA metrics: %w", err)
+		}
+		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
+		if !ok {
+			return nil, fmt.Errorf("unable to register serving CA metrics: %w", err)
+		}
+		cv = existing // a previous Run in this process (tests)
+	}
+	return &rotationMetrics{rotations: cv}, nil
+}
+
+// Rotated implements trust.Metrics.
+func (m *rotationMetrics) Rotated(cluster string) { m.rotations.WithLabelValues(cluster).Inc() }

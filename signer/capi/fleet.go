@@ -53,6 +53,16 @@ type ClusterStatus struct {
 	// Generation counts the controllers started for this Cluster (one more
 	// each time its kubeconfig, CA or settings change).
 	Generation int
+	// ServingCAExpiry is when the serving CA that signs expires, and
+	// ServingCAs how many serving CAs are published (two during a
+	// rotation).
+	ServingCAExpiry time.Time
+	ServingCAs      int
+	// TrustBundlesPublished is true when the last publication of the
+	// serving CAs as ClusterTrustBundles succeeded; TrustBundleError is why
+	// it did not.
+	TrustBundlesPublished bool
+	TrustBundleError      string
 }
 
 // state is the mutable part of a workload's status.

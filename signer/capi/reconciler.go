@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
 // Defaults of ClusterReconciler.
@@ -82,6 +84,14 @@ type ClusterReconciler struct {
 	// MaxConcurrentReconciles bounds how many Clusters are reconciled at
 	// once; 0 means 4.
 	MaxConcurrentReconciles int
+	// ServingCA is the lifetime and rotation of the serving CAs (package
+	// trust); zero values mean its defaults.
+	ServingCA trust.Policy
+	// TrustMetrics, when set, counts serving CA rotations.
+	TrustMetrics trust.Metrics
+	// Clock decides serving CA rotation and serving certificates' validity;
+	// nil means the real clock.
+	Clock clock.PassiveClock
 
 	mu      sync.Mutex
 	base    context.Context
@@ -209,13 +219,14 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, nil
 	}
 
+	var next time.Time // when the serving CAs change next
 	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
 	if err == nil {
 		var ca *issue.CA
 		var caPEM []byte
 		ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
 		if err == nil {
-			err = r.ensure(ctx, logger, &cluster, kubeconfig, ca, caPEM)
+			next, err = r.ensure(ctx, logger, &cluster, kubeconfig, ca, caPEM)
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -229,21 +240,25 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if period <= 0 {
 		period = DefaultRecheckPeriod
 	}
+	if d := next.Sub(r.now()); !next.IsZero() && d < period {
+		period = max(d, time.Second)
+	}
 	return reconcile.Result{RequeueAfter: period}, nil
 }
 
 // ensure runs a controller for cluster with this configuration, replacing
-// one with another.
-func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, ca *issue.CA, caPEM []byte) error {
+// one with another. It returns when the serving CAs change next.
+func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, ca *issue.CA, caPEM []byte) (time.Time, error) {
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	authorized := AuthorizedAttestors(cluster)
-	servingCA, servingPEM, err := EnsureServingCA(ctx, r.Client, r.APIReader, cluster)
+	servingCAs, err := r.ensureServingCA(ctx, cluster)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
+	next := servingCAs.NextChange
 	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
 	h := sha256.New()
-	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), servingPEM, fmt.Appendf(nil, "%t,%t", lockdown, approveServing)} {
+	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)} {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}
@@ -253,12 +268,12 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	cur := r.running[nn]
 	r.mu.Unlock()
 	if cur != nil && cur.hash == hash {
-		return nil
+		return next, nil
 	}
 
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
-		return fmt.Errorf("unable to load the workload cluster's kubeconfig: %w", err)
+		return next, fmt.Errorf("unable to load the workload cluster's kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "node-attestation-controller"
 	cfg.QPS, cfg.Burst = 20, 40
@@ -267,14 +282,18 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return fmt.Errorf("unable to build the workload cluster's client: %w", err)
+		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
 	workers := r.Workers
 	if workers <= 0 {
 		workers = 2
 	}
 	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name}
-	handlers := r.servingHandlers(nn.String(), cs, machines, authorized, servingCA, approveServing)
+	handlers := r.servingHandlers(nn.String(), cs, machines, authorized, servingCAs.Signing, approveServing)
+	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
+	if err != nil {
+		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
+	}
 	c, err := controller.New(controller.Config{
 		Cluster:    nn.String(),
 		Client:     cs,
@@ -290,7 +309,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		MaxRetry:   r.MaxRetry,
 	})
 	if err != nil {
-		return err
+		return next, err
 	}
 
 	if cur != nil {
@@ -299,7 +318,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.base == nil || r.base.Err() != nil {
-		return errors.New("the manager is stopping")
+		return next, errors.New("the manager is stopping")
 	}
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
@@ -308,21 +327,30 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if cur != nil {
 		generation = cur.state.snapshot().Generation + 1
 	}
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation}}
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
+		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
 	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	if lockdown {
 		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 	}
+	published := make(chan struct{})
+	go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 	go func() {
 		defer close(w.done)
+		select { // a new serving CA signs once it is published
+		case <-published:
+		case <-wctx.Done():
+			return
+		}
 		if err := c.Run(wctx); err != nil && wctx.Err() == nil {
 			logger.Error(err, "CSR controller stopped")
 		}
 	}()
-	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter)
-	return nil
+	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter,
+		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
+	return next, nil
 }
 
 func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, why string) {

@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -21,6 +18,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/serving"
+	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
 // AnnotationApproveKubeletServing, "true" on an opted-in Cluster, makes the
@@ -28,13 +26,12 @@ import (
 // CSRs in its workload cluster; kube-controller-manager signs them.
 const AnnotationApproveKubeletServing = "kubelet-authenticator.x-k8s.io/approve-kubelet-serving"
 
-// ServingCASecretSuffix names `<cluster>-kubelet-serving-ca`, the serving CA
-// the controller keeps for a workload cluster (tls.crt, tls.key), in the
-// Cluster's namespace and owned by the Cluster.
+// ServingCASecretSuffix names `<cluster>-kubelet-serving-ca`, the serving
+// CAs the controller keeps for a workload cluster, in the Cluster's
+// namespace and owned by the Cluster: tls.crt and tls.key sign, and
+// trust.SecretPreviousKey holds the older CAs still published (package
+// trust).
 const ServingCASecretSuffix = "-kubelet-serving-ca"
-
-// servingCAValidity is the validity of a serving CA the controller makes.
-const servingCAValidity = serving.DefaultCAValidity
 
 // ApproveKubeletServing reports whether cluster asks for kubelet-serving
 // approval.
@@ -42,43 +39,20 @@ func ApproveKubeletServing(cluster *clusterv1.Cluster) bool {
 	return cluster.Annotations[AnnotationApproveKubeletServing] == "true"
 }
 
-// EnsureServingCA returns the cluster's serving CA, creating its Secret
-// (ECDSA P-256, self-signed) when there is none. Creation is atomic: when
-// two callers race, both end up with the one that was created first.
-func EnsureServingCA(ctx context.Context, c client.Client, r client.Reader, cluster *clusterv1.Cluster) (*issue.CA, []byte, error) {
-	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name + ServingCASecretSuffix}
-	var s corev1.Secret
-	err := r.Get(ctx, nn, &s)
-	if apierrors.IsNotFound(err) {
-		certPEM, keyPEM, gerr := serving.NewCA(fmt.Sprintf("kubelet-serving-ca %s/%s", cluster.Namespace, cluster.Name), time.Now(), servingCAValidity)
-		if gerr != nil {
-			return nil, nil, gerr
-		}
-		s = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: nn.Name, Namespace: nn.Namespace,
-				Labels: map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
-				OwnerReferences: []metav1.OwnerReference{{
-					APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
-				}},
-			},
-			Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
-		}
-		err = c.Create(ctx, &s)
-		if apierrors.IsAlreadyExists(err) {
-			err = r.Get(ctx, nn, &s)
-		}
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("unable to read or create the serving CA secret %s: %w", nn, err)
-	}
-	certPEM, keyPEM := s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]
-	ca, err := issue.LoadCA(certPEM, keyPEM)
-	if err != nil {
-		return nil, nil, fmt.Errorf("secret %s: %w", nn, err)
-	}
-	return ca, append(append([]byte(nil), certPEM...), keyPEM...), nil
+// ensureServingCA returns the cluster's serving CAs, making, rotating and
+// dropping them as the reconciler's policy says (package trust). Changes
+// are atomic: when two callers race, both end up with what was written
+// first.
+func (r *ClusterReconciler) ensureServingCA(ctx context.Context, cluster *clusterv1.Cluster) (*trust.Authority, error) {
+	store := &trust.Store{Client: r.Client, Reader: r.APIReader, Clock: r.Clock, Policy: r.ServingCA, Metrics: r.TrustMetrics}
+	return store.Ensure(ctx, trust.SecretRef{
+		NamespacedName: types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name + ServingCASecretSuffix},
+		Cluster:        cluster.Namespace + "/" + cluster.Name,
+		Labels:         map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
+		}},
+	})
 }
 
 // ServingMachines adapts a Matcher to serving.Machines.
@@ -162,7 +136,7 @@ func (r *ClusterReconciler) servingHandlers(cluster string, cs kubernetes.Interf
 	for p, v := range r.Verifiers {
 		out[attestor.ServingSignerName(p)] = &serving.AttestedSigner{
 			Client: cs, Cluster: cluster, Provider: p, Verifier: v, Authorized: authorized,
-			Machines: ServingMachines{m}, CA: ca, MaxLifetime: r.MaxLifetime, Metrics: r.Metrics,
+			Machines: ServingMachines{m}, CA: ca, MaxLifetime: r.MaxLifetime, Metrics: r.Metrics, Now: r.now,
 		}
 	}
 	if approveKubelet {

@@ -1,0 +1,183 @@
+package trust
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+)
+
+// LabelServingCA marks the ClusterTrustBundles the controller publishes
+// (value "true"): the publisher removes those it no longer wants, and
+// leaves every other bundle alone.
+const LabelServingCA = "kubelet-authenticator.x-k8s.io/serving-ca"
+
+// ClusterTrustBundle API.
+const (
+	group    = "certificates.k8s.io"
+	resource = "clustertrustbundles"
+)
+
+// versions are the ClusterTrustBundle versions the publisher writes,
+// preferred first; their fields are the same.
+func versions() []string { return []string{"v1", "v1beta1", "v1alpha1"} }
+
+// ErrNoAPI reports a workload cluster that serves no ClusterTrustBundle API
+// (before Kubernetes 1.37 it is off unless enabled).
+var ErrNoAPI = errors.New("the workload cluster serves no ClusterTrustBundle API")
+
+// BundleName returns the name of the ClusterTrustBundle of CA cert for
+// signerName: `<signerName with / as :>:<fingerprint>`, the prefix
+// kube-apiserver requires of a signer-linked bundle.
+func BundleName(signerName string, cert *x509.Certificate) string {
+	return strings.ReplaceAll(signerName, "/", ":") + ":" + CertFingerprint(cert)
+}
+
+// Publisher keeps a workload cluster's serving CAs published as
+// signer-linked ClusterTrustBundles.
+type Publisher struct {
+	// Client and Discovery talk to the workload cluster as a user that may
+	// manage ClusterTrustBundles and `attest` for the signer names.
+	Client    dynamic.Interface
+	Discovery discovery.DiscoveryInterface
+	// SignerNames are the serving signer names the CAs are published for.
+	SignerNames []string
+
+	mu  sync.Mutex
+	gvr schema.GroupVersionResource
+}
+
+// Publish makes the labelled bundles exactly one per signer name and
+// certificate of cas: it creates the missing ones, corrects changed ones
+// and deletes the others. It reports every failure.
+func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error {
+	gvr, err := p.resource()
+	if err != nil {
+		return err
+	}
+	res := p.Client.Resource(gvr)
+	want := map[string]*unstructured.Unstructured{}
+	for _, signer := range p.SignerNames {
+		for _, c := range cas {
+			name := BundleName(signer, c)
+			want[name] = &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": gvr.GroupVersion().String(),
+				"kind":       "ClusterTrustBundle",
+				"metadata":   map[string]any{"name": name, "labels": map[string]any{LabelServingCA: "true"}},
+				"spec":       map[string]any{"signerName": signer, "trustBundle": string(encodeCerts([]*x509.Certificate{c}))},
+			}}
+		}
+	}
+	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelServingCA + "=true"})
+	if err != nil {
+		return fmt.Errorf("unable to list ClusterTrustBundles: %w", err)
+	}
+	// New and changed bundles first, removals last: a consumer never
+	// sees fewer CAs than it needs.
+	var errs []error
+	have := map[string]*unstructured.Unstructured{}
+	for i := range list.Items {
+		have[list.Items[i].GetName()] = &list.Items[i]
+	}
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		w, o := want[name], have[name]
+		var err error
+		switch {
+		case o == nil:
+			_, err = res.Create(ctx, w, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				// There but not labelled as ours: the name is this CA's, take it over.
+				if o, err = res.Get(ctx, name, metav1.GetOptions{}); err == nil {
+					err = update(ctx, res, o, w)
+				}
+			}
+		case !sameSpec(o, w):
+			err = update(ctx, res, o, w)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unable to publish ClusterTrustBundle %s: %w", name, err))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(have)) {
+		if want[name] != nil {
+			continue
+		}
+		uid := have[name].GetUID()
+		if err := res.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("unable to delete ClusterTrustBundle %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func update(ctx context.Context, res dynamic.ResourceInterface, have, want *unstructured.Unstructured) error {
+	u := have.DeepCopy()
+	u.Object["spec"] = want.Object["spec"]
+	u.SetLabels(mergeLabels(u.GetLabels(), want.GetLabels()))
+	_, err := res.Update(ctx, u, metav1.UpdateOptions{})
+	return err
+}
+
+func sameSpec(have, want *unstructured.Unstructured) bool {
+	for _, f := range []string{"signerName", "trustBundle"} {
+		a, _, _ := unstructured.NestedString(have.Object, "spec", f)
+		b, _, _ := unstructured.NestedString(want.Object, "spec", f)
+		if a != b {
+			return false
+		}
+	}
+	return true
+}
+
+func mergeLabels(have, want map[string]string) map[string]string {
+	out := maps.Clone(have)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, want)
+	return out
+}
+
+// resource discovers, once it succeeds, which ClusterTrustBundle version the
+// workload cluster serves.
+func (p *Publisher) resource() (schema.GroupVersionResource, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.gvr.Empty() {
+		return p.gvr, nil
+	}
+	var errs []error
+	notServed := 0
+	for _, v := range versions() {
+		gv := schema.GroupVersion{Group: group, Version: v}
+		list, err := p.Discovery.ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			if apierrors.IsNotFound(err) {
+				notServed++
+			} else {
+				errs = append(errs, fmt.Errorf("%s: %w", gv, err))
+			}
+			continue
+		}
+		if slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource }) {
+			p.gvr = gv.WithResource(resource)
+			return p.gvr, nil
+		}
+		notServed++
+	}
+	if len(errs) == 0 {
+		return schema.GroupVersionResource{}, fmt.Errorf("%w (tried %s in %s; enable the ClusterTrustBundle feature gate and API)", ErrNoAPI, strings.Join(versions(), ", "), group)
+	}
+	return schema.GroupVersionResource{}, fmt.Errorf("unable to discover the ClusterTrustBundle API: %w", errors.Join(errs...))
+}
