@@ -15,13 +15,24 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 )
 
-// attestors lists the node halves this binary can use, by provider name.
-var attestors = map[string]func(*config.NodeConfig) (attestor.Attestor, error){
-	insecure.Name: func(*config.NodeConfig) (attestor.Attestor, error) { return insecure.Attestor{}, nil },
-	"tpm":         newTPMAttestor,
-	aws.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return aws.NewAttestor(c.AWS) },
-	azure.Name:    func(c *config.NodeConfig) (attestor.Attestor, error) { return azure.NewAttestor(c.Azure) },
-	gcp.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return gcp.NewAttestor(c.GCP) },
+// attestorFactory builds a node half from the node's configuration.
+type attestorFactory func(*config.NodeConfig) (attestor.Attestor, error)
+
+// attestors lists the node halves this binary can use, by provider name:
+// the released ones, plus the test-only ones in test builds
+// (testAttestors, build tag testattestors).
+func attestors() map[string]attestorFactory {
+	table := map[string]attestorFactory{
+		insecure.Name: func(*config.NodeConfig) (attestor.Attestor, error) { return insecure.Attestor{}, nil },
+		"tpm":         newTPMAttestor,
+		aws.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return aws.NewAttestor(c.AWS) },
+		azure.Name:    func(c *config.NodeConfig) (attestor.Attestor, error) { return azure.NewAttestor(c.Azure) },
+		gcp.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return gcp.NewAttestor(c.GCP) },
+	}
+	for name, mk := range testAttestors() {
+		table[name] = mk
+	}
+	return table
 }
 
 // providerIDReader is implemented by node attestors that can read the
@@ -49,7 +60,7 @@ func newTPMAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
 }
 
 func newAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
-	mk, ok := attestors[c.Attestor]
+	mk, ok := attestors()[c.Attestor]
 	if !ok {
 		return nil, fmt.Errorf("attestor %q is not available in this binary", c.Attestor)
 	}

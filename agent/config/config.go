@@ -97,6 +97,11 @@ type NodeConfig struct {
 	AWS   aws.AttestorConfig   `json:"aws,omitempty"`
 	Azure azure.AttestorConfig `json:"azure,omitempty"`
 	GCP   gcp.AttestorConfig   `json:"gcp,omitempty"`
+	// Null configures the null rubber-stamp attestor, which only test
+	// builds contain (build tag testattestors). Not "null:": YAML reads
+	// that key, like the value of `attestor: null`, as null (quote it:
+	// `attestor: "null"`).
+	Null *NullConfig `json:"nullAttestor,omitempty"`
 
 	// Agent configures the long-running agent (`kubelet-authenticator agent`).
 	Agent AgentConfig `json:"agent,omitempty"`
@@ -162,6 +167,16 @@ type TPMConfig struct {
 type TPMSimulatorConfig struct {
 	Seed              int64  `json:"seed"`
 	ManufacturerCADir string `json:"manufacturerCADir"`
+}
+
+// NullConfig configures the null attestor (test builds only).
+type NullConfig struct {
+	// Versions lists the evidence versions the node produces, newest
+	// (preferred) first. Default: ["v1"].
+	Versions []string `json:"versions,omitempty"`
+	// Stable, when set, is the identity the node claims for trust on first
+	// use.
+	Stable string `json:"stable,omitempty"`
 }
 
 // Load reads the file at path. A missing file at the default path is not an

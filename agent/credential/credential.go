@@ -210,12 +210,14 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
 			tried[version] = true
-			next, ok := s.nextVersion(ctx, client, denied.Name, tried)
+			next, supported, ok := s.nextVersion(ctx, client, denied.Name, tried)
 			if ok {
 				s.logf("signer does not accept evidence version %q; re-filing with %q", version, next)
 				version = next
 				continue
 			}
+			err = fmt.Errorf("no evidence version in common with the signer: the %s attestor produces %s, the signer accepts %s: %w",
+				cfg.Attestor, strings.Join(s.Attestor.Versions(), ","), supported, err)
 		}
 		if err != nil {
 			if errors.As(err, &denied) {
@@ -319,19 +321,21 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 }
 
 // nextVersion picks the newest evidence version both the attestor and the
-// signer support, from the signer's annotation on the denied CSR.
-func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name string, tried map[string]bool) (string, bool) {
+// signer support, from the signer's annotation on the denied CSR, and
+// returns that annotation.
+func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name string, tried map[string]bool) (next, annotation string, ok bool) {
 	obj, err := client.Get(ctx, name)
 	if err != nil {
-		return "", false
+		return "", "(unknown: " + err.Error() + ")", false
 	}
-	supported := strings.Split(obj.Annotations[attestor.AnnotationSupportedVersions], ",")
+	annotation = obj.Annotations[attestor.AnnotationSupportedVersions]
+	supported := strings.Split(annotation, ",")
 	for _, v := range s.Attestor.Versions() {
 		if !tried[v] && slices.Contains(supported, v) {
-			return v, true
+			return v, annotation, true
 		}
 	}
-	return "", false
+	return "", annotation, false
 }
 
 // restConfig returns the client configuration for filing the CSR: the

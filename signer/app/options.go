@@ -61,6 +61,9 @@ func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]at
 	if err := o.addCloudVerifiers(ctx, c, table); err != nil { // aws, azure, gcp (cloud.go)
 		return nil, err
 	}
+	if err := o.addTestVerifiers(table); err != nil { // null, in test builds only (testattestors_*.go)
+		return nil, err
+	}
 	return table, nil
 }
 
@@ -102,6 +105,9 @@ type Options struct {
 	fleetOptions
 	// cloudOptions: --attestor-config, the cloud attestors (cloud.go).
 	cloudOptions
+	// testAttestorOptions: --null-versions, in test builds only
+	// (testattestors_*.go).
+	testAttestorOptions
 
 	completeErr error
 }
@@ -124,6 +130,7 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.fleetOptions.addFlags(fs)
 	o.cloudOptions.addFlags(fs)
+	o.testAttestorOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader election Lease. Empty: the pod's namespace.")
@@ -200,5 +207,6 @@ func (o *Options) Validate() error {
 	errs = append(errs, o.TPM.validate()...)
 	errs = append(errs, o.fleetOptions.validate()...)
 	errs = append(errs, o.cloudOptions.validate()...)
+	errs = append(errs, o.testAttestorOptions.validate()...)
 	return errors.Join(errs...)
 }

@@ -31,10 +31,14 @@ const (
 	AnnotationAttestors  = "kubelet-authenticator.x-k8s.io/authorized-attestors"
 	DefaultNamespace     = "fleet"
 	DefaultClusterName   = "workload"
-	binaryTags           = "tpmsimulator"
 	controllerBinaryName = "node-attestation-controller"
 	nodeBinaryName       = "kubelet-authenticator"
 )
+
+// BinaryTags are the build tags of the binaries Binaries builds: the
+// in-process TPM simulator and the test-only attestors (null). Release
+// builds use none.
+const BinaryTags = "tpmsimulator testattestors"
 
 var built struct {
 	sync.Mutex
@@ -42,8 +46,9 @@ var built struct {
 }
 
 // Binaries builds the kubelet-authenticator launcher, kubelet-authenticator-core
-// (with the test build tags) and node-attestation-controller (CGO_ENABLED=0,
-// as released) once per test process and returns the directory holding them.
+// and node-attestation-controller (CGO_ENABLED=0, as released), all with the
+// test build tags (BinaryTags), once per test process and returns the
+// directory holding them.
 func Binaries(tb testing.TB) string {
 	tb.Helper()
 	built.Lock()
@@ -64,9 +69,9 @@ func Binaries(tb testing.TB) string {
 		env       []string
 		tags      string
 	}{
-		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, ""},
-		{nodeBinaryName + "-core", "./cmd/kubelet-authenticator-core", nil, binaryTags},
-		{controllerBinaryName, "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, ""},
+		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, BinaryTags},
+		{nodeBinaryName + "-core", "./cmd/kubelet-authenticator-core", nil, BinaryTags},
+		{controllerBinaryName, "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, BinaryTags},
 	} {
 		cmd := exec.Command("go", "build", "-tags", b.tags, "-o", filepath.Join(dir, b.name), b.pkg)
 		cmd.Dir = root
@@ -184,7 +189,7 @@ func (e *Env) NewNode(tb testing.TB, name, providerID, attestorName string, extr
 kind: %s
 nodeName: %s
 providerID: %q
-attestor: %s
+attestor: %q
 bootstrapKubeconfig: %s
 cacheDir: %s
 requestTimeout: 60s

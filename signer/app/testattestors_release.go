@@ -1,0 +1,19 @@
+//go:build !testattestors
+
+package app
+
+import (
+	"github.com/spf13/pflag"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// testAttestorOptions is empty in release builds: they never contain the
+// null rubber-stamp attestor, nor its flag.
+type testAttestorOptions struct{}
+
+func (*testAttestorOptions) addFlags(*pflag.FlagSet) {}
+
+func (*testAttestorOptions) validate() []error { return nil }
+
+func (*testAttestorOptions) addTestVerifiers(map[string]attestor.Verifier) error { return nil }
