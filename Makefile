@@ -10,8 +10,11 @@ COMMIT      ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS     := -s -w -X sigs.k8s.io/kubelet-authenticator/version.gitVersion=$(VERSION) -X sigs.k8s.io/kubelet-authenticator/version.gitCommit=$(COMMIT)
 # Build tags of the test and demo binaries: the in-process TPM simulator and
 # the test-only attestors. Release builds (make build) use none of them.
-TEST_TAGS   ?= tpmsimulator
+TEST_TAGS   ?= tpmsimulator testattestors
 TEST_TIMEOUT ?= 45m
+# Release platforms and commands of make build and make images.
+PLATFORMS   ?= linux/amd64 linux/arm64
+RELEASE_CMDS := kubelet-authenticator kubelet-authenticator-core node-attestation-controller
 
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
@@ -22,10 +25,19 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Targets:\n"} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the node binaries and the controller (release: no simulator, no test attestors)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kubelet-authenticator ./cmd/kubelet-authenticator
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kubelet-authenticator-core ./cmd/kubelet-authenticator-core
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/node-attestation-controller ./cmd/node-attestation-controller
+build: ## Build the node binaries and the controller for linux/amd64 and linux/arm64 into bin/<os>_<arch>/ (release: static, no simulator, no test attestors)
+	@set -e; for p in $(PLATFORMS); do \
+	  os="$${p%/*}"; arch="$${p#*/}"; out="$(BIN)/$${os}_$${arch}"; \
+	  for c in $(RELEASE_CMDS); do \
+	    echo "$$out/$$c"; \
+	    CGO_ENABLED=0 GOOS="$$os" GOARCH="$$arch" $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o "$$out/$$c" ./cmd/$$c; \
+	  done; \
+	done
+
+.PHONY: images
+images: build ## Build the controller's container image (OCI layout and archive, no container engine) into bin/images/
+	$(GO) run ./images/oci --version '$(VERSION)' --output $(BIN)/images/node-attestation-controller \
+	  $(foreach p,$(PLATFORMS),--binary $(p)=$(BIN)/$(subst /,_,$(p))/node-attestation-controller)
 
 .PHONY: tools
 tools: ## Install test dependencies (Debian packages, Kubernetes binaries built from Go modules)

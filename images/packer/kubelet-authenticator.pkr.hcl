@@ -30,8 +30,8 @@ variable "source_image_checksum" {
 
 variable "bin_dir" {
   type        = string
-  default     = "bin"
-  description = "Where make build left kubelet-authenticator and kubelet-authenticator-core."
+  default     = "bin/linux_amd64"
+  description = "Where make build left kubelet-authenticator and kubelet-authenticator-core (bin/linux_<arch>)."
 }
 
 variable "ssh_username" {

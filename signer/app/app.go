@@ -28,6 +28,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
+	"sigs.k8s.io/kubelet-authenticator/version"
 )
 
 // NewCommand returns the node-attestation-controller command.
@@ -43,6 +44,7 @@ cluster.x-k8s.io/kube-apiserver-client-kubelet-<provider> signers, checks each
 one and its attestation against the Machine Cluster API created, and signs it
 with the cluster's CA, or denies it with a reason.`,
 		SilenceUsage: true,
+		Version:      version.String(),
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.Complete(); err != nil {
@@ -61,6 +63,12 @@ with the cluster's CA, or denies it with a reason.`,
 	klog.InitFlags(klogFlags)
 	cmd.Flags().AddGoFlagSet(klogFlags)
 	cmd.AddCommand(NewStandaloneCommand())
+	cmd.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.String()) },
+	})
 	return cmd
 }
 
@@ -142,7 +150,9 @@ func (o *Options) Run(ctx context.Context) error {
 		RecheckPeriod: o.ClusterRecheckPeriod,
 		RESTConfig:    o.WorkloadRESTConfig,
 	}
-	r.ProbePeriod, r.LockdownPeriod = o.ProbePeriod, o.LockdownPeriod
+	if err := o.fleetOptions.configure(r, ctrlmetrics.Registry); err != nil { // fleet.go
+		return err
+	}
 	unregister, err := registerFleetMetrics(ctrlmetrics.Registry, r)
 	if err != nil {
 		return err

@@ -27,7 +27,9 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
+	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
@@ -77,7 +79,7 @@ func TestDemo(t *testing.T) {
 	n := env.NewNode(t, "node-1", "demo:///fleet/node-1", "tpm",
 		fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 1\n    manufacturerCADir: %s\n", caDir),
 		"agent:\n  metricsBindAddress: \"0\"\n",
-		fmt.Sprintf("trustBundles:\n- name: %s\n  path: %s\n", demoBundle, filepath.Join(t.TempDir(), "trust-bundles", "platform", "ca.crt")))
+		fmt.Sprintf("trustBundles:\n- signerName: %s\n  path: %s\n", attestor.ServingSignerName(tpm.Name), filepath.Join(t.TempDir(), "trust-bundles", "kubelet-serving", "ca.crt")))
 	env.Machine(t, n)
 	say("Cluster API created Machine machine-%s: spec.providerID=%s, bootstrap ready", n.Name, n.ProviderID)
 	detail("the node holds only a bootstrap token (%s.****) and its TPM (simulated, EK certificate from the demo manufacturer)", strings.SplitN(env.Token, ".", 2)[0])
@@ -172,34 +174,29 @@ func TestDemo(t *testing.T) {
 	say("Done in %s. Everything started here stops now.", time.Since(start).Round(time.Second))
 }
 
-// demoBundle is the ClusterTrustBundle the demo publishes.
-const demoBundle = "demo-platform-ca"
-
-// projectTrustBundle publishes a ClusterTrustBundle in the workload cluster,
-// runs the node agent, and shows the bundle, then an update of it, land on
-// disk.
+// projectTrustBundle shows the controller's serving CA, published as a
+// signer-linked ClusterTrustBundle in the workload cluster, land on disk
+// through the node agent, then an update of the signer's bundles.
 func projectTrustBundle(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.Node) {
 	t.Helper()
 	cfg, err := config.Load(n.ConfigPath)
 	if err != nil || len(cfg.TrustBundles) != 1 {
 		t.Fatalf("node config: %v", err)
 	}
-	path := cfg.TrustBundles[0].Path
-	caPEM := func(name string) string {
-		ca, err := harness.NewCA(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(ca.CertPEM)
-	}
+	path, signer := cfg.TrustBundles[0].Path, cfg.TrustBundles[0].SignerName
 	ctbs := env.Workload.Client.CertificatesV1beta1().ClusterTrustBundles()
-	say("The platform publishes ClusterTrustBundle %s in the workload cluster; the node agent projects it", demoBundle)
-	if _, err := ctbs.Create(ctx, &certificatesv1beta1.ClusterTrustBundle{
-		ObjectMeta: metav1.ObjectMeta{Name: demoBundle},
-		Spec:       certificatesv1beta1.ClusterTrustBundleSpec{TrustBundle: caPEM("Demo Platform CA 1")},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	var published []certificatesv1beta1.ClusterTrustBundle
+	harness.WaitFor(t, time.Minute, func() (bool, error) {
+		list, err := ctbs.List(ctx, metav1.ListOptions{FieldSelector: "spec.signerName=" + signer, LabelSelector: trust.LabelServingCA + "=true"})
+		if err != nil {
+			return false, err
+		}
+		published = list.Items
+		return len(published) == 1, nil
+	})
+	say("node-attestation-controller published its serving CA (signer %s) in the workload cluster; the node agent projects it", signer)
+	detail("ClusterTrustBundle %s (kept in Secret %s/%s%s on the management cluster, rotated 60 days before it expires)",
+		published[0].Name, env.Namespace, env.Cluster, capi.ServingCASecretSuffix)
 	harness.StartProcess(t, "kubelet-authenticator agent", filepath.Join(n.Dir, "agent.log"),
 		filepath.Join(env.BinDir, "kubelet-authenticator"), "agent", "--config="+n.ConfigPath)
 	certs := func() int {
@@ -222,15 +219,22 @@ func projectTrustBundle(ctx context.Context, t *testing.T, env *scenario.Env, n 
 	}
 	waitFor(1)
 	target, _ := os.Readlink(path)
-	detail("%s -> %s (written like kubelet's AtomicWriter), 1 certificate", path, target)
-	ctb, err := ctbs.Get(ctx, demoBundle, metav1.GetOptions{})
+	b, _ := os.ReadFile(path)
+	if string(b) != published[0].Spec.TrustBundle {
+		t.Fatalf("%s holds\n%s\nnot the published serving CA\n%s", path, b, published[0].Spec.TrustBundle)
+	}
+	detail("%s -> %s (written like kubelet's AtomicWriter): the serving CA", path, target)
+	ca, err := harness.NewCA("Demo Platform CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctb.Spec.TrustBundle += caPEM("Demo Platform CA 2")
-	if _, err := ctbs.Update(ctx, ctb, metav1.UpdateOptions{}); err != nil {
+	name := strings.ReplaceAll(signer, "/", ":") + ":demo-platform-ca"
+	if _, err := ctbs.Create(ctx, &certificatesv1beta1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       certificatesv1beta1.ClusterTrustBundleSpec{SignerName: signer, TrustBundle: string(ca.CertPEM)},
+	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(2)
-	detail("the platform added a second CA: the update reached disk %s after the API write", took.Round(time.Millisecond))
+	detail("an administrator linked a second CA to the signer (ClusterTrustBundle %s): the update reached disk %s after the API write", name, took.Round(time.Millisecond))
 }
