@@ -139,6 +139,11 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	events, stopEvents, err := newEventRecorder(o.RESTConfig, scheme) // observe.go
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 	r := &capi.ClusterReconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
@@ -146,7 +151,10 @@ func (o *Options) Run(ctx context.Context) error {
 		Identities:    &tofu.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,
+		Events:        events,
 		Workers:       o.WorkersPerCluster,
+		ClientQPS:     o.WorkloadClientQPS,
+		ClientBurst:   o.WorkloadClientBurst,
 		RecheckPeriod: o.ClusterRecheckPeriod,
 		RESTConfig:    o.WorkloadRESTConfig,
 	}
@@ -165,8 +173,12 @@ func (o *Options) Run(ctx context.Context) error {
 	return mgr.Start(ctx)
 }
 
-// decisionMetrics counts CSR decisions; it implements controller.Metrics.
-type decisionMetrics struct{ decisions *prometheus.CounterVec }
+// decisionMetrics counts CSR decisions; it implements controller.Metrics
+// and, through csrMetrics (observe.go), the controller's optional metrics.
+type decisionMetrics struct {
+	decisions *prometheus.CounterVec
+	*csrMetrics
+}
 
 func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
 	cv := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -186,7 +198,11 @@ func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
 		}
 		cv = existing
 	}
-	return &decisionMetrics{decisions: cv}, nil
+	csr, err := newCSRMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &decisionMetrics{decisions: cv, csrMetrics: csr}, nil
 }
 
 // Decision implements controller.Metrics.

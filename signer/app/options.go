@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 )
 
 // Defaults of Options.
@@ -84,6 +85,10 @@ type Options struct {
 	HealthProbeBindAddress string
 	// WorkersPerCluster is the number of CSR workers per workload cluster.
 	WorkersPerCluster int
+	// WorkloadClientQPS and WorkloadClientBurst rate-limit each workload
+	// cluster's client.
+	WorkloadClientQPS   float32
+	WorkloadClientBurst int
 	// ClusterRecheckPeriod is how often opted-in Clusters' Secrets are read
 	// again.
 	ClusterRecheckPeriod time.Duration
@@ -121,6 +126,8 @@ func NewOptions() *Options {
 		MetricsBindAddress:           ":8080",
 		HealthProbeBindAddress:       ":8081",
 		WorkersPerCluster:            2,
+		WorkloadClientQPS:            capi.DefaultClientQPS,
+		WorkloadClientBurst:          capi.DefaultClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
 		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL},
 	}
@@ -140,6 +147,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; \"0\" disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
+	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS, "Requests per second to each workload API server (every signed CSR costs two).")
+	fs.IntVar(&o.WorkloadClientBurst, "workload-client-burst", o.WorkloadClientBurst, "Burst of requests to each workload API server.")
 	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
 	o.TPM.AddFlags(fs)
 }
@@ -197,6 +206,9 @@ func (o *Options) Validate() error {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q is not host:port or \"0\": %w", flag, addr, err))
 		}
+	}
+	if o.WorkloadClientQPS <= 0 || o.WorkloadClientBurst < 1 {
+		errs = append(errs, fmt.Errorf("--workload-client-qps (%v) and --workload-client-burst (%d) must be positive", o.WorkloadClientQPS, o.WorkloadClientBurst))
 	}
 	if o.WorkersPerCluster < 1 || o.WorkersPerCluster > 64 {
 		errs = append(errs, fmt.Errorf("--workers-per-cluster %d must be between 1 and 64", o.WorkersPerCluster))

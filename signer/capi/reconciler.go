@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -45,6 +46,14 @@ const (
 	missingSecretRetry = 15 * time.Second
 )
 
+// Default rate limits of a workload cluster's client: enough for a
+// bootstrap storm of a few hundred nodes (two writes per CSR), well within
+// what API Priority and Fairness gives a workload controller.
+const (
+	DefaultClientQPS   = 100
+	DefaultClientBurst = 200
+)
+
 // ClusterReconciler runs one CSR controller per opted-in workload cluster.
 // It starts a controller when a Cluster opts in and its Secrets exist,
 // restarts it when the kubeconfig, the CA or the authorized attestors
@@ -63,10 +72,18 @@ type ClusterReconciler struct {
 	MaxLifetime time.Duration
 	// Metrics records CSR decisions; may be nil.
 	Metrics controller.Metrics
+	// Events, when set, records every CSR decision as an Event on its
+	// Machine (events.go).
+	Events record.EventRecorder
 	// Identities applies trust on first use; may be nil (no TOFU).
 	Identities controller.IdentityBinder
 	// Workers per workload cluster; 0 means 2.
 	Workers int
+	// ClientQPS and ClientBurst rate-limit each workload cluster's client;
+	// 0 means DefaultClientQPS and DefaultClientBurst. Every signed CSR
+	// costs two writes (approval, certificate).
+	ClientQPS   float32
+	ClientBurst int
 	// RecheckPeriod; 0 means DefaultRecheckPeriod.
 	RecheckPeriod time.Duration
 	// MinRetry and MaxRetry bound each CSR controller's backoff; 0 means
@@ -276,7 +293,13 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		return next, fmt.Errorf("unable to load the workload cluster's kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "node-attestation-controller"
-	cfg.QPS, cfg.Burst = 20, 40
+	cfg.QPS, cfg.Burst = DefaultClientQPS, DefaultClientBurst
+	if r.ClientQPS > 0 {
+		cfg.QPS = r.ClientQPS
+	}
+	if r.ClientBurst > 0 {
+		cfg.Burst = r.ClientBurst
+	}
 	if r.RESTConfig != nil {
 		r.RESTConfig(cfg)
 	}
@@ -303,6 +326,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Handlers:   handlers,
 		Signer:     &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
 		Metrics:    r.Metrics,
+		Events:     r.decisionEvents(cluster),
 		Identities: r.Identities,
 		Workers:    workers,
 		MinRetry:   r.MinRetry,

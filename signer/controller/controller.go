@@ -110,7 +110,8 @@ type CertificateSigner interface {
 }
 
 // Metrics records decisions. Implementations must be safe for concurrent
-// use.
+// use. An implementation may also implement SeenMetrics, SignedMetrics and
+// VerificationMetrics (observe.go).
 type Metrics interface {
 	Decision(cluster, decision, reason string)
 }
@@ -134,6 +135,9 @@ type Config struct {
 	Signer CertificateSigner
 	// Metrics, when set, records decisions.
 	Metrics Metrics
+	// Events, when set, records every approval, denial and failure (an
+	// Event on the Machine).
+	Events Recorder
 	// Identities, when set, applies trust on first use to the stable
 	// identities verifiers prove.
 	Identities IdentityBinder
@@ -203,7 +207,12 @@ func New(cfg Config) (*Controller, error) {
 		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
 	))
 	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
+		AddFunc: func(obj any) {
+			if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && c.pending(csr) {
+				c.seen(csr.Spec.SignerName)
+			}
+			c.enqueue(obj)
+		},
 		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
 	}); err != nil {
 		return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
@@ -351,13 +360,14 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if d.updated != nil {
 		csr = d.updated
 	}
+	ctx = withMachine(ctx, d.machine)
 	switch {
 	case d.deny != "" && approved != nil:
 		// Approved, then the Machine went away (or similar) before it was
 		// signed: an approved request cannot be denied, so it fails.
-		return c.fail(ctx, csr, d.deny+": "+d.message)
+		return c.fail(ctx, csr, d.machine, d.deny+": "+d.message)
 	case d.deny != "":
-		return c.denyCSR(ctx, csr, d.deny, d.message)
+		return c.denyCSR(ctx, csr, d.machine, d.deny, d.message)
 	case d.challenge != nil:
 		return c.writeChallenge(ctx, csr, d.challenge)
 	}
@@ -410,6 +420,7 @@ func (c *Controller) decide(ctx context.Context, csr *certificatesv1.Certificate
 		return nil, fmt.Errorf("unable to match node %q (provider ID %q) to a Machine: %w", checked.NodeName, checked.ProviderID, err)
 	}
 
+	verifyStart := time.Now()
 	res, err := verifier.Verify(ctx, &attestor.VerifyRequest{
 		Evidence:           checked.Request.Evidence,
 		Version:            checked.Request.Version,
@@ -427,30 +438,35 @@ func (c *Controller) decide(ctx context.Context, csr *certificatesv1.Certificate
 	})
 	if err != nil {
 		if d, ok := attestor.AsDenial(err); ok {
-			return &decision{deny: d.Reason, message: d.Message}, nil
+			c.verified(provider, VerifyResultDenied, verifyStart)
+			return &decision{deny: d.Reason, message: d.Message, machine: machine}, nil
 		}
+		c.verified(provider, VerifyResultError, verifyStart)
 		return nil, fmt.Errorf("attestor %q could not verify the evidence: %w", provider, err)
 	}
 	switch {
 	case res == nil || (res.Identity == nil && res.Challenge == nil):
+		c.verified(provider, VerifyResultError, verifyStart)
 		return nil, fmt.Errorf("attestor %q returned neither an identity nor a challenge", provider)
 	case res.Identity == nil:
-		return &decision{challenge: res.Challenge}, nil
+		c.verified(provider, VerifyResultChallenged, verifyStart)
+		return &decision{challenge: res.Challenge, machine: machine}, nil
 	}
+	c.verified(provider, VerifyResultVerified, verifyStart)
 	if got := res.Identity.ProviderID; got != checked.ProviderID || got != machine.ProviderID {
-		return &decision{deny: ReasonAttestedProviderIDMismatch, message: fmt.Sprintf(
+		return &decision{machine: machine, deny: ReasonAttestedProviderIDMismatch, message: fmt.Sprintf(
 			"attestor %q proves provider ID %q, but the request claims %q and Machine %s/%s has %q",
 			provider, got, checked.ProviderID, machine.Namespace, machine.Name, machine.ProviderID)}, nil
 	}
 	if machine.Identity != "" && res.Identity.Stable != machine.Identity {
-		return &decision{deny: ReasonIdentityMismatch, message: fmt.Sprintf(
+		return &decision{machine: machine, deny: ReasonIdentityMismatch, message: fmt.Sprintf(
 			"attestor %q proves identity %q, but %s/%s is pinned to %q; update the pin if the node was replaced",
 			provider, res.Identity.Stable, machine.Namespace, machine.Name, machine.Identity)}, nil
 	}
 	if res.Identity.Stable != "" && c.cfg.Identities != nil && machine.Identity == "" {
 		if err := c.cfg.Identities.Bind(ctx, machine, res.Identity.Stable); err != nil {
 			if reason, msg, ok := checks.Denial(err); ok {
-				return &decision{deny: reason, message: msg}, nil
+				return &decision{machine: machine, deny: reason, message: msg}, nil
 			}
 			return nil, fmt.Errorf("unable to apply trust on first use to identity %s: %w", res.Identity.Stable, err)
 		}
@@ -479,7 +495,8 @@ func (c *Controller) lookupCSR(_ context.Context, name string) (*attestor.CSRRec
 	}, nil
 }
 
-func (c *Controller) denyCSR(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, reason, message string) error {
+// denyCSR denies csr; machine is the Machine it matched, if any.
+func (c *Controller) denyCSR(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, machine *Machine, reason, message string) error {
 	csr = csr.DeepCopy()
 	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 		Type:           certificatesv1.CertificateDenied,
@@ -492,11 +509,14 @@ func (c *Controller) denyCSR(ctx context.Context, csr *certificatesv1.Certificat
 		return fmt.Errorf("unable to deny: %w", err)
 	}
 	c.metric(DecisionDenied, reason)
+	if reason != ReasonChallengeAnswered { // bookkeeping: the answer's approval is the decision
+		c.record(csr.Name, machine, DecisionDenied, reason, message)
+	}
 	klog.FromContext(ctx).Info("Denied", "reason", reason, "message", message, "requester", csr.Spec.Username)
 	return nil
 }
 
-func (c *Controller) fail(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, message string) error {
+func (c *Controller) fail(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, machine *Machine, message string) error {
 	csr = csr.DeepCopy()
 	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 		Type:           certificatesv1.CertificateFailed,
@@ -509,18 +529,20 @@ func (c *Controller) fail(ctx context.Context, csr *certificatesv1.CertificateSi
 		return fmt.Errorf("unable to mark as failed: %w", err)
 	}
 	c.metric(DecisionFailed, ReasonSigningFailed)
+	c.record(csr.Name, machine, DecisionFailed, ReasonSigningFailed, message)
 	klog.FromContext(ctx).Info("Failed an approved request", "message", message)
 	return nil
 }
 
 func (c *Controller) approve(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *decision) (*certificatesv1.CertificateSigningRequest, error) {
+	message := fmt.Sprintf("attestor %q verified node %q with provider ID %q of Machine %s/%s",
+		d.checked.Provider, d.checked.NodeName, d.checked.ProviderID, d.machine.Namespace, d.machine.Name)
 	csr = csr.DeepCopy()
 	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
-		Type:   certificatesv1.CertificateApproved,
-		Status: corev1.ConditionTrue,
-		Reason: ReasonAttestationVerified,
-		Message: fmt.Sprintf("attestor %q verified node %q with provider ID %q of Machine %s/%s",
-			d.checked.Provider, d.checked.NodeName, d.checked.ProviderID, d.machine.Namespace, d.machine.Name),
+		Type:           certificatesv1.CertificateApproved,
+		Status:         corev1.ConditionTrue,
+		Reason:         ReasonAttestationVerified,
+		Message:        message,
 		LastUpdateTime: metav1.Now(),
 	})
 	out, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
@@ -528,8 +550,9 @@ func (c *Controller) approve(ctx context.Context, csr *certificatesv1.Certificat
 		return nil, fmt.Errorf("unable to approve: %w", err)
 	}
 	c.metric(DecisionApproved, ReasonAttestationVerified)
+	c.record(csr.Name, d.machine, DecisionApproved, ReasonAttestationVerified, message)
 	klog.FromContext(ctx).Info("Approved", "node", d.checked.NodeName, "providerID", d.checked.ProviderID,
-		"machine", types.NamespacedName{Namespace: d.machine.Namespace, Name: d.machine.Name}, "attestor", d.checked.Provider, "requester", csr.Spec.Username)
+		"attestor", d.checked.Provider, "requester", csr.Spec.Username)
 	return out, nil
 }
 
@@ -548,7 +571,8 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 	if _, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().UpdateStatus(ctx, csr, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("unable to store the signed certificate: %w", err)
 	}
-	klog.FromContext(ctx).Info("Issued", "node", d.checked.NodeName)
+	c.signed(d.checked.Provider)
+	klog.FromContext(ctx).Info("Issued", "node", d.checked.NodeName, "attestor", d.checked.Provider)
 	return nil
 }
 

@@ -50,13 +50,13 @@ func (c *Controller) challenged(ctx context.Context, csr *certificatesv1.Certifi
 	}
 	expires, err := ch.ChallengeExpiry([]byte(challenge))
 	if err != nil {
-		return true, c.denyCSR(ctx, csr, ReasonMalformedChallenge, fmt.Sprintf("the request carries a %s annotation the signer did not write (%v); file a request without it", attestor.AnnotationChallenge, err))
+		return true, c.denyCSR(ctx, csr, nil, ReasonMalformedChallenge, fmt.Sprintf("the request carries a %s annotation the signer did not write (%v); file a request without it", attestor.AnnotationChallenge, err))
 	}
 	if wait := expires.Sub(c.now()); wait > 0 {
 		c.queue.AddAfter(csr.Name, wait+challengeSlack)
 		return true, nil
 	}
-	return true, c.denyCSR(ctx, csr, ReasonChallengeExpired, fmt.Sprintf(
+	return true, c.denyCSR(ctx, csr, nil, ReasonChallengeExpired, fmt.Sprintf(
 		"the challenge expired at %s without an answer; the node files a new request (if this repeats, check that it can reach the API server and answer within the challenge TTL)",
 		expires.UTC().Format(time.RFC3339)))
 }
@@ -76,7 +76,7 @@ func (c *Controller) consumeChallenge(ctx context.Context, answered, by string) 
 		return fmt.Errorf("the answered request %s was decided meanwhile; deciding %s again", answered, by)
 	}
 	logger := klog.FromContext(ctx).WithValues("csr", answered)
-	return c.denyCSR(klog.NewContext(ctx, logger), first, ReasonChallengeAnswered,
+	return c.denyCSR(klog.NewContext(ctx, logger), first, nil, ReasonChallengeAnswered,
 		fmt.Sprintf("the challenge was answered by request %s, which is approved instead", by))
 }
 

@@ -1,0 +1,489 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+	"sigs.k8s.io/kubelet-authenticator/test/scenario"
+)
+
+// Sizes of the signer benchmarks.
+const (
+	// signerPendingCSRs is how many CSRs wait for the controller when it
+	// starts (one per Machine).
+	signerPendingCSRs = 500
+	// signerFleetMachines is how many Machines the management cluster
+	// holds when the controller's memory is measured.
+	signerFleetMachines = 10000
+	// signerCreateWorkers create objects concurrently.
+	signerCreateWorkers = 32
+	signerNamespace     = "bench"
+	signerClusterName   = "wl"
+)
+
+// BenchmarkSignerThroughput measures how many attested CSRs one controller
+// verifies, approves and signs per second: signerPendingCSRs insecure-
+// attested CSRs of as many Machines wait in a workload cluster, the
+// controller starts, and the clock runs until the last one is issued.
+//
+//   - node-attestation-controller: the release binary's code as a process with
+//     its default flags (2 workers per cluster, workload client at 20 QPS,
+//     burst 40: each CSR costs two writes, approval and certificate);
+//   - node-attestation-controller-unthrottled: the same controller in
+//     process, with the workload client's rate limit lifted, to show what
+//     verification and signing themselves cost;
+//   - kcm-csrsigning: the baseline, kube-controller-manager's csrsigning
+//     signing as many CSRs already approved (kubernetes.io/kube-apiserver-client,
+//     one write each, default --kube-api-qps 50) on the same API server.
+//
+// It reports CSRs per second from start to the last certificate (csrs/s,
+// startup and cache sync included) and from the first certificate to the
+// last (csrs/s-steady).
+func BenchmarkSignerThroughput(b *testing.B) {
+	bin := scenario.Binaries(b)
+	mgmt := harness.StartManagement(b)
+	wl := harness.StartControlPlane(b, "workload")
+	mgmt.AddWorkloadCluster(b, signerNamespace, signerClusterName, wl, map[string]string{
+		scenario.AnnotationEnabled:   "true",
+		scenario.AnnotationAttestors: "insecure",
+	})
+	start := time.Now()
+	signerCreateMachines(b, mgmt, signerPendingCSRs)
+	b.Logf("%d Machines created in %s", signerPendingCSRs, time.Since(start).Round(time.Millisecond))
+	bootstrap := signerBootstrapClient(b, wl)
+	ctx := context.Background()
+
+	b.Run("node-attestation-controller", func(b *testing.B) {
+		for b.Loop() {
+			names := signerFileCSRs(b, bootstrap, "bin")
+			dir := b.TempDir()
+			t0 := time.Now()
+			p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(dir, "controller.log"),
+				filepath.Join(bin, "node-attestation-controller"), signerControllerArgs(mgmt, "0")...)
+			first, last := signerWaitIssued(b, wl.Client, names)
+			signerReport(b, len(names), t0, first, last)
+			p.Stop(10 * time.Second)
+			signerDeleteCSRs(b, wl.Client)
+		}
+	})
+
+	b.Run("node-attestation-controller-unthrottled", func(b *testing.B) {
+		for b.Loop() {
+			names := signerFileCSRs(b, bootstrap, "inproc")
+			logFile, err := os.Create(filepath.Join(b.TempDir(), "controller.log"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			o := app.NewOptions()
+			o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
+			o.RESTConfig.QPS, o.RESTConfig.Burst = 1000, 2000
+			o.LeaderElect = false
+			o.LeaderElectionNamespace = metav1.NamespaceDefault
+			o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
+			o.SkipControllerNameValidation = true
+			o.WorkloadRESTConfig = func(c *rest.Config) { c.QPS, c.Burst = 1000, 2000 }
+			if err := o.Complete(); err != nil {
+				b.Fatal(err)
+			}
+			if err := o.Validate(); err != nil {
+				b.Fatal(err)
+			}
+			// The workload controllers log through klog's global logger
+			// (the manager's context does not carry this one).
+			logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile)))
+			klog.SetLogger(logger)
+			rctx, cancel := context.WithCancel(klog.NewContext(ctx, logger))
+			done := make(chan error, 1)
+			t0 := time.Now()
+			go func() { done <- o.Run(rctx) }()
+			first, last := signerWaitIssued(b, wl.Client, names)
+			signerReport(b, len(names), t0, first, last)
+			cancel()
+			if err := <-done; err != nil {
+				b.Errorf("controller: %v", err)
+			}
+			klog.ClearLogger()
+			logFile.Close()
+			signerDeleteCSRs(b, wl.Client)
+		}
+	})
+
+	b.Run("kcm-csrsigning", func(b *testing.B) {
+		for b.Loop() {
+			names := signerFileApprovedCSRs(b, wl.Client)
+			t0 := time.Now()
+			p := wl.StartControllerManager(b, "csrsigning")
+			first, last := signerWaitIssued(b, wl.Client, names)
+			signerReport(b, len(names), t0, first, last)
+			p.Stop(10 * time.Second)
+			signerDeleteCSRs(b, wl.Client)
+		}
+	})
+}
+
+// BenchmarkSignerMemory measures the controller process's resident memory
+// with no Machine and with signerFleetMachines Machines in the management
+// cluster (all of one opted-in Cluster, bootstrapped, with an address), once
+// its caches have synced and it serves the workload cluster. It reports the
+// resident set (VmRSS) and its peak (VmHWM) of each run, and the growth per
+// Machine.
+func BenchmarkSignerMemory(b *testing.B) {
+	bin := scenario.Binaries(b)
+	mgmt := harness.StartManagement(b)
+	wl := harness.StartControlPlane(b, "workload")
+	mgmt.AddWorkloadCluster(b, signerNamespace, signerClusterName, wl, map[string]string{
+		scenario.AnnotationEnabled:   "true",
+		scenario.AnnotationAttestors: "insecure",
+	})
+	for b.Loop() {
+		empty := signerMeasureRSS(b, mgmt, bin)
+		start := time.Now()
+		signerCreateMachines(b, mgmt, signerFleetMachines)
+		took := time.Since(start)
+		b.Logf("%d Machines created in %s (%.0f/s)", signerFleetMachines, took.Round(time.Millisecond), signerFleetMachines/took.Seconds())
+		full := signerMeasureRSS(b, mgmt, bin)
+		b.ReportMetric(float64(empty.rss)/1024, "MiB/rss-0-machines")
+		b.ReportMetric(float64(empty.hwm)/1024, "MiB/hwm-0-machines")
+		b.ReportMetric(float64(full.rss)/1024, "MiB/rss-10k-machines")
+		b.ReportMetric(float64(full.hwm)/1024, "MiB/hwm-10k-machines")
+		b.ReportMetric(float64(full.rss-empty.rss)/signerFleetMachines, "KiB/machine")
+		b.ReportMetric(empty.ready.Seconds(), "s/ready-0-machines")
+		b.ReportMetric(full.ready.Seconds(), "s/ready-10k-machines")
+	}
+}
+
+type signerMemory struct {
+	rss, hwm int64 // KiB
+	ready    time.Duration
+}
+
+// signerMeasureRSS starts the controller binary, waits until it serves the
+// workload cluster (its caches of Clusters, Secrets and Machines have
+// synced, and the cluster's CSRs are listed), lets it settle, and reads its
+// VmRSS and VmHWM.
+func signerMeasureRSS(b *testing.B, mgmt *harness.Management, bin string) signerMemory {
+	b.Helper()
+	port := harness.FreePort(b)
+	t0 := time.Now()
+	p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(b.TempDir(), "controller.log"),
+		filepath.Join(bin, "node-attestation-controller"), signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port))...)
+	defer p.Stop(10 * time.Second)
+	synced := fmt.Sprintf(`kubelet_authenticator_signer_workload_cluster_synced{cluster="%s/%s"} 1`, signerNamespace, signerClusterName)
+	harness.WaitFor(b, 3*time.Minute, func() (bool, error) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return err == nil && strings.Contains(string(body), synced), nil
+	})
+	m := signerMemory{ready: time.Since(t0)}
+	time.Sleep(5 * time.Second) // let the first GC cycles after the lists run
+	m.rss, m.hwm = signerProcStatus(b, p.PID())
+	b.Logf("controller ready in %s: VmRSS %d KiB, VmHWM %d KiB", m.ready.Round(time.Millisecond), m.rss, m.hwm)
+	return m
+}
+
+func signerProcStatus(b *testing.B, pid int) (rss, hwm int64) {
+	b.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		k, v, ok := strings.Cut(s.Text(), ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/status %s: %v", pid, k, err)
+		}
+		if k == "VmRSS" {
+			rss = n
+		} else {
+			hwm = n
+		}
+	}
+	if rss == 0 || hwm == 0 {
+		b.Fatalf("no VmRSS or VmHWM in /proc/%d/status", pid)
+	}
+	return rss, hwm
+}
+
+// signerControllerArgs are the controller's flags: defaults but for the
+// management kubeconfig, no leader election and the metrics address.
+func signerControllerArgs(mgmt *harness.Management, metrics string) []string {
+	return []string{
+		"--kubeconfig=" + mgmt.AdminKubeconfig,
+		"--leader-elect=false",
+		"--leader-election-namespace=default", // also where the TPM attestor keeps its key
+		"--metrics-bind-address=" + metrics,
+		"--health-probe-bind-address=0",
+	}
+}
+
+func signerReport(b *testing.B, n int, start, first, last time.Time) {
+	b.Helper()
+	total, steady := last.Sub(start), last.Sub(first)
+	b.ReportMetric(float64(n)/total.Seconds(), "csrs/s")
+	if steady > 0 {
+		b.ReportMetric(float64(n-1)/steady.Seconds(), "csrs/s-steady")
+	}
+	b.ReportMetric(first.Sub(start).Seconds(), "s/first-issued")
+	b.Logf("%d CSRs issued %s after start (first after %s)", n, total.Round(time.Millisecond), first.Sub(start).Round(time.Millisecond))
+}
+
+// signerMachineName and signerProviderID name Machine i.
+func signerMachineName(i int) string { return fmt.Sprintf("node-%05d", i) }
+func signerProviderID(i int) string  { return fmt.Sprintf("test:///bench/node-%05d", i) }
+
+// signerCreateMachines creates Machines 0..n-1 of the benchmark Cluster
+// concurrently, as harness.CreateMachine does (create, then the status:
+// bootstrapped, one Hostname address).
+func signerCreateMachines(b *testing.B, mgmt *harness.Management, n int) {
+	b.Helper()
+	cfg := rest.CopyConfig(mgmt.AdminConfig)
+	cfg.QPS, cfg.Burst = 2000, 4000
+	scheme, err := harness.Scheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	signerParallel(b, n, func(ctx context.Context, i int) error {
+		name := signerMachineName(i)
+		data := name + "-bootstrap"
+		m := &clusterv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: signerNamespace, Labels: map[string]string{clusterv1.ClusterNameLabel: signerClusterName}},
+			Spec: clusterv1.MachineSpec{
+				ClusterName: signerClusterName,
+				ProviderID:  signerProviderID(i),
+				Bootstrap:   clusterv1.Bootstrap{DataSecretName: &data},
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: clusterv1.GroupVersionInfrastructure.Group, Kind: "DockerMachine", Name: name,
+				},
+			},
+		}
+		if err := c.Create(ctx, m); err != nil {
+			return fmt.Errorf("unable to create Machine %s: %w", name, err)
+		}
+		ready := true
+		m.Status.Initialization.BootstrapDataSecretCreated = &ready
+		m.Status.Conditions = []metav1.Condition{{
+			Type: clusterv1.MachineBootstrapConfigReadyCondition, Status: metav1.ConditionTrue,
+			Reason: clusterv1.MachineBootstrapDataSecretProvidedReason, LastTransitionTime: metav1.Now(),
+		}}
+		m.Status.Addresses = []clusterv1.MachineAddress{{Type: clusterv1.MachineHostName, Address: name}}
+		if err := c.Status().Update(ctx, m); err != nil {
+			return fmt.Errorf("unable to update the status of Machine %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// signerParallel runs f(0..n-1) on signerCreateWorkers goroutines and fails
+// the benchmark with the first error.
+func signerParallel(b *testing.B, n int, f func(ctx context.Context, i int) error) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	next := make(chan int)
+	errs := make(chan error, signerCreateWorkers)
+	var wg sync.WaitGroup
+	for range signerCreateWorkers {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(ctx, i); err != nil {
+					errs <- err
+					cancel()
+					return
+				}
+			}
+		})
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// signerBootstrapClient returns a client of wl authenticated by a bootstrap
+// token, which files the kubelet's CSRs, without a client-side rate limit.
+func signerBootstrapClient(b *testing.B, wl *harness.ControlPlane) kubernetes.Interface {
+	b.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(b, wl.CreateBootstrapToken(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = 2000, 4000
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// signerFileCSRs files one insecure-attested kubelet client CSR per Machine
+// as the bootstrap token, and returns their names.
+func signerFileCSRs(b *testing.B, bootstrap kubernetes.Interface, prefix string) []string {
+	b.Helper()
+	names := make([]string, signerPendingCSRs)
+	reqs := make([][]byte, signerPendingCSRs)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%05d", prefix, i)
+		reqs[i], _ = signertest.Request{NodeName: signerMachineName(i), ProviderID: signerProviderID(i)}.Build(b)
+	}
+	signerParallel(b, len(names), func(ctx context.Context, i int) error {
+		csr := signertest.CSR(names[i], reqs[i])
+		csr.Spec.Username, csr.Spec.Groups = "", nil
+		_, err := bootstrap.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{})
+		return err
+	})
+	return names
+}
+
+// signerFileApprovedCSRs files signerPendingCSRs kubernetes.io/kube-apiserver-client
+// CSRs as admin (the harness's client: 200 QPS) and approves them, for
+// kube-controller-manager to sign.
+func signerFileApprovedCSRs(b *testing.B, admin kubernetes.Interface) []string {
+	b.Helper()
+	names := make([]string, signerPendingCSRs)
+	reqs := make([][]byte, signerPendingCSRs)
+	for i := range names {
+		names[i] = fmt.Sprintf("kcm-%05d", i)
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			b.Fatal(err)
+		}
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+			Subject: pkix.Name{CommonName: "system:node:" + signerMachineName(i), Organization: []string{"system:nodes"}},
+		}, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		reqs[i] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+	}
+	signerParallel(b, len(names), func(ctx context.Context, i int) error {
+		csr, err := admin.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
+			ObjectMeta: metav1.ObjectMeta{Name: names[i]},
+			Spec: certificatesv1.CertificateSigningRequestSpec{
+				Request:    reqs[i],
+				SignerName: certificatesv1.KubeAPIServerClientSignerName,
+				Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Benchmark", LastUpdateTime: metav1.Now(),
+		})
+		_, err = admin.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+		return err
+	})
+	return names
+}
+
+// signerWaitIssued watches the workload cluster's CSRs until every one of
+// names carries a certificate, and returns when the first and the last
+// were seen issued.
+func signerWaitIssued(b *testing.B, c kubernetes.Interface, names []string) (first, last time.Time) {
+	b.Helper()
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	issued := map[string]bool{}
+	see := func(csr *certificatesv1.CertificateSigningRequest) {
+		if want[csr.Name] && !issued[csr.Name] && len(csr.Status.Certificate) > 0 {
+			issued[csr.Name] = true
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			last = now
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for len(issued) < len(want) {
+		list, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			b.Fatalf("unable to list CSRs: %v (%d of %d issued)", err, len(issued), len(want))
+		}
+		for i := range list.Items {
+			see(&list.Items[i])
+		}
+		if len(issued) == len(want) {
+			break
+		}
+		w, err := c.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			b.Fatalf("unable to watch CSRs: %v", err)
+		}
+		for ev := range w.ResultChan() {
+			if csr, ok := ev.Object.(*certificatesv1.CertificateSigningRequest); ok {
+				see(csr)
+			}
+			if len(issued) == len(want) {
+				break
+			}
+		}
+		w.Stop()
+	}
+	return first, last
+}
+
+// signerDeleteCSRs deletes every CSR of the workload cluster.
+func signerDeleteCSRs(b *testing.B, c kubernetes.Interface) {
+	b.Helper()
+	if err := c.CertificatesV1().CertificateSigningRequests().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		b.Fatal(err)
+	}
+}
