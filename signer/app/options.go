@@ -85,6 +85,9 @@ type Options struct {
 	HealthProbeBindAddress string
 	// WorkersPerCluster is the number of CSR workers per workload cluster.
 	WorkersPerCluster int
+	// KubeAPIQPS and KubeAPIBurst rate-limit the management cluster client.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 	// WorkloadClientQPS and WorkloadClientBurst rate-limit each workload
 	// cluster's client.
 	WorkloadClientQPS   float32
@@ -126,6 +129,8 @@ func NewOptions() *Options {
 		MetricsBindAddress:           ":8080",
 		HealthProbeBindAddress:       ":8081",
 		WorkersPerCluster:            2,
+		KubeAPIQPS:                   50,
+		KubeAPIBurst:                 100,
 		WorkloadClientQPS:            capi.DefaultClientQPS,
 		WorkloadClientBurst:          capi.DefaultClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
@@ -147,6 +152,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; \"0\" disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the management cluster's API server.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the management cluster's API server.")
 	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS, "Requests per second to each workload API server (every signed CSR costs two).")
 	fs.IntVar(&o.WorkloadClientBurst, "workload-client-burst", o.WorkloadClientBurst, "Burst of requests to each workload API server.")
 	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
@@ -157,9 +164,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Validate, together with every other.
 func (o *Options) Complete() error {
 	if o.RESTConfig != nil {
+		o.managementRateLimit()
 		return nil
 	}
 	var err error
+	defer o.managementRateLimit()
 	if o.Kubeconfig != "" {
 		o.RESTConfig, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
 		if err != nil {
@@ -172,6 +181,16 @@ func (o *Options) Complete() error {
 		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%v); point --kubeconfig at the management cluster", err)
 	}
 	return nil
+}
+
+// managementRateLimit sets the management cluster client's rate limits from
+// the flags: client-go's default (5 QPS) would throttle every decision's
+// trust-on-first-use reads.
+func (o *Options) managementRateLimit() {
+	if o.RESTConfig != nil {
+		o.RESTConfig = rest.CopyConfig(o.RESTConfig)
+		o.RESTConfig.QPS, o.RESTConfig.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	}
 }
 
 // Validate reports every problem with the options at once.
@@ -206,6 +225,9 @@ func (o *Options) Validate() error {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q is not host:port or \"0\": %w", flag, addr, err))
 		}
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps (%v) and --kube-api-burst (%d) must be positive", o.KubeAPIQPS, o.KubeAPIBurst))
 	}
 	if o.WorkloadClientQPS <= 0 || o.WorkloadClientBurst < 1 {
 		errs = append(errs, fmt.Errorf("--workload-client-qps (%v) and --workload-client-burst (%d) must be positive", o.WorkloadClientQPS, o.WorkloadClientBurst))
