@@ -53,16 +53,22 @@ test-unit: ## Run the tests that need no control plane
 	$(GO) test -tags '$(TEST_TAGS)' -count=1 -short ./...
 
 .PHONY: demo
-demo: ## Start a management and a workload cluster and show a node attest, get its certificate and talk as itself
+demo: ## Start a management and a workload cluster and show a node attest, get its certificate and talk as itself (ATTESTOR=tpm|aws|azure|gcp|insecure, default tpm)
 	@bin_dir="$(k8s_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
 	mkdir -p $(BIN) && $(GO) test -c -tags '$(TEST_TAGS)' -o $(BIN)/demo ./test/demo && \
-	KA_K8S_BIN="$$bin_dir" KA_DEMO=1 $(BIN)/demo -test.run '^TestDemo$$' -test.timeout 10m
+	KA_K8S_BIN="$$bin_dir" KA_DEMO=1 KA_DEMO_ATTESTOR='$(ATTESTOR)' $(BIN)/demo -test.run '^TestDemo$$' -test.timeout 10m
 
 .PHONY: bench
-bench: ## Benchmarks: exec plugin cached/cold path against their baselines
+bench: ## Benchmarks: exec plugin cached/cold path against their baselines; cold issuance per attestor
 	@bin_dir="$(k8s_bin)"; \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkCachedPath -benchtime 500x -count=1 ./test/bench/ && \
-	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkColdPath -benchtime 30x -count=1 ./test/bench/
+	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkColdPath -benchtime 30x -count=1 ./test/bench/ && \
+	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkColdIssuance$$' -benchtime 50x -count=1 ./test/bench/
+
+.PHONY: bench-signer
+bench-signer: ## Benchmarks: controller CSRs/s on 500 pending CSRs (vs kube-controller-manager csrsigning); its memory with 0 and 10,000 Machines
+	@bin_dir="$(k8s_bin)"; \
+	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
 
 .PHONY: lint
 lint: ## gofmt and go vet

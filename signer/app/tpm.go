@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
@@ -28,6 +31,11 @@ const (
 	TPMKeySecretKey = "key"
 	// tpmKeySize is the size of a generated key.
 	tpmKeySize = 32
+	// DefaultTPMManufacturerCAFile is the manufacturer CA bundle read when
+	// no --tpm-manufacturer-ca is given, if it exists: where a deployment
+	// mounts the operator's bundle (docs/attestors/tpm.md). When it does
+	// not exist, no EK certificate is trusted.
+	DefaultTPMManufacturerCAFile = "/etc/kubelet-authenticator/tpm-ca-certificates.pem"
 	// MinTPMChallengeTTL and MaxTPMChallengeTTL bound --tpm-challenge-ttl.
 	MinTPMChallengeTTL = time.Second
 	MaxTPMChallengeTTL = time.Hour
@@ -45,13 +53,39 @@ type TPMOptions struct {
 	KeySecretNamespace, KeySecretName string
 	// ChallengeTTL is how long a challenge may take to be answered.
 	ChallengeTTL time.Duration
+
+	// defaultManufacturerCA replaces DefaultTPMManufacturerCAFile (tests).
+	defaultManufacturerCA string
+}
+
+func (o *TPMOptions) defaultCAFile() string {
+	if o.defaultManufacturerCA != "" {
+		return o.defaultManufacturerCA
+	}
+	return DefaultTPMManufacturerCAFile
+}
+
+// manufacturerCAFiles returns the manufacturer CA bundles to load:
+// --tpm-manufacturer-ca, else DefaultTPMManufacturerCAFile if it exists.
+func (o *TPMOptions) manufacturerCAFiles() ([]string, error) {
+	if len(o.ManufacturerCAs) > 0 {
+		return o.ManufacturerCAs, nil
+	}
+	def := o.defaultCAFile()
+	if _, err := os.Stat(def); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("--tpm-manufacturer-ca default %s: %w", def, err)
+	}
+	return []string{def}, nil
 }
 
 // AddFlags adds the TPM options' flags to fs.
 func (o *TPMOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.ManufacturerCAs, "tpm-manufacturer-ca", o.ManufacturerCAs,
 		"PEM file of TPM manufacturer CA certificates (roots and the intermediates that issue EK certificates); repeatable. "+
-			"Without one, a TPM is trusted only when its Machine carries the cluster-x-k8s-io/tpm-endorsement-key annotation.")
+			"When not given, "+DefaultTPMManufacturerCAFile+" is read if it exists. "+
+			"Without a bundle, a TPM is trusted only when its Machine carries the cluster-x-k8s-io/tpm-endorsement-key annotation.")
 	fs.StringVar(&o.KeySecretNamespace, "tpm-key-secret-namespace", o.KeySecretNamespace,
 		"Namespace of the Secret holding the key TPM challenges are derived from. Empty: the leader election namespace.")
 	fs.StringVar(&o.KeySecretName, "tpm-key-secret-name", o.KeySecretName,
@@ -62,8 +96,9 @@ func (o *TPMOptions) AddFlags(fs *pflag.FlagSet) {
 
 // validate reports every problem with the TPM options.
 func (o *TPMOptions) validate() []error {
-	var errs []error
-	for _, f := range o.ManufacturerCAs {
+	files, err := o.manufacturerCAFiles()
+	errs := []error{err}
+	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--tpm-manufacturer-ca: %w", err))
@@ -79,7 +114,7 @@ func (o *TPMOptions) validate() []error {
 	if o.ChallengeTTL < MinTPMChallengeTTL || o.ChallengeTTL > MaxTPMChallengeTTL {
 		errs = append(errs, fmt.Errorf("--tpm-challenge-ttl %s must be between %s and %s", o.ChallengeTTL, MinTPMChallengeTTL, MaxTPMChallengeTTL))
 	}
-	return errs
+	return slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 }
 
 // tpmVerifier builds the TPM verifier: the manufacturer CA pool from the
@@ -87,9 +122,16 @@ func (o *TPMOptions) validate() []error {
 func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifier, error) {
 	t := &o.TPM
 	cfg := tpm.VerifierConfig{ChallengeTTL: t.ChallengeTTL}
-	if len(t.ManufacturerCAs) > 0 {
+	files, err := t.manufacturerCAFiles()
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		klog.FromContext(ctx).Info("No TPM manufacturer CA bundle: EK certificates are not trusted, only EKs Machines report (cluster-x-k8s-io/tpm-endorsement-key)",
+			"defaultBundle", t.defaultCAFile())
+	} else {
 		var bundles [][]byte
-		for _, f := range t.ManufacturerCAs {
+		for _, f := range files {
 			data, err := os.ReadFile(f)
 			if err != nil {
 				return nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
@@ -101,6 +143,7 @@ func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifi
 			return nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
 		}
 		cfg.Roots, cfg.Intermediates = roots, inters
+		klog.FromContext(ctx).Info("TPM manufacturer CA bundle loaded", "files", files)
 	}
 	ns := t.KeySecretNamespace
 	if ns == "" {

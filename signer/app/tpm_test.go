@@ -93,3 +93,45 @@ func TestTPMFlags(t *testing.T) {
 		}
 	}
 }
+
+// An operator who mounts the bundle at the conventional path needs no flag;
+// one who does not still gets a controller that starts (TPMs are then
+// trusted through infrastructure-reported EKs only); an unreadable bundle
+// at that path stops the start.
+func TestTPMDefaultManufacturerCA(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := tpmtest.NewManufacturerCA("default", time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, tpmtest.BundleFile)
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, def  string
+		flags      []string
+		wantFiles  []string
+		wantErrors bool
+	}{
+		{name: "default present", def: bundle, wantFiles: []string{bundle}},
+		{name: "default absent", def: filepath.Join(dir, "absent.pem")},
+		{name: "flag wins over the default", def: garbage, flags: []string{bundle}, wantFiles: []string{bundle}},
+		{name: "default unparseable", def: garbage, wantFiles: []string{garbage}, wantErrors: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := TPMOptions{ManufacturerCAs: tc.flags, KeySecretName: "k", ChallengeTTL: time.Minute, defaultManufacturerCA: tc.def}
+			files, err := o.manufacturerCAFiles()
+			if err != nil || strings.Join(files, ",") != strings.Join(tc.wantFiles, ",") {
+				t.Fatalf("manufacturerCAFiles() = %q, %v; want %q", files, err, tc.wantFiles)
+			}
+			if errs := o.validate(); (len(errs) > 0) != tc.wantErrors {
+				t.Fatalf("validate() = %v, want errors: %v", errs, tc.wantErrors)
+			}
+		})
+	}
+}
