@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -246,10 +245,6 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		s.TrustBundles = nil
 	})
 
-	var lastFailure struct {
-		sync.Mutex
-		msg string
-	}
 	src := &credential.Source{
 		Config: cfg,
 		Attestor: daemon.Instrument(att, func(d time.Duration, err error) {
@@ -257,13 +252,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			a.record(func(s *status.State) { s.Attestation = status.NewResult(time.Now().Add(-d), d, err) })
 		}),
 		Logf: func(format string, args ...any) {
-			msg := fmt.Sprintf(format, args...)
-			log.Info(msg, "component", "credential")
-			if strings.HasPrefix(msg, "renewal failed") {
-				lastFailure.Lock()
-				lastFailure.msg = msg
-				lastFailure.Unlock()
-			}
+			log.Info(fmt.Sprintf(format, args...), "component", "credential")
 		},
 	}
 	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
@@ -289,11 +278,6 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		RetryInitial: cfg.Agent.RenewalRetryInitial.Duration,
 		RetryMax:     cfg.Agent.RenewalRetryMax.Duration,
 		Metrics:      a.metrics.Renewal(),
-		Explain: func() string {
-			lastFailure.Lock()
-			defer lastFailure.Unlock()
-			return lastFailure.msg
-		},
 		OnSchedule: func(cert *x509.Certificate, next time.Time) {
 			if cert != nil {
 				haveCertOnce.Do(func() { close(haveCert) })

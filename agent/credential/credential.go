@@ -105,7 +105,9 @@ func (s *Source) Get(ctx context.Context) (*cache.Credential, time.Time, error) 
 }
 
 // Renew obtains a new credential even if the cached one is fresh (the agent
-// calls it at its renewal point). It holds the cache lock throughout.
+// calls it at its renewal point). It holds the cache lock throughout. A
+// failed renewal is returned as an error; the cached credential is left as
+// it was, so whoever reads the cache keeps using it.
 func (s *Source) Renew(ctx context.Context) (*cache.Credential, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Config.RequestTimeout.Duration)
 	defer cancel()
@@ -117,6 +119,10 @@ func (s *Source) Renew(ctx context.Context) (*cache.Credential, time.Time, error
 	return s.renewLocked(ctx, true)
 }
 
+// renewLocked renews unless the cached credential is fresh and force is
+// false. When renewing fails while the cached credential is still usable,
+// Get (force false) hands that credential out; Renew (force true) reports
+// the failure.
 func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential, time.Time, error) {
 	current, err := s.dir().Load()
 	switch {
@@ -136,7 +142,7 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 	}
 	cred, err := s.obtain(ctx, current)
 	if err != nil {
-		if current != nil {
+		if current != nil && !force {
 			retry := s.now().Add(time.Minute)
 			if end := current.Leaf.NotAfter.Add(-rotation.Margin(current.Leaf)); end.Before(retry) {
 				retry = end

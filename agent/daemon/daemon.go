@@ -85,11 +85,8 @@ type Renewal struct {
 	// RetryMax.
 	RetryInitial, RetryMax time.Duration
 	// Clock and Rand default to the real clock and the default source.
-	Clock clock.Clock
-	Rand  *rand.Rand
-	// Explain, when set, says why the renewer kept the current certificate
-	// (the message it logged); it is attached to ErrNotRenewed.
-	Explain func() string
+	Clock   clock.Clock
+	Rand    *rand.Rand
 	Metrics Metrics
 	// OnAttempt is called after every attempt.
 	OnAttempt func(Attempt)
@@ -225,16 +222,9 @@ func (r *Renewal) attempt(ctx context.Context, before *x509.Certificate) Attempt
 	a.Duration = clk.Since(a.Start)
 	switch {
 	case err != nil:
-		a.Err = err
+		a.Err = fmt.Errorf("%w: %w", ErrNotRenewed, err)
 	case cred == nil:
 		a.Err = ErrNotRenewed
-	case before != nil && cred.Leaf.Equal(before):
-		a.Err = ErrNotRenewed
-		if r.Explain != nil {
-			if why := r.Explain(); why != "" {
-				a.Err = fmt.Errorf("%w: %s", ErrNotRenewed, why)
-			}
-		}
 	default:
 		a.Certificate = cred.Leaf
 	}

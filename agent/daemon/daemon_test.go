@@ -60,10 +60,7 @@ func (f *fakeSource) Renew(context.Context) (*cache.Credential, time.Time, error
 	defer f.mu.Unlock()
 	f.attempts = append(f.attempts, f.clock.Now())
 	if f.fail {
-		if f.current == nil {
-			return nil, time.Time{}, errors.New("signer down")
-		}
-		return f.current, time.Time{}, nil
+		return nil, time.Time{}, errors.New("signer down")
 	}
 	f.current = &cache.Credential{Leaf: leaf(f.t, f.clock.Now(), time.Hour)}
 	return f.current, time.Time{}, nil
@@ -93,7 +90,6 @@ func TestRenewalSchedule(t *testing.T) {
 		RetryInitial: 10 * time.Second, RetryMax: 40 * time.Second,
 		Clock: clk, Rand: mrand.New(mrand.NewPCG(1, 2)),
 		Metrics:    Metrics{RenewalSuccess: success, RenewalFailure: failure},
-		Explain:    func() string { return "signer down" },
 		OnAttempt:  func(a Attempt) { mu.Lock(); attempts = append(attempts, a); mu.Unlock() },
 		OnSchedule: func(_ *x509.Certificate, at time.Time) { mu.Lock(); next = at; mu.Unlock() },
 	}
