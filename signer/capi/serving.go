@@ -114,7 +114,7 @@ func (s ServingMachines) ForNode(ctx context.Context, nodeName string) (*serving
 }
 
 func servingMachine(m *clusterv1.Machine) *serving.Machine {
-	out := &serving.Machine{Namespace: m.Namespace, Name: m.Name, ProviderID: m.Spec.ProviderID, Annotations: maps.Clone(m.Annotations)}
+	out := &serving.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID, Annotations: maps.Clone(m.Annotations)}
 	for _, a := range m.Status.Addresses {
 		switch a.Type {
 		case clusterv1.MachineHostName, clusterv1.MachineInternalDNS, clusterv1.MachineExternalDNS:
@@ -137,6 +137,7 @@ func (r *ClusterReconciler) servingHandlers(cluster string, cs kubernetes.Interf
 		out[attestor.ServingSignerName(p)] = &serving.AttestedSigner{
 			Client: cs, Cluster: cluster, Provider: p, Verifier: v, Authorized: authorized,
 			Machines: ServingMachines{m}, CA: ca, MaxLifetime: r.MaxLifetime, Metrics: r.Metrics, Now: r.now,
+			Identities: r.Identities,
 		}
 	}
 	if approveKubelet {

@@ -341,6 +341,22 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return h.Sync(ctx, csr)
 	}
 	approved := findCondition(csr, certificatesv1.CertificateApproved)
+	if approved != nil && approved.Reason == ReasonAttestationVerified {
+		// Approved by us but not yet issued, as the cache sees it. Usually
+		// the cache lags behind our own signing a moment ago: read the live
+		// object before signing again.
+		live, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !c.pending(live) {
+			return nil
+		}
+		csr = live
+	}
 	if approved != nil && approved.Reason != ReasonAttestationVerified {
 		// Approved by someone else: not attested, so not signed by us.
 		logger.V(2).Info("Skipping a request approved by someone else", "reason", approved.Reason)

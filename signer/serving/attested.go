@@ -45,6 +45,10 @@ type AttestedSigner struct {
 	// CA signs; MaxLifetime caps certificates.
 	CA          *issue.CA
 	MaxLifetime time.Duration
+	// Identities applies trust on first use, as for client certificates:
+	// a serving certificate for a Machine's addresses goes only to the
+	// identity bound to that Machine. May be nil (no TOFU).
+	Identities controller.IdentityBinder
 	// Metrics, when set, records decisions.
 	Metrics controller.Metrics
 	// Now returns the current time; nil means time.Now.
@@ -148,6 +152,15 @@ func (s *AttestedSigner) Sync(ctx context.Context, csr *certificatesv1.Certifica
 	if got := res.Identity.ProviderID; got != providerID || got != m.ProviderID {
 		return deny(failf(controller.ReasonAttestedProviderIDMismatch, "attestor %q proves provider ID %q, but the request claims %q and Machine %s/%s has %q",
 			s.Provider, got, providerID, m.Namespace, m.Name, m.ProviderID))
+	}
+	if stable := res.Identity.Stable; stable != "" && s.Identities != nil {
+		bound := &controller.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.ProviderID, Annotations: m.Annotations}
+		if err := s.Identities.Bind(ctx, bound, stable); err != nil {
+			if _, _, ok := checks.Denial(err); ok {
+				return deny(err)
+			}
+			return fmt.Errorf("unable to apply trust on first use to identity %s: %w", stable, err)
+		}
 	}
 
 	if !approved {

@@ -51,8 +51,10 @@ const (
 // Machine is what the serving rules need to know about a node's Machine.
 type Machine struct {
 	Namespace, Name string
-	ProviderID      string
-	Annotations     map[string]string
+	// UID owns the Machine's trust-on-first-use record.
+	UID         types.UID
+	ProviderID  string
+	Annotations map[string]string
 	// DNSNames are its Hostname, InternalDNS and ExternalDNS addresses; IPs
 	// its InternalIP and ExternalIP addresses.
 	DNSNames []string
