@@ -3,10 +3,6 @@ package aws
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -14,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
@@ -23,26 +20,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 	awsemu "sigs.k8s.io/kubelet-authenticator/test/emulators/aws"
 )
-
-func newBinding(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return attestor.Binding(der)
-}
-
-// realdata returns the path of a file under ../shared/realdata, located
-// from the repository root. A missing file fails the test.
-func realdata(t testing.TB, elem ...string) string {
-	t.Helper()
-	return realdatapkg.Path(t, elem...)
-}
 
 type fixture struct {
 	emu     *awsemu.Emulator
@@ -69,7 +46,7 @@ func newFixture(t *testing.T, inst awsemu.Instance) *fixture {
 				TLS:   &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{PEM: emu.STSCAPEM}},
 			},
 		},
-		binding: newBinding(t),
+		binding: attestortest.NewBinding(t),
 	}
 }
 
@@ -123,17 +100,6 @@ func editQuery(t *testing.T, raw string, edit func(url.Values)) string {
 	edit(q)
 	u.RawQuery = q.Encode()
 	return u.String()
-}
-
-func wantDenial(t *testing.T, err error, reason string) {
-	t.Helper()
-	d, ok := attestor.AsDenial(err)
-	if !ok {
-		t.Fatalf("got %v, want a denial with reason %s", err, reason)
-	}
-	if d.Reason != reason {
-		t.Fatalf("got denial %v, want reason %s", d, reason)
-	}
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -229,14 +195,14 @@ func TestDenials(t *testing.T) {
 		{
 			name: "binding from another key", reason: ReasonBindingMismatch,
 			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
-				in.Binding = newBinding(t)
+				in.Binding = attestortest.NewBinding(t)
 				return ev
 			},
 		},
 		{
 			name: "binding header rewritten after signing", reason: ReasonSTSRejected,
 			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
-				in.Binding = newBinding(t)
+				in.Binding = attestortest.NewBinding(t)
 				return editEvidence(t, ev, func(e *Evidence) { e.STS.Headers[BindingHeader] = bindingHex(in.Binding) })
 			},
 		},
@@ -333,7 +299,7 @@ func TestDenials(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Verify accepted: %+v", res.Identity)
 			}
-			wantDenial(t, err, tc.reason)
+			attestortest.WantDenial(t, err, tc.reason)
 		})
 	}
 }
@@ -363,7 +329,7 @@ func TestNewVerifierValidates(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "certificatesDir") || !strings.Contains(err.Error(), "accounts") {
 		t.Fatalf("NewVerifier(empty) = %v, want errors naming certificatesDir and accounts", err)
 	}
-	_, err = NewVerifier(VerifierConfig{CertificatesDir: realdata(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"12"}})
+	_, err = NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"12"}})
 	if err == nil || !strings.Contains(err.Error(), "12-digit") {
 		t.Fatalf("NewVerifier(bad account) = %v", err)
 	}
@@ -374,11 +340,11 @@ func TestNewVerifierValidates(t *testing.T) {
 
 func readReal(t *testing.T) (doc, p7 []byte) {
 	t.Helper()
-	doc, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
+	doc, err := os.ReadFile(realdatapkg.Path(t, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b64, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.b64"))
+	b64, err := os.ReadFile(realdatapkg.Path(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.b64"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +352,7 @@ func readReal(t *testing.T) (doc, p7 []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := os.ReadFile(realdata(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
+	der, err := os.ReadFile(realdatapkg.Path(t, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
 	if err != nil || !bytes.Equal(der, p7) {
 		t.Fatalf("the .b64 and .p7.der samples differ (%v)", err)
 	}
@@ -397,7 +363,7 @@ func readReal(t *testing.T) (doc, p7 []byte) {
 // signature and AWS's published region certificates.
 func TestRealDocument(t *testing.T) {
 	doc, p7 := readReal(t)
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdata(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,23 +384,23 @@ func TestRealDocument(t *testing.T) {
 		bad[i+5] ^= 1
 		badDoc := bytes.Replace(doc, []byte("i-0c5541936caf78c12"), bad[i:i+19], 1)
 		_, err := v.verifyDocument(badDoc, bad)
-		wantDenial(t, err, ReasonInvalidSignature)
+		attestortest.WantDenial(t, err, ReasonInvalidSignature)
 	})
 	t.Run("one byte of the signature altered", func(t *testing.T) {
 		bad := bytes.Clone(p7)
 		bad[len(bad)-10] ^= 1
 		_, err := v.verifyDocument(doc, bad)
-		wantDenial(t, err, ReasonInvalidSignature)
+		attestortest.WantDenial(t, err, ReasonInvalidSignature)
 	})
 	t.Run("one byte of the document altered", func(t *testing.T) {
 		bad := bytes.Clone(doc)
 		bad[len(bad)-3] ^= 1
 		_, err := v.verifyDocument(bad, p7)
-		wantDenial(t, err, ReasonDocumentMismatch)
+		attestortest.WantDenial(t, err, ReasonDocumentMismatch)
 	})
 	t.Run("another region's certificate", func(t *testing.T) {
 		dir := t.TempDir()
-		pem, err := os.ReadFile(realdata(t, "aws", "region-certs", "rsa2048", "us-east-1.pem"))
+		pem, err := os.ReadFile(realdatapkg.Path(t, "aws", "region-certs", "rsa2048", "us-east-1.pem"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -446,7 +412,7 @@ func TestRealDocument(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = v2.verifyDocument(doc, p7)
-		wantDenial(t, err, ReasonUntrustedSigner)
+		attestortest.WantDenial(t, err, ReasonUntrustedSigner)
 	})
 }
 
@@ -456,7 +422,7 @@ func TestRealDocument(t *testing.T) {
 func TestRealDocumentEndToEnd(t *testing.T) {
 	doc, p7 := readReal(t)
 	f := newFixture(t, awsemu.Instance{AccountID: "189292791360", Region: "ap-southeast-2", AvailabilityZone: "ap-southeast-2a", InstanceID: "i-0c5541936caf78c12"})
-	f.cfg.CertificatesDir = realdata(t, "aws", "region-certs", "rsa2048")
+	f.cfg.CertificatesDir = realdatapkg.Path(t, "aws", "region-certs", "rsa2048")
 	ev := editEvidence(t, f.attest(t), func(e *Evidence) { e.Document, e.RSA2048 = doc, p7 })
 	res, err := f.verifier(t).Verify(context.Background(), f.request(ev))
 	if err != nil {
@@ -480,12 +446,12 @@ func TestPresignKnownAnswer(t *testing.T) {
 }
 
 func FuzzVerifyEvidence(f *testing.F) {
-	doc, _ := os.ReadFile(realdata(f, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
-	p7, _ := os.ReadFile(realdata(f, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
+	doc, _ := os.ReadFile(realdatapkg.Path(f, "aws", "ec2-iid-ap-southeast-2-2026-document.json"))
+	p7, _ := os.ReadFile(realdatapkg.Path(f, "aws", "ec2-iid-ap-southeast-2-2026-rsa2048.p7.der"))
 	seed, _ := json.Marshal(Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: PresignedRequest{URL: "https://sts.amazonaws.com/?Action=GetCallerIdentity", Headers: map[string]string{BindingHeader: "00"}}})
 	f.Add(seed)
 	f.Add([]byte(`{"version":"v1"}`))
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdata(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -3,14 +3,11 @@ package azure
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"os"
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
@@ -19,37 +16,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	azemu "sigs.k8s.io/kubelet-authenticator/test/emulators/azure"
 )
-
-func newBinding(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return attestor.Binding(der)
-}
-
-// realdata returns the path of a file under ../shared/realdata, located
-// from the repository root. A missing file fails the test.
-func realdata(t testing.TB, elem ...string) string {
-	t.Helper()
-	return realdatapkg.Path(t, elem...)
-}
-
-func wantDenial(t *testing.T, err error, reason string) {
-	t.Helper()
-	d, ok := attestor.AsDenial(err)
-	if !ok {
-		t.Fatalf("got %v, want a denial with reason %s", err, reason)
-	}
-	if d.Reason != reason {
-		t.Fatalf("got denial %v, want reason %s", d, reason)
-	}
-}
 
 type fixture struct {
 	emu     *azemu.Emulator
@@ -67,7 +33,7 @@ func newFixture(t *testing.T, emu *azemu.Emulator) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{emu: emu, att: att, binding: newBinding(t), cfg: VerifierConfig{
+	return &fixture{emu: emu, att: att, binding: attestortest.NewBinding(t), cfg: VerifierConfig{
 		Roots:         []string{emu.Root.WriteFile(t)},
 		Intermediates: []string{emu.Issuing.WriteFile(t)},
 		Subscriptions: []string{emu.VM.SubscriptionID},
@@ -168,7 +134,7 @@ func TestDenials(t *testing.T) {
 		}},
 		{"binding from another key", ReasonNonceMismatch, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
 			ev := f.attest(t)
-			in.Binding = newBinding(t)
+			in.Binding = attestortest.NewBinding(t)
 			return ev
 		}},
 		{"expired document", ReasonDocumentExpired, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
@@ -205,7 +171,7 @@ func TestDenials(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Verify accepted: %+v", res.Identity)
 			}
-			wantDenial(t, err, tc.reason)
+			attestortest.WantDenial(t, err, tc.reason)
 		})
 	}
 }
@@ -233,11 +199,11 @@ func TestRealDocuments(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.stem, func(t *testing.T) {
-			raw, err := os.ReadFile(realdata(t, "azure", tc.stem+".signature.b64"))
+			raw, err := os.ReadFile(realdatapkg.Path(t, "azure", tc.stem+".signature.b64"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			content, err := os.ReadFile(realdata(t, "azure", tc.stem+".content.json"))
+			content, err := os.ReadFile(realdatapkg.Path(t, "azure", tc.stem+".content.json"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,9 +216,9 @@ func TestRealDocuments(t *testing.T) {
 				t.Fatal(err)
 			}
 			at := created.Add(time.Minute)
-			cfg := VerifierConfig{Roots: []string{realdata(t, "azure", tc.root)}, Subscriptions: []string{want.SubscriptionID}}
+			cfg := VerifierConfig{Roots: []string{realdatapkg.Path(t, "azure", tc.root)}, Subscriptions: []string{want.SubscriptionID}}
 			for _, i := range tc.intermediates {
-				cfg.Intermediates = append(cfg.Intermediates, realdata(t, "azure", i))
+				cfg.Intermediates = append(cfg.Intermediates, realdatapkg.Path(t, "azure", i))
 			}
 			if tc.signerName != "" {
 				cfg.SignerNames = []string{tc.signerName}
@@ -274,7 +240,7 @@ func TestRealDocuments(t *testing.T) {
 			v.now = func() time.Time { return at }
 			pid := "azure:///subscriptions/" + want.SubscriptionID + "/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm"
 			_, err = v.Verify(context.Background(), &attestor.VerifyRequest{Evidence: sigEvidence(t, sig), Binding: make([]byte, 32), ProviderID: pid})
-			wantDenial(t, err, ReasonNonceMismatch)
+			attestortest.WantDenial(t, err, ReasonNonceMismatch)
 
 			der, _ := base64.StdEncoding.DecodeString(sig)
 			i := bytes.Index(der, []byte(want.VMID))
@@ -284,25 +250,25 @@ func TestRealDocuments(t *testing.T) {
 			bad := bytes.Clone(der)
 			bad[i] ^= 1
 			_, err = v.verifyDocument(base64.StdEncoding.EncodeToString(bad), at)
-			wantDenial(t, err, ReasonInvalidSignature)
+			attestortest.WantDenial(t, err, ReasonInvalidSignature)
 
 			_, err = v.verifyDocument(sig, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			wantDenial(t, err, ReasonUntrustedSigner)
+			attestortest.WantDenial(t, err, ReasonUntrustedSigner)
 			if tc.signerName != "" {
 				v.signerNames = []string{DefaultSignerName}
 				_, err = v.verifyDocument(sig, at)
-				wantDenial(t, err, ReasonSignerNameNotAllowed)
+				attestortest.WantDenial(t, err, ReasonSignerNameNotAllowed)
 			}
 		})
 	}
 }
 
 func FuzzVerifyEvidence(f *testing.F) {
-	raw, _ := os.ReadFile(realdata(f, "azure", "imds-attested-2026-eastus.signature.b64"))
+	raw, _ := os.ReadFile(realdatapkg.Path(f, "azure", "imds-attested-2026-eastus.signature.b64"))
 	seed, _ := json.Marshal(Evidence{Version: VersionV1, Signature: string(raw)})
 	f.Add(seed)
 	f.Add([]byte(`{"version":"v1","signature":"MIIB"}`))
-	v, err := NewVerifier(VerifierConfig{Roots: []string{realdata(f, "azure", "digicert-global-root-g2.pem")}, Subscriptions: []string{"05e8b285-4ce1-46a3-b4c9-f51ba67d6acc"}})
+	v, err := NewVerifier(VerifierConfig{Roots: []string{realdatapkg.Path(f, "azure", "digicert-global-root-g2.pem")}, Subscriptions: []string{"05e8b285-4ce1-46a3-b4c9-f51ba67d6acc"}})
 	if err != nil {
 		f.Fatal(err)
 	}

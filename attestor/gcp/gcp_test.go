@@ -2,8 +2,6 @@ package gcp
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -14,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
@@ -25,37 +24,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 	gcpemu "sigs.k8s.io/kubelet-authenticator/test/emulators/gcp"
 )
-
-func newBinding(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return attestor.Binding(der)
-}
-
-// realdata returns the path of a file under ../shared/realdata, located
-// from the repository root. A missing file fails the test.
-func realdata(t testing.TB, elem ...string) string {
-	t.Helper()
-	return realdatapkg.Path(t, elem...)
-}
-
-func wantDenial(t *testing.T, err error, reason string) {
-	t.Helper()
-	d, ok := attestor.AsDenial(err)
-	if !ok {
-		t.Fatalf("got %v, want a denial with reason %s", err, reason)
-	}
-	if d.Reason != reason {
-		t.Fatalf("got denial %v, want reason %s", d, reason)
-	}
-}
 
 type fixture struct {
 	emu     *gcpemu.Emulator
@@ -71,7 +39,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{emu: emu, att: att, binding: newBinding(t), cfg: VerifierConfig{
+	return &fixture{emu: emu, att: att, binding: attestortest.NewBinding(t), cfg: VerifierConfig{
 		Projects: []string{emu.Instance.ProjectID},
 		JWKS:     JWKSConfig{URL: emu.JWKSURL, TLS: &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{PEM: emu.JWKSCAPEM}}},
 	}}
@@ -125,7 +93,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("Verify = %+v, want %+v", res.Identity, want)
 	}
 	// A second verification uses the cached keys.
-	f.binding = newBinding(t)
+	f.binding = attestortest.NewBinding(t)
 	if _, err := v.Verify(context.Background(), f.request(f.attest(t))); err != nil {
 		t.Fatalf("second Verify: %v", err)
 	}
@@ -144,7 +112,7 @@ func TestKeyRotation(t *testing.T) {
 	// Within the minimum refresh interval an unknown key is not fetched.
 	ev := f.attest(t)
 	_, err := v.Verify(context.Background(), f.request(ev))
-	wantDenial(t, err, ReasonUnknownKey)
+	attestortest.WantDenial(t, err, ReasonUnknownKey)
 	later := time.Now().Add(time.Minute)
 	v.now = func() time.Time { return later }
 	f.emu.SetClock(func() time.Time { return later })
@@ -213,7 +181,7 @@ func TestDenials(t *testing.T) {
 		}},
 		{"binding from another key", ReasonAudienceMismatch, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			ev := f.attest(t)
-			in.Binding = newBinding(t)
+			in.Binding = attestortest.NewBinding(t)
 			return ev
 		}},
 		{"expired token", ReasonTokenExpired, func(t *testing.T, f *fixture, v *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
@@ -270,7 +238,7 @@ func TestDenials(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Verify accepted: %+v", res.Identity)
 			}
-			wantDenial(t, err, tc.reason)
+			attestortest.WantDenial(t, err, tc.reason)
 		})
 	}
 }
@@ -302,7 +270,7 @@ func TestJWKSTLSIsPerUpstream(t *testing.T) {
 // realJWKS serves the real Google certificate of kid as a JWKS.
 func realJWKS(t *testing.T, kid string) (string, *tlsconfig.Config) {
 	t.Helper()
-	data, err := os.ReadFile(realdata(t, "gcp", "google-oauth2-v1-cert-"+kid+".pem"))
+	data, err := os.ReadFile(realdatapkg.Path(t, "gcp", "google-oauth2-v1-cert-"+kid+".pem"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +293,7 @@ func TestRealToken(t *testing.T) {
 	url, tc := realJWKS(t, kid)
 	for _, name := range []string{"gce-identity-token-2021-06-19-a.jwt", "gce-identity-token-2021-06-19-b.jwt"} {
 		t.Run(name, func(t *testing.T) {
-			raw, err := os.ReadFile(realdata(t, "gcp", name))
+			raw, err := os.ReadFile(realdatapkg.Path(t, "gcp", name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -346,7 +314,7 @@ func TestRealToken(t *testing.T) {
 			// The full verifier then stops at the audience: the sample was
 			// not requested for a CSR key.
 			_, err = v.Verify(context.Background(), &attestor.VerifyRequest{Evidence: tokenEvidence(t, tok), Binding: make([]byte, 32), NodeName: "client", ProviderID: ce.ProviderID()})
-			wantDenial(t, err, ReasonAudienceMismatch)
+			attestortest.WantDenial(t, err, ReasonAudienceMismatch)
 
 			for _, pos := range []int{strings.Index(tok, ".") + 20, len(tok) - 20} {
 				bad := []byte(tok)
@@ -362,16 +330,16 @@ func TestRealToken(t *testing.T) {
 			}
 			v.now = func() time.Time { return time.Now() }
 			_, err = v.verifyToken(context.Background(), tok)
-			wantDenial(t, err, ReasonTokenExpired)
+			attestortest.WantDenial(t, err, ReasonTokenExpired)
 		})
 	}
 	t.Run("another Google key", func(t *testing.T) {
 		url, tc := realJWKS(t, "6a1d26d992be7a4b689bdce1911f4e9adc75d9f1")
-		raw, _ := os.ReadFile(realdata(t, "gcp", "gce-identity-token-2021-06-19-a.jwt"))
+		raw, _ := os.ReadFile(realdatapkg.Path(t, "gcp", "gce-identity-token-2021-06-19-a.jwt"))
 		v, _ := NewVerifier(VerifierConfig{Projects: []string{"mineral-minutia-820"}, JWKS: JWKSConfig{URL: url, TLS: tc}})
 		v.now = func() time.Time { return time.Unix(1624130200, 0) }
 		_, err := v.verifyToken(context.Background(), string(raw))
-		wantDenial(t, err, ReasonUnknownKey)
+		attestortest.WantDenial(t, err, ReasonUnknownKey)
 	})
 }
 
@@ -383,7 +351,7 @@ func TestNewVerifierValidates(t *testing.T) {
 }
 
 func FuzzVerifyEvidence(f *testing.F) {
-	raw, _ := os.ReadFile(realdata(f, "gcp", "gce-identity-token-2021-06-19-a.jwt"))
+	raw, _ := os.ReadFile(realdatapkg.Path(f, "gcp", "gce-identity-token-2021-06-19-a.jwt"))
 	seed, _ := json.Marshal(Evidence{Version: VersionV1, Token: string(raw)})
 	f.Add(seed)
 	f.Add([]byte(`{"version":"v1","token":"a.b.c"}`))
