@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,22 +47,10 @@ with the cluster's CA, or denies it with a reason.`,
 		SilenceUsage: true,
 		Version:      version.String(),
 		Args:         cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.Complete(); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer cancel()
-			return o.Run(ctx)
-		},
+		RunE:         runE(o),
 	}
 	o.AddFlags(cmd.Flags())
-	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	cmd.Flags().AddGoFlagSet(klogFlags)
+	addKlogFlags(cmd.Flags())
 	cmd.AddCommand(NewStandaloneCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "version",
@@ -208,4 +197,33 @@ func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
 // Decision implements controller.Metrics.
 func (m *decisionMetrics) Decision(cluster, decision, reason string) {
 	m.decisions.WithLabelValues(cluster, decision, reason).Inc()
+}
+
+// runner is what a command runs: options completed, validated, then run.
+type runner interface {
+	Complete() error
+	Validate() error
+	Run(ctx context.Context) error
+}
+
+// runE completes and validates o, then runs it until SIGINT or SIGTERM.
+func runE(o runner) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		if err := o.Complete(); err != nil {
+			return err
+		}
+		if err := o.Validate(); err != nil {
+			return err
+		}
+		ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer cancel()
+		return o.Run(ctx)
+	}
+}
+
+// addKlogFlags adds klog's flags (-v, ...) to fs.
+func addKlogFlags(fs *pflag.FlagSet) {
+	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
 }

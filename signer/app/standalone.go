@@ -3,13 +3,9 @@ package app
 import (
 	"context"
 	"errors"
-	goflag "flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -115,22 +111,10 @@ nodes are matched against an allowlist ConfigMap instead of Cluster API
 Machines, and certificates are signed with a CA from files or a Secret.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.Complete(); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer cancel()
-			return o.Run(ctx)
-		},
+		RunE:         runE(o),
 	}
 	o.AddFlags(cmd.Flags())
-	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	cmd.Flags().AddGoFlagSet(klogFlags)
+	addKlogFlags(cmd.Flags())
 	return cmd
 }
 
