@@ -8,9 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
+	"sigs.k8s.io/kubelet-authenticator/attestor/internal/metadata"
 	"strings"
 	"time"
 
@@ -144,12 +144,8 @@ func (a *Attestor) presign(region string, creds credentials, binding []byte) (*P
 }
 
 func (a *Attestor) imdsToken(ctx context.Context) (string, error) {
-	r, err := http.NewRequestWithContext(ctx, http.MethodPut, a.imds+"/latest/api/token", nil)
-	if err != nil {
-		return "", err
-	}
-	r.Header.Set("X-aws-ec2-metadata-token-ttl-seconds", "60")
-	body, err := a.do(r)
+	body, err := metadata.Get(ctx, a.client, http.MethodPut, a.imds+"/latest/api/token",
+		map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60"}, 1<<10)
 	if err != nil {
 		return "", fmt.Errorf("unable to get an IMDSv2 session token: %w", err)
 	}
@@ -157,12 +153,8 @@ func (a *Attestor) imdsToken(ctx context.Context) (string, error) {
 }
 
 func (a *Attestor) imdsGet(ctx context.Context, token, path string) ([]byte, error) {
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, a.imds+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("X-aws-ec2-metadata-token", token)
-	body, err := a.do(r)
+	body, err := metadata.Get(ctx, a.client, http.MethodGet, a.imds+path,
+		map[string]string{"X-aws-ec2-metadata-token": token}, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read %s from IMDS: %w", path, err)
 	}
@@ -203,20 +195,4 @@ func (a *Attestor) roleCredentials(ctx context.Context, token string) (credentia
 		return credentials{}, errors.New("IMDS returned empty role credentials")
 	}
 	return credentials{AccessKeyID: c.AccessKeyID, SecretAccessKey: c.SecretAccessKey, SessionToken: c.Token}, nil
-}
-
-func (a *Attestor) do(r *http.Request) ([]byte, error) {
-	resp, err := a.client.Do(r)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s %s: %s", r.Method, r.URL.Path, resp.Status)
-	}
-	return body, nil
 }

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
+	"sigs.k8s.io/kubelet-authenticator/attestor/internal/metadata"
 	"strings"
 	"time"
 
@@ -61,22 +61,10 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.
 		return nil, errors.New("azure attestor needs a binding")
 	}
 	q := url.Values{"api-version": {a.apiVersion}, "nonce": {Nonce(req.Binding)}}
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, a.endpoint+"/metadata/attested/document?"+q.Encode(), nil)
+	body, err := metadata.Get(ctx, a.client, http.MethodGet, a.endpoint+"/metadata/attested/document?"+q.Encode(),
+		map[string]string{"Metadata": "true"}, 1<<20)
 	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("Metadata", "true")
-	resp, err := a.client.Do(r)
-	if err != nil {
-		return nil, fmt.Errorf("unable to reach IMDS: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, fmt.Errorf("unable to read the attested document: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("IMDS answered %s for the attested document", resp.Status)
+		return nil, fmt.Errorf("unable to get the attested document from IMDS: %w", err)
 	}
 	var doc struct {
 		Encoding  string `json:"encoding"`

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -57,23 +55,9 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.
 		return nil, errors.New("gcp attestor needs a binding")
 	}
 	q := url.Values{"audience": {Audience(a.prefix, req.Binding)}, "format": {"full"}}
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		a.endpoint+"/computeMetadata/v1/instance/service-accounts/default/identity?"+q.Encode(), nil)
+	token, err := a.metadata(ctx, "instance/service-accounts/default/identity?"+q.Encode(), 64<<10)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("unable to get the identity token: %w", err)
 	}
-	r.Header.Set("Metadata-Flavor", "Google")
-	resp, err := a.client.Do(r)
-	if err != nil {
-		return nil, fmt.Errorf("unable to reach the metadata server: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return nil, fmt.Errorf("unable to read the identity token: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metadata server answered %s for the identity token", resp.Status)
-	}
-	return json.Marshal(Evidence{Version: VersionV1, Token: strings.TrimSpace(string(body))})
+	return json.Marshal(Evidence{Version: VersionV1, Token: token})
 }

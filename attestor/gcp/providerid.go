@@ -3,9 +3,9 @@ package gcp
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"path"
+	"sigs.k8s.io/kubelet-authenticator/attestor/internal/metadata"
 	"strings"
 )
 
@@ -14,15 +14,15 @@ import (
 // name>, for a node whose configuration names none. It proves nothing: the
 // verifier derives the provider ID from the signed token again.
 func (a *Attestor) ProviderID(ctx context.Context) (string, error) {
-	project, err := a.metadata(ctx, "project/project-id")
+	project, err := a.metadata(ctx, "project/project-id", 4<<10)
 	if err != nil {
 		return "", err
 	}
-	zone, err := a.metadata(ctx, "instance/zone")
+	zone, err := a.metadata(ctx, "instance/zone", 4<<10)
 	if err != nil {
 		return "", err
 	}
-	name, err := a.metadata(ctx, "instance/name")
+	name, err := a.metadata(ctx, "instance/name", 4<<10)
 	if err != nil {
 		return "", err
 	}
@@ -34,23 +34,12 @@ func (a *Attestor) ProviderID(ctx context.Context) (string, error) {
 	return "gce://" + project + "/" + zone + "/" + name, nil
 }
 
-func (a *Attestor) metadata(ctx context.Context, p string) (string, error) {
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, a.endpoint+"/computeMetadata/v1/"+p, nil)
+// metadata returns the trimmed value at p under /computeMetadata/v1/.
+func (a *Attestor) metadata(ctx context.Context, p string, limit int64) (string, error) {
+	body, err := metadata.Get(ctx, a.client, http.MethodGet, a.endpoint+"/computeMetadata/v1/"+p,
+		map[string]string{"Metadata-Flavor": "Google"}, limit)
 	if err != nil {
 		return "", err
-	}
-	r.Header.Set("Metadata-Flavor", "Google")
-	resp, err := a.client.Do(r)
-	if err != nil {
-		return "", fmt.Errorf("unable to reach the metadata server: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	if err != nil {
-		return "", fmt.Errorf("unable to read %s from the metadata server: %w", p, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("metadata server answered %s for %s", resp.Status, p)
 	}
 	return strings.TrimSpace(string(body)), nil
 }

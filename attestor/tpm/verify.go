@@ -402,36 +402,25 @@ func (*Verifier) ChallengeExpiry(challenge []byte) (time.Time, error) {
 // checkEKAttributes requires a restricted decryption key fixed to its TPM:
 // the kind of key credential activation needs and manufacturers certify.
 func checkEKAttributes(p *tpm2.TPMTPublic) error {
-	a := p.ObjectAttributes
-	var errs []error
-	for _, c := range []struct {
-		ok   bool
-		what string
-	}{
-		{a.FixedTPM, "fixedTPM is clear"},
-		{a.FixedParent, "fixedParent is clear"},
-		{a.SensitiveDataOrigin, "sensitiveDataOrigin is clear"},
-		{a.Restricted, "restricted is clear"},
-		{a.Decrypt, "decrypt is clear"},
-		{!a.SignEncrypt, "sign is set"},
-	} {
-		if !c.ok {
-			errs = append(errs, errors.New(c.what))
-		}
-	}
-	if _, err := hashFor(p.NameAlg); err != nil {
-		errs = append(errs, fmt.Errorf("name algorithm: %w", err))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("the EK is not a restricted decryption key fixed to its TPM: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
-	}
-	return nil
+	return checkKeyAttributes(p, false, "the EK is not a restricted decryption key fixed to its TPM")
 }
 
 // checkAKAttributes requires a restricted signing key generated in and fixed
 // to its TPM: such a key signs only TPM-generated structures.
 func checkAKAttributes(p *tpm2.TPMTPublic) error {
+	return checkKeyAttributes(p, true, "the AK is not a restricted signing key fixed to its TPM")
+}
+
+// checkKeyAttributes requires a restricted key generated in and fixed to
+// its TPM that either signs (and does not decrypt) or decrypts (and does
+// not sign), with a name algorithm this verifier knows. Every missing
+// attribute is reported.
+func checkKeyAttributes(p *tpm2.TPMTPublic, sign bool, what string) error {
 	a := p.ObjectAttributes
+	signWrong, decryptWrong := "sign is set", "decrypt is clear"
+	if sign {
+		signWrong, decryptWrong = "sign is clear", "decrypt is set"
+	}
 	var errs []error
 	for _, c := range []struct {
 		ok   bool
@@ -441,8 +430,8 @@ func checkAKAttributes(p *tpm2.TPMTPublic) error {
 		{a.FixedParent, "fixedParent is clear"},
 		{a.SensitiveDataOrigin, "sensitiveDataOrigin is clear"},
 		{a.Restricted, "restricted is clear"},
-		{a.SignEncrypt, "sign is clear"},
-		{!a.Decrypt, "decrypt is set"},
+		{a.SignEncrypt == sign, signWrong},
+		{a.Decrypt != sign, decryptWrong},
 	} {
 		if !c.ok {
 			errs = append(errs, errors.New(c.what))
@@ -452,7 +441,7 @@ func checkAKAttributes(p *tpm2.TPMTPublic) error {
 		errs = append(errs, fmt.Errorf("name algorithm: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("the AK is not a restricted signing key fixed to its TPM: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return fmt.Errorf("%s: %s", what, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	return nil
 }

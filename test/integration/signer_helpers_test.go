@@ -31,6 +31,17 @@ func runSigner(t *testing.T, mgmt *harness.Management, adjust func(*app.Options)
 	if adjust != nil {
 		adjust(o)
 	}
+	runOptions(t, o)
+}
+
+// runOptions completes, validates and runs o (either controller command's
+// options) in-process until the test ends.
+func runOptions(t *testing.T, o interface {
+	Complete() error
+	Validate() error
+	Run(context.Context) error
+}) {
+	t.Helper()
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}

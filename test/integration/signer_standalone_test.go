@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2/ktesting"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
@@ -53,27 +52,7 @@ func TestSignerStandalone(t *testing.T) {
 	o.MaxClientCertificateLifetime = 24 * time.Hour
 	o.CASecret = ns + "/cluster-ca"
 	o.AuthorizedAttestors = []string{"insecure"}
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	_, tctx := ktesting.NewTestContext(t)
-	runCtx, cancel := context.WithCancel(tctx)
-	done := make(chan error, 1)
-	go func() { done <- o.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("controller: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("controller did not stop within 30s")
-		}
-	})
+	runOptions(t, o)
 
 	e := &signerEnv{wl: wl, bootstrap: bootstrapClient(t, wl)}
 	build := func(node, pid string) []byte {

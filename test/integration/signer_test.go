@@ -16,11 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2/ktesting"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
@@ -53,34 +51,7 @@ func startSigner(t *testing.T) *signerEnv {
 	})
 	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
 
-	o := app.NewOptions()
-	o.RESTConfig = mgmt.AdminConfig
-	o.LeaderElectionNamespace = metav1.NamespaceSystem
-	o.MetricsBindAddress = "0"
-	o.HealthProbeBindAddress = "0"
-	o.MaxClientCertificateLifetime = 24 * time.Hour
-	o.SkipControllerNameValidation = true // every test runs its own
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	_, tctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(tctx)
-	done := make(chan error, 1)
-	go func() { done <- o.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("controller: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("controller did not stop within 30s")
-		}
-	})
+	runSigner(t, mgmt, nil)
 
 	token := wl.CreateBootstrapToken(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(t, token))
