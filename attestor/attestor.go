@@ -1,16 +1,20 @@
 // Package attestor is the contract shared by the node and the signer: the
-// wire format of an attested certificate signing request, the binding that
-// ties evidence to the CSR's key, and the two small interfaces every provider
-// implements, one per side.
+// wire format of an attested certificate signing request (wire.go), the
+// reasons a signer writes on requests it denies (reasons.go), the binding
+// that ties evidence to the CSR's key, and the small interfaces every
+// provider implements, one or two methods a side.
 //
 // A provider lives in its own sub-package (attestor/tpm, attestor/aws, ...)
 // with both halves side by side: the node half (an Attestor) turns a binding
 // into evidence; the signer half (a Verifier) turns evidence plus binding into
-// a proven Identity. The signer, not the provider, compares that identity with
-// what Cluster API knows about the machine and applies trust on first use.
+// a proven Identity. The signer, not the provider, owns everything around
+// that: the structural rules, the Machine, trust on first use, and the
+// challenge of a two-round provider (it seals the challenge it writes, checks
+// its expiry, finds the challenged request and hands it to the verifier, and
+// closes it once answered).
 //
-// This package is imported by the exec plugin's hot path and by the
-// controller; it must stay free of device, network and Kubernetes imports.
+// This package is imported by the exec plugin and by the controller; it must
+// stay free of device, network and Kubernetes imports.
 package attestor
 
 import (
@@ -18,17 +22,16 @@ import (
 	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"time"
 )
 
 // Attestor is the node half of a provider.
 type Attestor interface {
-	// Attest returns evidence (a JSON document with a "version" field) that
-	// commits to req.Binding. version is one of Versions(); "" means the
-	// newest.
-	Attest(ctx context.Context, req *Request) (Evidence, error)
+	// Attest returns evidence that commits to req.Binding, in version
+	// req.Version ("" means the newest), with the annotations the CSR
+	// carrying it must be filed with.
+	Attest(ctx context.Context, req *Request) (*Attestation, error)
 	// Versions lists the evidence versions this attestor can produce, newest
 	// first.
 	Versions() []string
@@ -38,14 +41,18 @@ type Attestor interface {
 // round (TPM credential activation): the signer answers the first CSR with a
 // challenge and the node files a second CSR carrying the response.
 type Responder interface {
-	Respond(ctx context.Context, req *Request, ch *Challenge) (Evidence, error)
+	Respond(ctx context.Context, req *Request, ch *Challenge) (*Attestation, error)
 }
 
-// Annotator is implemented by node attestors that label their CSR (the TPM
-// attestor writes the EK public key into cluster-x-k8s-io/tpm-endorsement-key).
-type Annotator interface {
-	// Annotations returns the annotations for a CSR carrying evidence.
-	Annotations(evidence Evidence) (map[string]string, error)
+// Attestation is what a node attestor produced for one CSR.
+type Attestation struct {
+	// Evidence is the attestation data block (JSON with a "version" field).
+	Evidence Evidence
+	// Version is the evidence's version.
+	Version string
+	// Annotations are set on the CSR when it is created (the TPM attestor's
+	// cluster-x-k8s-io/tpm-endorsement-key); nil for most providers.
+	Annotations map[string]string
 }
 
 // Request is what a node attestor is asked to attest.
@@ -57,16 +64,12 @@ type Request struct {
 	// Binding is Binding(SPKI of the CSR key).
 	Binding []byte
 	// SPKI is the DER SubjectPublicKeyInfo of the CSR key, for attestors
-	// that must show the key itself to their evidence source (TPM2_Certify
-	// loads it into the TPM; the TPM challenge answer is bound to it).
-	// Binding must equal Binding(SPKI). Optional for attestors that need
-	// only the binding.
+	// whose answer is bound to the key itself (the TPM challenge answer).
+	// Binding must equal Binding(SPKI).
 	SPKI []byte
-	// Key is the CSR's private key, for attestors whose evidence source
-	// must be shown possession of it: TPM2_Certify refuses a public-only
-	// object, so the TPM attestor loads the key pair into the TPM's null
-	// hierarchy (transiently) to certify it. Optional for other attestors;
-	// never sent anywhere.
+	// Key is the CSR's private key. Only TPM evidence v1 uses it (it loads
+	// the key into the TPM to certify it); v2 and every other provider
+	// never see it.
 	Key crypto.Signer
 	// Version is the evidence version to produce; "" for the newest.
 	Version string
@@ -74,11 +77,17 @@ type Request struct {
 
 // Challenge is a signer's challenge to a first-round CSR.
 type Challenge struct {
-	// CSRName and CSRUID identify the CSR that was challenged.
+	// CSRName and CSRUID identify the CSR that was challenged (set by the
+	// node when it hands a challenge to its Responder).
 	CSRName string
 	CSRUID  string
-	// Data is the provider-defined challenge, as the signer wrote it.
+	// Data is the provider-defined challenge, as written in the CSR's
+	// challenge annotation.
 	Data []byte
+	// Expires is when the challenge stops being accepted. A verifier sets
+	// it on the challenge it returns; the signer seals it with the data and
+	// enforces it.
+	Expires time.Time
 }
 
 // Evidence is a provider's evidence document: JSON with a "version" field.
@@ -98,9 +107,11 @@ type Verifier interface {
 }
 
 // VerifyRequest is one CSR's evidence, as the signer hands it to a verifier.
+// The signer has already checked the request's structure, its requester,
+// the Cluster's authorization, the evidence version and the Machine.
 type VerifyRequest struct {
 	// Evidence is the attestation data block, and Version its parsed
-	// "version" field (already checked against Versions()).
+	// "version" field (one of Versions()).
 	Evidence Evidence
 	Version  string
 	// Binding is Binding(SPKI of the CSR key), computed by the signer.
@@ -111,69 +122,52 @@ type VerifyRequest struct {
 	NodeName string
 	// ProviderID is the provider ID the CSR extension claims.
 	ProviderID string
-
-	// CSRName, CSRUID, Username and Annotations describe the Kubernetes
-	// object, for providers that answer in more than one round.
-	CSRName     string
-	CSRUID      string
-	Username    string
+	// UID is the CSR object's UID: a challenge is bound to it.
+	UID string
+	// Annotations are the CSR's annotations.
 	Annotations map[string]string
-
 	// MachineAnnotations are the annotations of the Machine the CSR was
-	// matched to (and of its infrastructure object, where the signer reads
-	// one), for providers whose infrastructure reports a key the evidence
-	// must match (cluster-x-k8s-io/tpm-endorsement-key).
+	// matched to and of its infrastructure object, for providers whose
+	// infrastructure reports a key the evidence must match
+	// (cluster-x-k8s-io/tpm-endorsement-key).
 	MachineAnnotations map[string]string
-
-	// Approved reports that this signer approved the CSR already and is
-	// verifying it again before it signs: evidence that is good once (a
-	// challenge answer whose challenged CSR the approval consumed) is still
-	// accepted, since the approval is what consumed it.
-	Approved bool
-
-	// LookupCSR fetches another CSR of the same workload cluster by name,
-	// for providers whose second round refers to the first. It returns an
-	// error wrapping ErrCSRNotFound when there is no such CSR.
-	LookupCSR func(ctx context.Context, name string) (*CSRRecord, error)
+	// Answered is set when the evidence answers a challenge: the first
+	// round, as the signer found it (see Result.Answers).
+	Answered *Round
 }
 
-// CSRRecord is a CertificateSigningRequest as a verifier sees it.
-type CSRRecord struct {
-	Name        string
-	UID         string
-	Username    string
-	SignerName  string
-	Request     []byte
+// Round is an earlier, challenged request, as the signer found it. The
+// signer has checked that it was filed by the same requester to the same
+// signer name, for the same key, node name and provider ID, that its
+// challenge is one the signer wrote and has not expired, and that it is
+// still undecided.
+type Round struct {
+	// Name and UID identify the challenged CSR.
+	Name, UID string
+	// CSR is its parsed PKCS#10 request.
+	CSR *x509.CertificateRequest
+	// Evidence and Version are its first-round evidence.
+	Evidence Evidence
+	Version  string
+	// Annotations are its annotations.
 	Annotations map[string]string
-	// Approved, Denied and Issued report the CSR's state.
-	Approved, Denied, Issued bool
+	// Challenge is the challenge the signer wrote on it.
+	Challenge *Challenge
 }
 
-// ErrCSRNotFound is wrapped by LookupCSR when the named CSR does not exist.
-var ErrCSRNotFound = errors.New("certificate signing request not found")
-
-// Result is what a verifier proved. Exactly one of Identity and Challenge is
-// set.
+// Result is what a verifier proved. Exactly one of Identity, Challenge and
+// Answers is set.
 type Result struct {
 	// Identity is set when the evidence proved who the node is.
 	Identity *Identity
 	// Challenge is set when the verifier needs a second round: the signer
-	// writes it into the CSR's challenge annotation and waits for the answer.
-	Challenge []byte
-	// Answers, set with Identity, names the earlier CSR whose challenge
-	// this evidence answered. The signer denies that CSR (reason
-	// ChallengeAnswered) before it approves this one, so that a challenge
-	// is answered once.
+	// writes Data into the CSR's challenge annotation, seals it, and waits
+	// for the answer until Expires.
+	Challenge *Challenge
+	// Answers is set when the evidence answers the challenge of the named
+	// CSR and in.Answered was nil: the signer finds that CSR, checks it
+	// (see Round) and calls Verify again with in.Answered set.
 	Answers string
-}
-
-// Challenger is implemented by verifiers that challenge (return
-// Result.Challenge). The signer asks it when a challenge it wrote stops
-// being accepted, to deny the challenged CSR then if nobody answered, rather
-// than challenge it again.
-type Challenger interface {
-	// ChallengeExpiry returns the expiry of a challenge this verifier made.
-	ChallengeExpiry(challenge []byte) (time.Time, error)
 }
 
 // Identity is what a provider proved about a node.
@@ -188,8 +182,11 @@ type Identity struct {
 	Stable string
 }
 
-// DenyError reports evidence that does not verify. Reason is a short
-// CamelCase word used as the CSR condition reason; Message says what to fix.
+// DenyError is the one denial type: a request that does not pass a check.
+// Reason is a short CamelCase word used as the CSR condition reason (one of
+// the constants in reasons.go, or a provider's own); Message says what to
+// fix. Several are joined with errors.Join so that one denial says
+// everything that is wrong.
 type DenyError struct {
 	Reason  string
 	Message string
@@ -202,13 +199,38 @@ func Deny(reason, format string, args ...any) error {
 	return &DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
-// AsDenial reports whether err carries a *DenyError, and returns it.
+// AsDenial reports whether err carries a *DenyError, and returns the first.
 func AsDenial(err error) (*DenyError, bool) {
-	var d *DenyError
-	if errors.As(err, &d) {
-		return d, true
+	if ds := Denials(err); len(ds) > 0 {
+		return ds[0], true
 	}
 	return nil, false
+}
+
+// Denials returns every *DenyError in err (as joined by errors.Join or
+// wrapped with %w, at any depth), in order.
+func Denials(err error) []*DenyError {
+	var out []*DenyError
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if d, ok := e.(*DenyError); ok {
+			out = append(out, d)
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
 }
 
 // bindingContext is the domain separator of Binding.

@@ -1,0 +1,145 @@
+package attestor
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Reasons a signer writes on the conditions of the requests it decides.
+// Every reason that crosses the wire and is not one provider's own is
+// defined here, once; providers refer to these where they mean the same
+// thing. docs/troubleshooting.md says what to do about each (a test keeps
+// it complete).
+const (
+	// ReasonAttestationVerified approves an attested client request.
+	ReasonAttestationVerified = "AttestationVerified"
+	// ReasonAttestedServingVerified approves an attested serving request.
+	ReasonAttestedServingVerified = "AttestedServingVerified"
+	// ReasonServingVerified approves kubelet's own kubernetes.io/kubelet-serving
+	// request whose addresses all belong to its Machine.
+	ReasonServingVerified = "ServingAddressesVerified"
+
+	// ReasonSignerNotServed: the signer name is one this controller
+	// refuses (a serving signer for a provider that cannot do serving).
+	ReasonSignerNotServed = "SignerNotServed"
+	// ReasonRequesterNotAllowed: spec.username may not ask for this kind of
+	// certificate.
+	ReasonRequesterNotAllowed = "RequesterNotAllowed"
+	// ReasonRequesterMismatch: a node asked for a certificate of another
+	// node, or a second round was filed by another requester than the first.
+	ReasonRequesterMismatch = "RequesterMismatch"
+	// ReasonMalformedRequest: spec.request does not follow the wire contract
+	// (PEM framing, PKCS#10, provider block, evidence header) or its
+	// signature does not verify.
+	ReasonMalformedRequest = "MalformedRequest"
+	// ReasonProviderMismatch: the provider block names another provider than
+	// the signer name.
+	ReasonProviderMismatch = "ProviderMismatch"
+	// ReasonSubjectMismatch: the subject is not CN=system:node:<name>,
+	// O=system:nodes and nothing else.
+	ReasonSubjectMismatch = "SubjectMismatch"
+	// ReasonUsagesNotAllowed: spec.usages is not exactly the set of the
+	// certificate kind.
+	ReasonUsagesNotAllowed = "UsagesNotAllowed"
+	// ReasonUnexpectedSAN: a client request carries subject alternative names.
+	ReasonUnexpectedSAN = "UnexpectedSAN"
+	// ReasonSANTypeNotAllowed: a serving request carries email or URI SANs.
+	ReasonSANTypeNotAllowed = "SANTypeNotAllowed"
+	// ReasonSANNotMachineAddress: a serving SAN is not one of the Machine's
+	// status.addresses.
+	ReasonSANNotMachineAddress = "SANNotMachineAddress"
+	// ReasonNoSANs: a serving request names no DNS or IP address.
+	ReasonNoSANs = "NoSANs"
+	// ReasonCARequested: the request asks for a CA certificate.
+	ReasonCARequested = "CARequested"
+	// ReasonProviderIDMissing: the request has no provider ID extension.
+	ReasonProviderIDMissing = "ProviderIDMissing"
+	// ReasonProviderIDMalformed: the provider ID extension is not a single
+	// non-critical UTF8String.
+	ReasonProviderIDMalformed = "ProviderIDMalformed"
+	// ReasonKeyNotAllowed: the key is neither ECDSA P-256 nor RSA of an
+	// allowed size.
+	ReasonKeyNotAllowed = "KeyNotAllowed"
+
+	// ReasonAttestorNotAuthorized: the Cluster does not list the request's
+	// provider among its authorized attestors.
+	ReasonAttestorNotAuthorized = "AttestorNotAuthorized"
+	// ReasonUnsupportedEvidenceVersion: the verifier does not accept the
+	// evidence version; the supported-versions annotation says which it does.
+	ReasonUnsupportedEvidenceVersion = "UnsupportedEvidenceVersion"
+	// ReasonMalformedEvidence: the evidence cannot be read.
+	ReasonMalformedEvidence = "MalformedEvidence"
+	// ReasonAttestedProviderIDMismatch: the evidence proves another provider
+	// ID than the CSR extension and the Machine carry.
+	ReasonAttestedProviderIDMismatch = "AttestedProviderIDMismatch"
+	// ReasonIdentityMismatch: the evidence proves another stable identity
+	// than the one the Machine (or allowlist entry) is pinned to.
+	ReasonIdentityMismatch = "IdentityMismatch"
+	// ReasonSigningFailed: an approved request could not be signed and will
+	// not be (its Machine went away between approval and signing).
+	ReasonSigningFailed = "SigningFailed"
+	// ReasonUndecidable: the request stayed undecidable (a transient error
+	// every time) for longer than the signer retries one request.
+	ReasonUndecidable = "Undecidable"
+
+	// ReasonChallengeAnswered closes a challenged request whose challenge a
+	// later request answered (and was approved instead).
+	ReasonChallengeAnswered = "ChallengeAnswered"
+	// ReasonChallengeExpired: nobody answered the challenge in time, or the
+	// answer came after it expired.
+	ReasonChallengeExpired = "ChallengeExpired"
+	// ReasonMalformedChallenge: the request carries a challenge annotation
+	// the signer did not write.
+	ReasonMalformedChallenge = "MalformedChallenge"
+	// ReasonChallengeNotFound: the answered request does not exist or is not
+	// a first round of the same provider.
+	ReasonChallengeNotFound = "ChallengeNotFound"
+	// ReasonChallengeNotIssued: the answered request carries no challenge.
+	ReasonChallengeNotIssued = "ChallengeNotIssued"
+	// ReasonChallengeUsed: the answered request was decided already.
+	ReasonChallengeUsed = "ChallengeUsed"
+	// ReasonChallengeMismatch: the answer is for another key, node, provider
+	// ID or signer than the challenged request.
+	ReasonChallengeMismatch = "ChallengeMismatch"
+
+	// ReasonMachineNotFound: no Machine of an opted-in Cluster has the
+	// request's provider ID (or is the node).
+	ReasonMachineNotFound = "MachineNotFound"
+	// ReasonNodeNameMismatch: the Machine does not claim the node name.
+	ReasonNodeNameMismatch = "NodeNameMismatch"
+	// ReasonMachineProviderIDMismatch: the Machine's spec.providerID is not
+	// the request's.
+	ReasonMachineProviderIDMismatch = "MachineProviderIDMismatch"
+	// ReasonDuplicateProviderID: more than one Machine has the provider ID.
+	ReasonDuplicateProviderID = "DuplicateProviderID"
+	// ReasonMachineDeleting: the Machine is being deleted.
+	ReasonMachineDeleting = "MachineDeleting"
+	// ReasonIdentityClaimedByOtherMachine: trust on first use bound the
+	// attested identity to another Machine.
+	ReasonIdentityClaimedByOtherMachine = "IdentityClaimedByOtherMachine"
+	// ReasonMachineIdentityMismatch: trust on first use bound another
+	// identity to this Machine.
+	ReasonMachineIdentityMismatch = "MachineIdentityMismatch"
+	// ReasonNodeNotAllowed: standalone mode has no allowlist entry for the
+	// node.
+	ReasonNodeNotAllowed = "NodeNotAllowed"
+	// ReasonAllowlistProviderIDMismatch: the allowlist entry names another
+	// provider ID.
+	ReasonAllowlistProviderIDMismatch = "AllowlistProviderIDMismatch"
+)
+
+// Summary turns denials into one condition: the first denial's reason, and
+// a message listing every denial.
+func Summary(ds []*DenyError) (reason, message string) {
+	switch len(ds) {
+	case 0:
+		return "", ""
+	case 1:
+		return ds[0].Reason, ds[0].Message
+	}
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.Error()
+	}
+	return ds[0].Reason, fmt.Sprintf("%d checks failed: %s", len(ds), strings.Join(parts, "; "))
+}
