@@ -266,3 +266,13 @@ func DecodeEvidence(evidence Evidence, v any) error {
 	}
 	return nil
 }
+
+// Encode marshals an evidence document of the given version into an
+// Attestation without annotations.
+func Encode(version string, doc any) (*Attestation, error) {
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("unable to encode evidence: %w", err)
+	}
+	return &Attestation{Evidence: b, Version: version}, nil
+}

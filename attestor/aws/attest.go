@@ -84,7 +84,7 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 func (a *Attestor) Versions() []string { return []string{VersionV1} }
 
 // Attest implements attestor.Attestor.
-func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	if req.Version != "" && req.Version != VersionV1 {
 		return nil, fmt.Errorf("aws attestor cannot produce evidence version %q", req.Version)
 	}
@@ -119,7 +119,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: *presigned})
+	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: *presigned})
 }
 
 func (a *Attestor) presign(region string, creds credentials, binding []byte) (*PresignedRequest, error) {

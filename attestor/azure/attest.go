@@ -53,7 +53,7 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 func (a *Attestor) Versions() []string { return []string{VersionV1} }
 
 // Attest implements attestor.Attestor.
-func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	if req.Version != "" && req.Version != VersionV1 {
 		return nil, fmt.Errorf("azure attestor cannot produce evidence version %q", req.Version)
 	}
@@ -76,5 +76,5 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.
 	if doc.Encoding != "pkcs7" || doc.Signature == "" {
 		return nil, fmt.Errorf("the attested document has encoding %q and no usable signature", doc.Encoding)
 	}
-	return json.Marshal(Evidence{Version: VersionV1, Signature: doc.Signature})
+	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Signature: doc.Signature})
 }

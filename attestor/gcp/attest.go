@@ -47,7 +47,7 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 func (a *Attestor) Versions() []string { return []string{VersionV1} }
 
 // Attest implements attestor.Attestor.
-func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	if req.Version != "" && req.Version != VersionV1 {
 		return nil, fmt.Errorf("gcp attestor cannot produce evidence version %q", req.Version)
 	}
@@ -59,5 +59,5 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (attestor.
 	if err != nil {
 		return nil, fmt.Errorf("unable to get the identity token: %w", err)
 	}
-	return json.Marshal(Evidence{Version: VersionV1, Token: token})
+	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Token: token})
 }

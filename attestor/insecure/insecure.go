@@ -9,7 +9,6 @@ package insecure
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -35,14 +34,14 @@ type Attestor struct{}
 func (Attestor) Versions() []string { return []string{VersionV1} }
 
 // Attest implements attestor.Attestor.
-func (Attestor) Attest(_ context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (Attestor) Attest(_ context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	if req.Version != "" && req.Version != VersionV1 {
 		return nil, fmt.Errorf("insecure attestor cannot produce evidence version %q", req.Version)
 	}
 	if req.ProviderID == "" {
 		return nil, fmt.Errorf("insecure attestor needs a provider ID")
 	}
-	return json.Marshal(Evidence{Version: VersionV1, ProviderID: req.ProviderID})
+	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, ProviderID: req.ProviderID})
 }
 
 // Verifier is the signer half.

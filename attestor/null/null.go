@@ -82,7 +82,7 @@ func NewAttestor(versions []string, stable string) (*Attestor, error) {
 func (a *Attestor) Versions() []string { return slices.Clone(a.versions) }
 
 // Attest implements attestor.Attestor.
-func (a *Attestor) Attest(_ context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (a *Attestor) Attest(_ context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	version := req.Version
 	if version == "" {
 		version = a.versions[0]
@@ -93,7 +93,7 @@ func (a *Attestor) Attest(_ context.Context, req *attestor.Request) (attestor.Ev
 	if req.ProviderID == "" {
 		return nil, errors.New("null attestor needs a provider ID")
 	}
-	return json.Marshal(Evidence{Version: version, ProviderID: req.ProviderID, Stable: a.stable})
+	return attestor.Encode(version, Evidence{Version: version, ProviderID: req.ProviderID, Stable: a.stable})
 }
 
 // Verifier is the signer half.
