@@ -143,3 +143,14 @@ func Summary(ds []*DenyError) (reason, message string) {
 	}
 	return ds[0].Reason, fmt.Sprintf("%d checks failed: %s", len(ds), strings.Join(parts, "; "))
 }
+
+// Denial returns the condition of the denials in err (see Summary); ok is
+// false when err holds none.
+func Denial(err error) (reason, message string, ok bool) {
+	ds := Denials(err)
+	if len(ds) == 0 {
+		return "", "", false
+	}
+	reason, message = Summary(ds)
+	return reason, message, true
+}

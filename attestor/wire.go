@@ -36,6 +36,11 @@ const (
 	// AnnotationChallenge is written by the controller on a CSR: a TPM
 	// credential-activation challenge.
 	AnnotationChallenge = "kubelet-authenticator.x-k8s.io/challenge"
+	// AnnotationChallengeSeal is written by the controller with every
+	// challenge: the challenge's expiry and a MAC under the controller key
+	// over it, the challenge, the CSR's UID and its signer name. Nodes
+	// ignore it; the controller takes no challenge without it.
+	AnnotationChallengeSeal = "kubelet-authenticator.x-k8s.io/challenge-seal"
 	// AnnotationSupportedVersions is written by the controller on a CSR whose
 	// evidence version it does not accept: a comma-separated list.
 	AnnotationSupportedVersions = "kubelet-authenticator.x-k8s.io/supported-versions"

@@ -7,6 +7,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
 // machineEvents records a workload cluster's CSR decisions as Events in the
@@ -22,7 +23,7 @@ type machineEvents struct {
 }
 
 // Decided implements controller.Recorder.
-func (e *machineEvents) Decided(csr string, m *controller.Machine, decision, reason, message string) {
+func (e *machineEvents) Decided(csr string, m *engine.Machine, decision, reason, message string) {
 	ref := &corev1.ObjectReference{
 		APIVersion: clusterv1.GroupVersion.String(),
 		Kind:       "Cluster",

@@ -4,32 +4,24 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
-// Reasons of requests no Machine accounts for.
+// Reasons of Machine matching (defined in the wire package).
 const (
-	// ReasonMachineNotFound: no Machine of the Cluster has the provider ID or
-	// claims the node name.
-	ReasonMachineNotFound = "MachineNotFound"
-	// ReasonNodeNameMismatch: the Machine with the provider ID does not claim
-	// the node name (its name, a Hostname or InternalDNS address, or its
-	// nodeRef once set).
-	ReasonNodeNameMismatch = "NodeNameMismatch"
-	// ReasonMachineProviderIDMismatch: the Machine that claims the node name
-	// has another provider ID.
-	ReasonMachineProviderIDMismatch = "MachineProviderIDMismatch"
-	// ReasonDuplicateProviderID: more than one Machine has the provider ID.
-	ReasonDuplicateProviderID = "DuplicateProviderID"
-	// ReasonMachineDeleting: the Machine is being deleted.
-	ReasonMachineDeleting = "MachineDeleting"
+	ReasonMachineNotFound           = attestor.ReasonMachineNotFound
+	ReasonNodeNameMismatch          = attestor.ReasonNodeNameMismatch
+	ReasonMachineProviderIDMismatch = attestor.ReasonMachineProviderIDMismatch
+	ReasonDuplicateProviderID       = attestor.ReasonDuplicateProviderID
+	ReasonMachineDeleting           = attestor.ReasonMachineDeleting
 )
 
 // IndexProviderID is the field index of Machines by spec.providerID.
@@ -55,7 +47,7 @@ type NotReadyError struct {
 func (e *NotReadyError) Error() string { return "Machine " + e.Machine + " " + e.Detail }
 
 func deny(reason, format string, args ...any) error {
-	return &checks.Failure{Reason: reason, Message: fmt.Sprintf(format, args...)}
+	return attestor.Deny(reason, format, args...)
 }
 
 // Match picks, among machines (Machines of one Cluster), the one a node
@@ -143,7 +135,7 @@ func BootstrapReady(m *clusterv1.Machine) bool {
 }
 
 // Matcher matches the nodes of one Cluster to its Machines. It implements
-// controller.MachineMatcher.
+// engine.Machines.
 type Matcher struct {
 	// Cache is the manager's cached client, with Machines indexed by
 	// IndexProviderID.
@@ -156,8 +148,8 @@ type Matcher struct {
 	Namespace, Cluster string
 }
 
-// MatchMachine implements controller.MachineMatcher.
-func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string) (*controller.Machine, error) {
+// MatchMachine implements engine.Machines.
+func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string) (*engine.Machine, error) {
 	var list clusterv1.MachineList
 	if err := m.Cache.List(ctx, &list, client.InNamespace(m.Namespace),
 		client.MatchingFields{IndexProviderID: providerID},
@@ -165,7 +157,7 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 		return nil, fmt.Errorf("unable to list Machines: %w", err)
 	}
 	machine, err := Match(m.ofCluster(list.Items), nodeName, providerID)
-	if err != nil && len(checks.Failures(err)) > 0 {
+	if err != nil && len(attestor.Denials(err)) > 0 {
 		// About to deny: decide on what the API server says, not the cache.
 		var live clusterv1.MachineList
 		if lerr := m.Live.List(ctx, &live, client.InNamespace(m.Namespace),
@@ -177,13 +169,55 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 	if err != nil {
 		return nil, err
 	}
-	return &controller.Machine{
-		Namespace:   machine.Namespace,
-		Name:        machine.Name,
-		UID:         machine.UID,
-		ProviderID:  machine.Spec.ProviderID,
-		Annotations: maps.Clone(machine.Annotations),
-	}, nil
+	return toMachine(machine), nil
+}
+
+// ForNode implements engine.Machines: the one Machine that is node
+// nodeName, asking the API server before reporting none.
+func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine, error) {
+	find := func(r client.Reader) (*engine.Machine, error) {
+		var list clusterv1.MachineList
+		if err := r.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: m.Cluster}); err != nil {
+			return nil, fmt.Errorf("unable to list Machines: %w", err)
+		}
+		var found []*clusterv1.Machine
+		items := m.ofCluster(list.Items)
+		for i := range items {
+			if claims(&items[i], nodeName) {
+				found = append(found, &items[i])
+			}
+		}
+		switch {
+		case len(found) == 0:
+			return nil, deny(ReasonMachineNotFound, "no Machine of the Cluster is node %q", nodeName)
+		case len(found) > 1:
+			return nil, deny(ReasonDuplicateProviderID, "%d Machines claim node name %q; remove the stale ones", len(found), nodeName)
+		case !found[0].DeletionTimestamp.IsZero():
+			return nil, deny(ReasonMachineDeleting, "Machine %s of node %q is being deleted", found[0].Name, nodeName)
+		}
+		return toMachine(found[0]), nil
+	}
+	out, err := find(m.Cache)
+	if err != nil && len(attestor.Denials(err)) > 0 {
+		out, err = find(m.Live)
+	}
+	return out, err
+}
+
+// toMachine is what the engine needs to know about a Machine.
+func toMachine(m *clusterv1.Machine) *engine.Machine {
+	out := &engine.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID, Annotations: maps.Clone(m.Annotations)}
+	for _, a := range m.Status.Addresses {
+		switch a.Type {
+		case clusterv1.MachineHostName, clusterv1.MachineInternalDNS, clusterv1.MachineExternalDNS:
+			out.DNSNames = append(out.DNSNames, a.Address)
+		case clusterv1.MachineInternalIP, clusterv1.MachineExternalIP:
+			if ip := net.ParseIP(a.Address); ip != nil {
+				out.IPs = append(out.IPs, ip)
+			}
+		}
+	}
+	return out
 }
 
 func (m *Matcher) ofCluster(in []clusterv1.Machine) []clusterv1.Machine {

@@ -6,8 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 type machineOpt func(*clusterv1.Machine)
@@ -84,11 +83,11 @@ func TestMatch(t *testing.T) {
 				}
 			case tt.notReady:
 				var nr *NotReadyError
-				if !errors.As(err, &nr) || len(checks.Failures(err)) != 0 {
+				if !errors.As(err, &nr) || len(attestor.Denials(err)) != 0 {
 					t.Fatalf("Match() error = %v, want a NotReadyError (retry, not deny)", err)
 				}
 			default:
-				reason, _, ok := checks.Denial(err)
+				reason, _, ok := attestor.Denial(err)
 				if !ok || reason != tt.reason {
 					t.Fatalf("Match() error = %v, want denial %s", err, tt.reason)
 				}

@@ -31,6 +31,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
@@ -75,8 +76,15 @@ type ClusterReconciler struct {
 	// Events, when set, records every CSR decision as an Event on its
 	// Machine (events.go).
 	Events record.EventRecorder
+	// ClientOnly names the providers that issue client certificates only
+	// (insecure): their serving signer names are refused.
+	ClientOnly []string
+	// ChallengeKey seals the challenges the controller writes (the
+	// controller key, shared by all replicas); required when a verifier
+	// challenges.
+	ChallengeKey []byte
 	// Identities applies trust on first use; may be nil (no TOFU).
-	Identities controller.IdentityBinder
+	Identities engine.IdentityBinder
 	// Workers per workload cluster; 0 means 2.
 	Workers int
 	// ClientQPS and ClientBurst rate-limit each workload cluster's client;
@@ -312,25 +320,31 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		workers = 2
 	}
 	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name}
-	handlers := r.servingHandlers(nn.String(), cs, machines, authorized, servingCAs.Signing, approveServing)
 	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
 	c, err := controller.New(controller.Config{
-		Cluster:    nn.String(),
-		Client:     cs,
-		Verifiers:  r.Verifiers,
-		Authorized: authorized,
-		Machines:   machines,
-		Handlers:   handlers,
-		Signer:     &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
-		Metrics:    r.Metrics,
-		Events:     r.decisionEvents(cluster),
-		Identities: r.Identities,
-		Workers:    workers,
-		MinRetry:   r.MinRetry,
-		MaxRetry:   r.MaxRetry,
+		Cluster: nn.String(),
+		Client:  cs,
+		Engine: engine.Config{
+			Profiles: engine.Profiles(engine.ProfileSet{
+				Verifiers:      r.Verifiers,
+				ClientOnly:     r.ClientOnly,
+				Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
+				Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
+				KubeletServing: approveServing,
+			}),
+			Authorized:   authorized,
+			Machines:     machines,
+			Identities:   r.Identities,
+			ChallengeKey: r.ChallengeKey,
+		},
+		Metrics:  r.Metrics,
+		Events:   r.decisionEvents(cluster),
+		Workers:  workers,
+		MinRetry: r.MinRetry,
+		MaxRetry: r.MaxRetry,
 	})
 	if err != nil {
 		return next, err

@@ -9,13 +9,16 @@
 package checks
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/asn1"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -25,44 +28,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-)
-
-// Reasons of failed checks. Each is used as the reason of the CSR's Denied
-// condition when it is the first failure.
-const (
-	// ReasonUnknownSigner: the signer name is not one of this project's
-	// kubelet client signer names.
-	ReasonUnknownSigner = "UnknownSigner"
-	// ReasonRequesterNotAllowed: spec.username is neither a bootstrap token
-	// identity nor a node.
-	ReasonRequesterNotAllowed = "RequesterNotAllowed"
-	// ReasonRequesterMismatch: a node asked for a certificate of another node.
-	ReasonRequesterMismatch = "RequesterMismatch"
-	// ReasonMalformedRequest: spec.request does not follow the wire contract
-	// (PEM framing, PKCS#10, provider block, evidence header) or its
-	// signature does not verify.
-	ReasonMalformedRequest = "MalformedRequest"
-	// ReasonProviderMismatch: the provider block names another provider than
-	// the signer name.
-	ReasonProviderMismatch = "ProviderMismatch"
-	// ReasonSubjectMismatch: the subject is not CN=system:node:<name>,
-	// O=system:nodes and nothing else.
-	ReasonSubjectMismatch = "SubjectMismatch"
-	// ReasonUsagesNotAllowed: spec.usages is not exactly digital signature
-	// and client auth (plus key encipherment for RSA keys).
-	ReasonUsagesNotAllowed = "UsagesNotAllowed"
-	// ReasonUnexpectedSAN: the request carries subject alternative names.
-	ReasonUnexpectedSAN = "UnexpectedSAN"
-	// ReasonCARequested: the request asks for a CA certificate.
-	ReasonCARequested = "CARequested"
-	// ReasonProviderIDMissing: the request has no provider ID extension.
-	ReasonProviderIDMissing = "ProviderIDMissing"
-	// ReasonProviderIDMalformed: the provider ID extension is not a single
-	// non-critical UTF8String.
-	ReasonProviderIDMalformed = "ProviderIDMalformed"
-	// ReasonKeyNotAllowed: the key is neither ECDSA P-256 nor RSA of at least
-	// MinRSABits bits.
-	ReasonKeyNotAllowed = "KeyNotAllowed"
 )
 
 // Identity prefixes and groups of the requesters the signer accepts.
@@ -89,139 +54,119 @@ var (
 	bootstrapTokenIDRE = regexp.MustCompile(`^[a-z0-9]{6}$`)
 )
 
-// Failure is one failed check. Check returns failures joined with
-// errors.Join; use Failures or Denial to take them apart.
-type Failure struct {
-	// Reason is a CamelCase word, one of the Reason constants.
-	Reason string
-	// Message says what is wrong and what to do about it.
-	Message string
+func failf(reason, format string, args ...any) *attestor.DenyError {
+	return &attestor.DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
-func (f *Failure) Error() string { return f.Reason + ": " + f.Message }
+// Kind is the kind of certificate a signer name issues; it decides which
+// structural rules apply.
+type Kind string
 
-func failf(reason, format string, args ...any) *Failure {
-	return &Failure{Reason: reason, Message: fmt.Sprintf(format, args...)}
-}
+const (
+	// Client is a kubelet client certificate: requested by a bootstrap
+	// token or by the node renewing its own, no SANs, client auth.
+	Client Kind = "client"
+	// Serving is a kubelet serving certificate: requested only by the node
+	// itself, DNS and IP SANs (which the signer compares with the
+	// Machine's addresses), server auth.
+	Serving Kind = "serving"
+)
 
-// Failures returns every *Failure in err (as joined by errors.Join, at any
-// depth), in order.
-func Failures(err error) []*Failure {
-	var out []*Failure
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if f, ok := e.(*Failure); ok {
-			out = append(out, f)
-			return
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, c := range u.Unwrap() {
-				walk(c)
-			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		}
-	}
-	walk(err)
-	return out
-}
-
-// Denial turns the error returned by Check into a condition reason (the
-// first failure's) and a message listing every failure. ok is false when err
-// holds no *Failure.
-func Denial(err error) (reason, message string, ok bool) {
-	fs := Failures(err)
-	if len(fs) == 0 {
-		return "", "", false
-	}
-	parts := make([]string, len(fs))
-	for i, f := range fs {
-		parts[i] = f.Error()
-	}
-	if len(fs) == 1 {
-		return fs[0].Reason, fs[0].Message, true
-	}
-	return fs[0].Reason, fmt.Sprintf("%d checks failed: %s", len(fs), strings.Join(parts, "; ")), true
+// Rules says which structural rules a request must follow.
+type Rules struct {
+	// Kind is the certificate kind.
+	Kind Kind
+	// Attested is true when spec.request follows the wire contract
+	// (PKCS#10 plus provider and evidence blocks, a provider ID extension)
+	// for Provider; false for a plain PKCS#10 request (kubelet's own
+	// kubernetes.io/kubelet-serving).
+	Attested bool
+	// Provider is the provider the signer name is for, when Attested.
+	Provider string
 }
 
 // Checked is what a request that passed every check says about itself.
 type Checked struct {
-	// Request is the parsed spec.request.
+	// CSR is the parsed PKCS#10 request.
+	CSR *x509.CertificateRequest
+	// Request is the parsed spec.request, when the rules are Attested.
 	Request *attestor.AttestedRequest
-	// Provider is the provider name, from the signer name and the provider
-	// block (which agree).
-	Provider string
 	// NodeName is the node name from the subject.
 	NodeName string
-	// ProviderID is the provider ID from the CSR extension.
+	// ProviderID is the provider ID from the CSR extension ("" for a plain
+	// request).
 	ProviderID string
 	// Binding is attestor.Binding of the CSR key.
 	Binding []byte
 	// Renewal is true when a node asked for its own certificate, false for a
 	// bootstrap token.
 	Renewal bool
-	// Usages are the requested usages (already checked).
+	// Usages are the requested (and checked) usages.
 	Usages []certificatesv1.KeyUsage
 	// RequestedDuration is spec.expirationSeconds, or 0 when unset. The
 	// signer caps it; it is never a reason to deny.
 	RequestedDuration time.Duration
 }
 
-// Check runs every structural check on csr. It returns the Checked request
-// when all pass; otherwise a nil Checked and an error joining one *Failure
-// per failed check.
-func Check(csr *certificatesv1.CertificateSigningRequest) (*Checked, error) {
+// Check runs every structural rule of r on csr. It returns the Checked
+// request when all pass; otherwise a nil Checked and an error joining one
+// *attestor.DenyError per failed rule.
+func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, error) {
 	var fails []error
-	add := func(f *Failure) { fails = append(fails, f) }
-
+	add := func(f *attestor.DenyError) { fails = append(fails, f) }
 	spec := &csr.Spec
-	provider, ok := strings.CutPrefix(spec.SignerName, attestor.ClientSignerPrefix)
-	if !ok || !attestor.ValidProviderName(provider) {
-		add(failf(ReasonUnknownSigner, "signer name %q is not a kubelet client signer of this controller (%s<provider>)", spec.SignerName, attestor.ClientSignerPrefix))
-		provider = ""
-	}
 
-	// The requester: a bootstrap token, or a node renewing. Which node is
-	// compared with the subject below.
+	// The requester: a bootstrap token (client certificates only), or the
+	// node itself. Which node is compared with the subject below.
 	requesterNode, renewal := "", false
 	switch {
-	case strings.HasPrefix(spec.Username, BootstrapUserPrefix):
+	case r.Kind == Client && strings.HasPrefix(spec.Username, BootstrapUserPrefix):
 		id := strings.TrimPrefix(spec.Username, BootstrapUserPrefix)
 		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, BootstrappersGroup) {
-			add(failf(ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, BootstrappersGroup))
+			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, BootstrappersGroup))
 		}
 	case strings.HasPrefix(spec.Username, NodeUserPrefix):
 		requesterNode = strings.TrimPrefix(spec.Username, NodeUserPrefix)
 		renewal = true
 		if !slices.Contains(spec.Groups, NodesGroup) {
-			add(failf(ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, NodesGroup))
+			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, NodesGroup))
 		}
+	case r.Kind == Client:
+		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, BootstrapUserPrefix, NodeUserPrefix))
 	default:
-		add(failf(ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, BootstrapUserPrefix, NodeUserPrefix))
+		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, NodeUserPrefix))
 	}
 
-	usages, rsaOnly := checkUsages(spec.Usages)
+	usages, rsaOnly := checkUsages(spec.Usages, r.Kind)
 
-	req, err := attestor.ParseRequest(spec.Request)
-	if err != nil {
-		add(failf(ReasonMalformedRequest, "spec.request does not follow the wire contract: %v", err))
+	var x *x509.CertificateRequest
+	var req *attestor.AttestedRequest
+	if r.Attested {
+		var err error
+		req, err = attestor.ParseRequest(spec.Request)
+		if err != nil {
+			add(failf(attestor.ReasonMalformedRequest, "spec.request does not follow the wire contract: %v", err))
+		} else {
+			x = req.CSR
+			if req.Provider != r.Provider {
+				add(failf(attestor.ReasonProviderMismatch, "the provider block names %q but the signer name %q is for %q", req.Provider, spec.SignerName, r.Provider))
+			}
+		}
+	} else {
+		var err error
+		if x, err = parsePlain(spec.Request); err != nil {
+			add(failf(attestor.ReasonMalformedRequest, "spec.request: %v", err))
+		}
+	}
+	if x == nil {
 		// Everything else needs the parsed request; report what we have.
 		if usages != nil {
 			add(usages)
 		}
 		return nil, errors.Join(fails...)
 	}
-	x := req.CSR
-
-	if provider != "" && req.Provider != provider {
-		add(failf(ReasonProviderMismatch, "the provider block names %q but the signer name %q is for %q", req.Provider, spec.SignerName, provider))
-	}
 	if err := x.CheckSignature(); err != nil {
-		add(failf(ReasonMalformedRequest, "the PKCS#10 signature does not verify: %v", err))
+		add(failf(attestor.ReasonMalformedRequest, "the PKCS#10 signature does not verify: %v", err))
 	}
 
 	nodeName, subjFails := checkSubject(x)
@@ -229,39 +174,48 @@ func Check(csr *certificatesv1.CertificateSigningRequest) (*Checked, error) {
 		add(f)
 	}
 	if renewal && nodeName != "" && requesterNode != nodeName {
-		add(failf(ReasonRequesterMismatch, "node %q may renew only its own certificate, not one for %q", requesterNode, nodeName))
+		add(failf(attestor.ReasonRequesterMismatch, "node %q may ask only for its own certificate, not one for %q", requesterNode, nodeName))
 	}
 
 	isRSA := false
 	switch k := x.PublicKey.(type) {
 	case *ecdsa.PublicKey:
 		if k.Curve != elliptic.P256() {
-			add(failf(ReasonKeyNotAllowed, "ECDSA key on curve %s: use P-256", k.Curve.Params().Name))
+			add(failf(attestor.ReasonKeyNotAllowed, "ECDSA key on curve %s: use P-256", k.Curve.Params().Name))
 		}
 	case *rsa.PublicKey:
 		isRSA = true
 		if n := k.N.BitLen(); n < MinRSABits || n > MaxRSABits {
-			add(failf(ReasonKeyNotAllowed, "RSA key of %d bits: use ECDSA P-256 (or RSA of %d to %d bits)", n, MinRSABits, MaxRSABits))
+			add(failf(attestor.ReasonKeyNotAllowed, "RSA key of %d bits: use ECDSA P-256 (or RSA of %d to %d bits)", n, MinRSABits, MaxRSABits))
 		}
 	default:
-		add(failf(ReasonKeyNotAllowed, "%s key: use ECDSA P-256", x.PublicKeyAlgorithm))
+		add(failf(attestor.ReasonKeyNotAllowed, "%s key: use ECDSA P-256", x.PublicKeyAlgorithm))
 	}
 	if usages != nil {
 		add(usages)
 	} else if rsaOnly && !isRSA {
-		add(failf(ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment, certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth))
+		add(failf(attestor.ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment, certificatesv1.UsageDigitalSignature, authUsage(r.Kind)))
 	}
 
-	if f := checkSANs(x); f != nil {
-		add(f)
+	if r.Kind == Client {
+		if f := checkNoSANs(x); f != nil {
+			add(f)
+		}
+	} else {
+		for _, f := range checkServingSANTypes(x) {
+			add(f)
+		}
 	}
 	if f := checkCA(x); f != nil {
 		add(f)
 	}
 
-	providerID, f := checkProviderID(x)
-	if f != nil {
-		add(f)
+	var providerID string
+	if r.Attested {
+		var f *attestor.DenyError
+		if providerID, f = checkProviderID(x); f != nil {
+			add(f)
+		}
 	}
 
 	if len(fails) > 0 {
@@ -272,8 +226,8 @@ func Check(csr *certificatesv1.CertificateSigningRequest) (*Checked, error) {
 		d = time.Duration(*spec.ExpirationSeconds) * time.Second
 	}
 	return &Checked{
+		CSR:               x,
 		Request:           req,
-		Provider:          req.Provider,
 		NodeName:          nodeName,
 		ProviderID:        providerID,
 		Binding:           attestor.Binding(x.RawSubjectPublicKeyInfo),
@@ -283,21 +237,29 @@ func Check(csr *certificatesv1.CertificateSigningRequest) (*Checked, error) {
 	}, nil
 }
 
-// checkUsages returns a failure when usages is not an allowed set, and
-// rsaOnly when the set is allowed only for RSA keys.
-func checkUsages(usages []certificatesv1.KeyUsage) (fail *Failure, rsaOnly bool) {
+func authUsage(k Kind) certificatesv1.KeyUsage {
+	if k == Serving {
+		return certificatesv1.UsageServerAuth
+	}
+	return certificatesv1.UsageClientAuth
+}
+
+// checkUsages returns a failure when usages is not the allowed set of the
+// kind, and rsaOnly when the set is allowed only for RSA keys.
+func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyError, rsaOnly bool) {
+	auth := authUsage(k)
 	seen := map[certificatesv1.KeyUsage]bool{}
 	for _, u := range usages {
 		seen[u] = true
 	}
-	want := "exactly [" + string(certificatesv1.UsageDigitalSignature) + ", " + string(certificatesv1.UsageClientAuth) + "] (plus " + string(certificatesv1.UsageKeyEncipherment) + " for RSA keys)"
-	if !seen[certificatesv1.UsageDigitalSignature] || !seen[certificatesv1.UsageClientAuth] {
-		return failf(ReasonUsagesNotAllowed, "usages %v: request %s", usages, want), false
+	want := "exactly [" + string(certificatesv1.UsageDigitalSignature) + ", " + string(auth) + "] (plus " + string(certificatesv1.UsageKeyEncipherment) + " for RSA keys)"
+	if !seen[certificatesv1.UsageDigitalSignature] || !seen[auth] || len(seen) != len(usages) {
+		return failf(attestor.ReasonUsagesNotAllowed, "usages %v: request %s, each once", usages, want), false
 	}
 	var extra []string
 	for u := range seen {
 		switch u {
-		case certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth:
+		case certificatesv1.UsageDigitalSignature, auth:
 		case certificatesv1.UsageKeyEncipherment:
 			rsaOnly = true
 		default:
@@ -306,27 +268,88 @@ func checkUsages(usages []certificatesv1.KeyUsage) (fail *Failure, rsaOnly bool)
 	}
 	if len(extra) > 0 {
 		slices.Sort(extra)
-		return failf(ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet client certificate: request %s", usages, strings.Join(extra, ", "), want), false
+		return failf(attestor.ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet %s certificate: request %s", usages, strings.Join(extra, ", "), k, want), false
 	}
 	return nil, rsaOnly
+}
+
+// CheckMachineAddresses requires every DNS and IP SAN of a serving request
+// to be one of the Machine's addresses (DNS names compared without case).
+func CheckMachineAddresses(x *x509.CertificateRequest, machine string, dnsNames []string, ips []net.IP) error {
+	var foreign []string
+	for _, n := range x.DNSNames {
+		if !slices.ContainsFunc(dnsNames, func(d string) bool { return strings.EqualFold(d, n) }) {
+			foreign = append(foreign, "DNS:"+n)
+		}
+	}
+	for _, ip := range x.IPAddresses {
+		if !slices.ContainsFunc(ips, ip.Equal) {
+			foreign = append(foreign, "IP:"+ip.String())
+		}
+	}
+	if len(foreign) == 0 {
+		return nil
+	}
+	shown := make([]string, len(ips))
+	for i, ip := range ips {
+		shown[i] = ip.String()
+	}
+	return failf(attestor.ReasonSANNotMachineAddress, "subject alternative names %s are not addresses of Machine %s (DNS %q, IP %q); request only the node's own addresses",
+		strings.Join(foreign, ", "), machine, dnsNames, shown)
+}
+
+// checkServingSANTypes requires at least one DNS or IP SAN and no others.
+func checkServingSANTypes(x *x509.CertificateRequest) []*attestor.DenyError {
+	var out []*attestor.DenyError
+	var bad []string
+	for _, e := range x.EmailAddresses {
+		bad = append(bad, "email:"+e)
+	}
+	for _, u := range x.URIs {
+		bad = append(bad, "URI:"+u.String())
+	}
+	if len(bad) > 0 {
+		out = append(out, failf(attestor.ReasonSANTypeNotAllowed, "subject alternative names %s are not allowed: a kubelet serving certificate carries only DNS and IP SANs", strings.Join(bad, ", ")))
+	}
+	if len(x.DNSNames)+len(x.IPAddresses) == 0 {
+		out = append(out, failf(attestor.ReasonNoSANs, "the request names no DNS or IP address: request the node's addresses as SANs"))
+	}
+	return out
+}
+
+// parsePlain parses spec.request of a kubernetes.io signer: one PKCS#10
+// PEM block and nothing else.
+func parsePlain(b []byte) (*x509.CertificateRequest, error) {
+	block, rest := pem.Decode(b)
+	if block == nil || block.Type != attestor.PEMTypeCSR {
+		return nil, errors.New("not a PEM-encoded CERTIFICATE REQUEST")
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("data after the CERTIFICATE REQUEST block")
+	}
+	x, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("unable to parse the PKCS#10 request: %w", err)
+	}
+	return x, nil
 }
 
 // checkSubject returns the node name of a subject that is exactly
 // CN=system:node:<name>, O=system:nodes, and failures otherwise. The node
 // name is returned when the CN alone is well formed.
-func checkSubject(x *x509.CertificateRequest) (string, []*Failure) {
-	var fails []*Failure
+func checkSubject(x *x509.CertificateRequest) (string, []*attestor.DenyError) {
+	var fails []*attestor.DenyError
 	cn := x.Subject.CommonName
 	name, ok := strings.CutPrefix(cn, NodeUserPrefix)
 	if !ok {
-		fails = append(fails, failf(ReasonSubjectMismatch, "subject CN %q must be %s<node name>", cn, NodeUserPrefix))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject CN %q must be %s<node name>", cn, NodeUserPrefix))
 		name = ""
 	} else if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		fails = append(fails, failf(ReasonSubjectMismatch, "node name %q in the subject CN is not a valid node name: %s", name, strings.Join(errs, "; ")))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "node name %q in the subject CN is not a valid node name: %s", name, strings.Join(errs, "; ")))
 		name = ""
 	}
 	if !slices.Equal(x.Subject.Organization, []string{NodesGroup}) {
-		fails = append(fails, failf(ReasonSubjectMismatch, "subject O %q must be exactly [%q]", x.Subject.Organization, NodesGroup))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject O %q must be exactly [%q]", x.Subject.Organization, NodesGroup))
 	}
 	// Every attribute of the subject, whatever Go's parser knows about:
 	// exactly one CN and one O.
@@ -343,15 +366,15 @@ func checkSubject(x *x509.CertificateRequest) (string, []*Failure) {
 		}
 	}
 	if cnCount > 1 {
-		fails = append(fails, failf(ReasonSubjectMismatch, "subject has %d CN attributes, want one", cnCount))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject has %d CN attributes, want one", cnCount))
 	}
 	if len(others) > 0 {
-		fails = append(fails, failf(ReasonSubjectMismatch, "subject has attributes other than CN and O (%s): remove them", strings.Join(others, ", ")))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject has attributes other than CN and O (%s): remove them", strings.Join(others, ", ")))
 	}
 	return name, fails
 }
 
-func checkSANs(x *x509.CertificateRequest) *Failure {
+func checkNoSANs(x *x509.CertificateRequest) *attestor.DenyError {
 	var sans []string
 	for _, n := range x.DNSNames {
 		sans = append(sans, "DNS:"+n)
@@ -375,12 +398,12 @@ func checkSANs(x *x509.CertificateRequest) *Failure {
 		return nil
 	}
 	if len(sans) == 0 {
-		return failf(ReasonUnexpectedSAN, "the request has a subject alternative name extension: a kubelet client certificate carries no SANs")
+		return failf(attestor.ReasonUnexpectedSAN, "the request has a subject alternative name extension: a kubelet client certificate carries no SANs")
 	}
 	if len(sans) > maxReportedSANsShown {
 		sans = append(sans[:maxReportedSANsShown], "...")
 	}
-	return failf(ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans, ", "))
+	return failf(attestor.ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans, ", "))
 }
 
 // basicConstraints is RFC 5280's BasicConstraints.
@@ -389,26 +412,26 @@ type basicConstraints struct {
 	MaxPathLen int  `asn1:"optional,default:-1"`
 }
 
-func checkCA(x *x509.CertificateRequest) *Failure {
+func checkCA(x *x509.CertificateRequest) *attestor.DenyError {
 	for _, e := range x.Extensions {
 		switch {
 		case e.Id.Equal(oidBasicConstraints):
 			var bc basicConstraints
 			rest, err := asn1.Unmarshal(e.Value, &bc)
 			if err != nil || len(rest) != 0 {
-				return failf(ReasonCARequested, "the request has a malformed basicConstraints extension: remove it")
+				return failf(attestor.ReasonCARequested, "the request has a malformed basicConstraints extension: remove it")
 			}
 			if bc.IsCA {
-				return failf(ReasonCARequested, "the request asks for a CA certificate (basicConstraints cA=true): a kubelet client certificate is never a CA")
+				return failf(attestor.ReasonCARequested, "the request asks for a CA certificate (basicConstraints cA=true): a kubelet client certificate is never a CA")
 			}
 		case e.Id.Equal(oidNameConstraints):
-			return failf(ReasonCARequested, "the request has a nameConstraints extension, which only CA certificates carry: remove it")
+			return failf(attestor.ReasonCARequested, "the request has a nameConstraints extension, which only CA certificates carry: remove it")
 		}
 	}
 	return nil
 }
 
-func checkProviderID(x *x509.CertificateRequest) (string, *Failure) {
+func checkProviderID(x *x509.CertificateRequest) (string, *attestor.DenyError) {
 	present := false
 	for _, e := range x.Extensions {
 		if e.Id.Equal(attestor.OIDProviderID) {
@@ -416,14 +439,14 @@ func checkProviderID(x *x509.CertificateRequest) (string, *Failure) {
 		}
 	}
 	if !present {
-		return "", failf(ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID", attestor.OIDProviderID)
+		return "", failf(attestor.ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID", attestor.OIDProviderID)
 	}
 	id, err := attestor.ProviderIDFromExtensions(x.Extensions)
 	if err != nil {
-		return "", failf(ReasonProviderIDMalformed, "%v", err)
+		return "", failf(attestor.ReasonProviderIDMalformed, "%v", err)
 	}
 	if len(id) > maxProviderIDLength {
-		return "", failf(ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id), maxProviderIDLength)
+		return "", failf(attestor.ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id), maxProviderIDLength)
 	}
 	return id, nil
 }

@@ -48,7 +48,7 @@ func rsaKeys(t *testing.T) (*rsa.PrivateKey, *rsa.PrivateKey) {
 
 func reasons(err error) []string {
 	var out []string
-	for _, f := range Failures(err) {
+	for _, f := range attestor.Denials(err) {
 		out = append(out, f.Reason)
 	}
 	return out
@@ -75,6 +75,7 @@ func TestCheck(t *testing.T) {
 		req     signertest.Request
 		mutate  func(*certificatesv1.CertificateSigningRequest)
 		reasons []string // nil: passes
+		rules   *Rules   // nil: client rules for insecure
 	}{
 		{name: "good bootstrap", req: good},
 		{name: "good renewal", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
@@ -90,103 +91,99 @@ func TestCheck(t *testing.T) {
 			c.Spec.ExpirationSeconds = &v
 		}},
 
-		{name: "foreign signer", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
-			c.Spec.SignerName = "kubernetes.io/kube-apiserver-client-kubelet"
-		}, reasons: []string{ReasonUnknownSigner}},
-		{name: "provider block disagrees with the signer", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
-			c.Spec.SignerName = attestor.ClientSignerName("tpm")
-		}, reasons: []string{ReasonProviderMismatch}},
+		{name: "provider block disagrees with the signer", req: good, rules: &Rules{Kind: Client, Attested: true, Provider: "tpm"},
+			reasons: []string{attestor.ReasonProviderMismatch}},
 		{name: "service account requester", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Username = "system:serviceaccount:kube-system:default"
-		}, reasons: []string{ReasonRequesterNotAllowed}},
+		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 		{name: "bootstrap user outside system:bootstrappers", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Groups = []string{"system:authenticated"}
-		}, reasons: []string{ReasonRequesterNotAllowed}},
+		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 		{name: "bootstrap user with a malformed token id", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Username = "system:bootstrap:ABC"
-		}, reasons: []string{ReasonRequesterNotAllowed}},
+		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 		{name: "node renewing another node", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Username = "system:node:control-plane-0"
 			c.Spec.Groups = []string{"system:nodes"}
-		}, reasons: []string{ReasonRequesterMismatch}},
+		}, reasons: []string{attestor.ReasonRequesterMismatch}},
 		{name: "node outside system:nodes", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Username = "system:node:" + node
 			c.Spec.Groups = []string{"system:authenticated"}
-		}, reasons: []string{ReasonRequesterNotAllowed}},
+		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 
 		{name: "CN without system:node prefix", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: node, Organization: []string{"system:nodes"}}},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "CN with an invalid node name", req: signertest.Request{NodeName: "Worker_0", ProviderID: pid},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "O missing", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node}},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "extra O system:masters", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes", "system:masters"}}},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "OU in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}, OrganizationalUnit: []string{"x"}}},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "unknown attribute in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"},
 			ExtraNames: []pkix.AttributeTypeAndValue{{Type: asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}, Value: "uid"}}}},
-			reasons: []string{ReasonSubjectMismatch}},
+			reasons: []string{attestor.ReasonSubjectMismatch}},
 
 		{name: "server auth usage", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageServerAuth)
-		}, reasons: []string{ReasonUsagesNotAllowed}},
+		}, reasons: []string{attestor.ReasonUsagesNotAllowed}},
 		{name: "cert sign usage", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageCertSign)
-		}, reasons: []string{ReasonUsagesNotAllowed}},
+		}, reasons: []string{attestor.ReasonUsagesNotAllowed}},
 		{name: "client auth missing", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Usages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature}
-		}, reasons: []string{ReasonUsagesNotAllowed}},
+		}, reasons: []string{attestor.ReasonUsagesNotAllowed}},
 		{name: "key encipherment with an ECDSA key", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageKeyEncipherment)
-		}, reasons: []string{ReasonUsagesNotAllowed}},
+		}, reasons: []string{attestor.ReasonUsagesNotAllowed}},
 
 		{name: "DNS SAN", req: signertest.Request{NodeName: node, ProviderID: pid, DNSNames: []string{"kubernetes.default"}},
-			reasons: []string{ReasonUnexpectedSAN}},
+			reasons: []string{attestor.ReasonUnexpectedSAN}},
 		{name: "email SAN", req: signertest.Request{NodeName: node, ProviderID: pid, Emails: []string{"a@b.c"}},
-			reasons: []string{ReasonUnexpectedSAN}},
+			reasons: []string{attestor.ReasonUnexpectedSAN}},
 		{name: "otherName SAN Go does not parse", req: signertest.Request{NodeName: node, ProviderID: pid, ExtraExtensions: []pkix.Extension{upnSAN}},
-			reasons: []string{ReasonUnexpectedSAN}},
+			reasons: []string{attestor.ReasonUnexpectedSAN}},
 
 		{name: "CA requested", req: signertest.Request{NodeName: node, ProviderID: pid, ExtraExtensions: []pkix.Extension{caExt(true)}},
-			reasons: []string{ReasonCARequested}},
+			reasons: []string{attestor.ReasonCARequested}},
 		{name: "basicConstraints without CA is fine", req: signertest.Request{NodeName: node, ProviderID: pid, ExtraExtensions: []pkix.Extension{caExt(false)}}},
 
 		{name: "no provider ID", req: signertest.Request{NodeName: node, ProviderID: pid, OmitProviderID: true},
-			reasons: []string{ReasonProviderIDMissing}},
+			reasons: []string{attestor.ReasonProviderIDMissing}},
 		{name: "provider ID twice (Go's parser refuses duplicate extensions)", req: signertest.Request{NodeName: node, ProviderID: pid, ExtraExtensions: []pkix.Extension{dupPID}},
-			reasons: []string{ReasonMalformedRequest}},
+			reasons: []string{attestor.ReasonMalformedRequest}},
 		{name: "provider ID not a UTF8String", req: signertest.Request{NodeName: node, ProviderID: pid, OmitProviderID: true, ExtraExtensions: []pkix.Extension{notUTF8PID}},
-			reasons: []string{ReasonProviderIDMalformed}},
+			reasons: []string{attestor.ReasonProviderIDMalformed}},
 
-		{name: "P-384 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: p384}, reasons: []string{ReasonKeyNotAllowed}},
-		{name: "Ed25519 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: edKey}, reasons: []string{ReasonKeyNotAllowed}},
-		{name: "RSA 1024 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: smallRSA}, reasons: []string{ReasonKeyNotAllowed}},
+		{name: "P-384 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: p384}, reasons: []string{attestor.ReasonKeyNotAllowed}},
+		{name: "Ed25519 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: edKey}, reasons: []string{attestor.ReasonKeyNotAllowed}},
+		{name: "RSA 1024 key", req: signertest.Request{NodeName: node, ProviderID: pid, Key: smallRSA}, reasons: []string{attestor.ReasonKeyNotAllowed}},
 
 		{name: "trailing garbage after the PEM blocks", req: signertest.Request{NodeName: node, ProviderID: pid, Trailer: []byte("garbage\n")},
-			reasons: []string{ReasonMalformedRequest}},
+			reasons: []string{attestor.ReasonMalformedRequest}},
 		{name: "a second data block", req: signertest.Request{NodeName: node, ProviderID: pid, Trailer: []byte("-----BEGIN KUBELET AUTHENTICATOR ATTESTATION DATA-----\ne30=\n-----END KUBELET AUTHENTICATOR ATTESTATION DATA-----\n")},
-			reasons: []string{ReasonMalformedRequest}},
+			reasons: []string{attestor.ReasonMalformedRequest}},
 		{name: "bare PKCS#10 without attestation", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			end := bytes.Index(c.Spec.Request, []byte("-----END CERTIFICATE REQUEST-----\n"))
 			c.Spec.Request = c.Spec.Request[:end+len("-----END CERTIFICATE REQUEST-----\n")]
-		}, reasons: []string{ReasonMalformedRequest}},
+		}, reasons: []string{attestor.ReasonMalformedRequest}},
 		{name: "broken PKCS#10 signature", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Request = corruptSignature(t, c.Spec.Request)
-		}, reasons: []string{ReasonMalformedRequest}},
+		}, reasons: []string{attestor.ReasonMalformedRequest}},
 
 		{name: "every failure is reported at once",
 			req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "admin", Organization: []string{"system:masters"}}, DNSNames: []string{"x"}, OmitProviderID: true, Key: p384},
 			mutate: func(c *certificatesv1.CertificateSigningRequest) {
 				c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageServerAuth)
 			},
-			reasons: []string{ReasonSubjectMismatch, ReasonSubjectMismatch, ReasonKeyNotAllowed, ReasonUsagesNotAllowed, ReasonUnexpectedSAN, ReasonProviderIDMissing}},
+			reasons: []string{attestor.ReasonSubjectMismatch, attestor.ReasonSubjectMismatch, attestor.ReasonKeyNotAllowed, attestor.ReasonUsagesNotAllowed, attestor.ReasonUnexpectedSAN, attestor.ReasonProviderIDMissing}},
 		{name: "request-level failures are reported with a malformed request", req: signertest.Request{NodeName: node, ProviderID: pid, Trailer: []byte("x")},
 			mutate: func(c *certificatesv1.CertificateSigningRequest) {
 				c.Spec.Username = "alice"
 				c.Spec.Usages = []certificatesv1.KeyUsage{certificatesv1.UsageAny}
 			},
-			reasons: []string{ReasonRequesterNotAllowed, ReasonMalformedRequest, ReasonUsagesNotAllowed}},
+			reasons: []string{attestor.ReasonRequesterNotAllowed, attestor.ReasonMalformedRequest, attestor.ReasonUsagesNotAllowed}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -195,12 +192,16 @@ func TestCheck(t *testing.T) {
 			if tt.mutate != nil {
 				tt.mutate(csr)
 			}
-			got, err := Check(csr)
+			rules := clientRules
+			if tt.rules != nil {
+				rules = *tt.rules
+			}
+			got, err := Check(csr, rules)
 			if tt.reasons == nil {
 				if err != nil {
 					t.Fatalf("Check() = %v, want no failure", err)
 				}
-				if got.NodeName != tt.req.NodeName || got.ProviderID != pid || got.Provider != "insecure" || len(got.Binding) != 32 {
+				if got.NodeName != tt.req.NodeName || got.ProviderID != pid || got.Request.Provider != "insecure" || len(got.Binding) != 32 {
 					t.Errorf("Check() = %+v", got)
 				}
 				return
@@ -214,7 +215,7 @@ func TestCheck(t *testing.T) {
 			if r := reasons(err); !slices.Equal(r, tt.reasons) {
 				t.Errorf("Check() reasons = %v, want %v\n%v", r, tt.reasons, err)
 			}
-			reason, msg, ok := Denial(err)
+			reason, msg, ok := attestor.Denial(err)
 			if !ok || reason != tt.reasons[0] || msg == "" {
 				t.Errorf("Denial() = %q, %q, %v", reason, msg, ok)
 			}
@@ -230,7 +231,7 @@ func TestCheckResult(t *testing.T) {
 	csr := signertest.CSR("csr", req)
 	v := int32(3600)
 	csr.Spec.ExpirationSeconds = &v
-	got, err := Check(csr)
+	got, err := Check(csr, clientRules)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,11 +247,6 @@ func TestCheckResult(t *testing.T) {
 	}
 }
 
-func TestDenialWithoutFailure(t *testing.T) {
-	if _, _, ok := Denial(nil); ok {
-		t.Error("Denial(nil) ok")
-	}
-}
 
 // corruptSignature flips a bit in the last byte of the PKCS#10 block (the
 // signature) and re-encodes spec.request.
@@ -268,3 +264,5 @@ func corruptSignature(t *testing.T, request []byte) []byte {
 	}
 	return out
 }
+
+var clientRules = Rules{Kind: Client, Attested: true, Provider: "insecure"}

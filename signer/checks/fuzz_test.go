@@ -5,6 +5,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 )
 
@@ -21,12 +22,12 @@ func FuzzCheck(f *testing.F) {
 		csr.Spec.Username = username
 		csr.Spec.Groups = []string{"system:bootstrappers", "system:nodes"}
 		csr.Spec.Usages = append(csr.Spec.Usages, certificatesv1.KeyUsage(usage))
-		got, err := Check(csr)
+		got, err := Check(csr, Rules{Kind: Client, Attested: true, Provider: "insecure"})
 		if err != nil {
 			if got != nil {
 				t.Fatal("result with an error")
 			}
-			if _, _, ok := Denial(err); !ok {
+			if _, _, ok := attestor.Denial(err); !ok {
 				t.Fatalf("error without a failure: %v", err)
 			}
 			return

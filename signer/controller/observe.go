@@ -1,36 +1,31 @@
 package controller
 
 import (
-	"context"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
-// Results of a verification, as reported to VerificationMetrics.
-const (
-	VerifyResultVerified   = "verified"
-	VerifyResultChallenged = "challenged"
-	VerifyResultDenied     = "denied"
-	VerifyResultError      = "error"
-)
+// Metrics records decisions. Implementations must be safe for concurrent
+// use. An implementation may also implement SeenMetrics, SignedMetrics and
+// VerificationMetrics.
+type Metrics interface {
+	Decision(cluster, decision, reason string)
+}
 
 // SeenMetrics counts the pending CSRs of the controller's signer names it
-// sees (once per CSR and informer start). The Metrics implementation may
-// implement it.
+// sees (once per CSR and informer start).
 type SeenMetrics interface {
 	Seen(cluster, signerName string)
 }
 
-// SignedMetrics counts the certificates the controller issued. The Metrics
-// implementation may implement it.
+// SignedMetrics counts the certificates the controller issued.
 type SignedMetrics interface {
 	Signed(cluster, provider string)
 }
 
 // VerificationMetrics observes how long each attestor's verifier took, by
-// result (VerifyResult*). The Metrics implementation may implement it.
+// result (engine.VerifyResult*).
 type VerificationMetrics interface {
 	Verified(provider, result string, took time.Duration)
 }
@@ -41,7 +36,13 @@ type VerificationMetrics interface {
 // DecisionDenied or DecisionFailed. Implementations must not block and may
 // drop or aggregate records.
 type Recorder interface {
-	Decided(csr string, machine *Machine, decision, reason, message string)
+	Decided(csr string, machine *engine.Machine, decision, reason, message string)
+}
+
+func (c *Controller) metric(decision, reason string) {
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.Decision(c.cfg.Cluster, decision, reason)
+	}
 }
 
 func (c *Controller) seen(signerName string) {
@@ -56,23 +57,14 @@ func (c *Controller) signed(provider string) {
 	}
 }
 
-func (c *Controller) verified(provider, result string, since time.Time) {
+func (c *Controller) verified(v *engine.Verification) {
 	if m, ok := c.cfg.Metrics.(VerificationMetrics); ok {
-		m.Verified(provider, result, time.Since(since))
+		m.Verified(v.Provider, v.Result, v.Took)
 	}
 }
 
-func (c *Controller) record(csr string, machine *Machine, decision, reason, message string) {
+func (c *Controller) record(csr string, machine *engine.Machine, decision, reason, message string) {
 	if c.cfg.Events != nil {
 		c.cfg.Events.Decided(csr, machine, decision, reason, message)
 	}
-}
-
-// withMachine adds the Machine's name to the logger of ctx, so that every
-// decision about a request that matched one says which.
-func withMachine(ctx context.Context, m *Machine) context.Context {
-	if m == nil {
-		return ctx
-	}
-	return klog.NewContext(ctx, klog.FromContext(ctx).WithValues("machine", types.NamespacedName{Namespace: m.Namespace, Name: m.Name}))
 }

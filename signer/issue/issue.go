@@ -124,10 +124,14 @@ func (ca *CA) CertPEM() []byte {
 // a certificate could be valid): rotate the CA.
 var ErrCAExpired = errors.New("the CA certificate has expired")
 
-// Signer signs kubelet client certificates with a CA.
+// Signer signs kubelet client and serving certificates with a CA.
 type Signer struct {
 	// CA signs.
 	CA *CA
+	// Serving makes this a serving signer: it issues server auth with the
+	// request's DNS and IP SANs. Otherwise it issues client auth and never
+	// a SAN. Each CA issues one kind only.
+	Serving bool
 	// MaxLifetime caps every certificate's lifetime; a shorter requested
 	// lifetime wins.
 	MaxLifetime time.Duration
@@ -144,7 +148,8 @@ type Request struct {
 	CSR *x509.CertificateRequest
 	// ProviderID is the provider ID to carry, already read from CSR.
 	ProviderID string
-	// Usages are the requested (and checked) spec.usages.
+	// Usages are the requested (and checked) spec.usages: client auth or
+	// server auth, never both.
 	Usages []certificatesv1.KeyUsage
 	// Duration is the requested lifetime (spec.expirationSeconds); 0 means
 	// MaxLifetime.
@@ -182,7 +187,7 @@ func (s *Signer) Sign(req *Request) ([]byte, error) {
 	if !notAfter.After(now) {
 		return nil, fmt.Errorf("%w: %q expired at %s", ErrCAExpired, s.CA.Cert.Subject, s.CA.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
-	keyUsage, extKeyUsage, err := usages(req.Usages)
+	keyUsage, extKeyUsage, err := usages(req.Usages, s.Serving)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +215,12 @@ func (s *Signer) Sign(req *Request) ([]byte, error) {
 		IsCA:                  false,
 		ExtraExtensions:       []pkix.Extension{ext},
 	}
+	if s.Serving {
+		// The SANs of a serving request, already compared with the
+		// Machine's addresses.
+		tmpl.DNSNames = append([]string(nil), req.CSR.DNSNames...)
+		tmpl.IPAddresses = append(req.CSR.IPAddresses[:0:0], req.CSR.IPAddresses...)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.CA.Cert, req.CSR.PublicKey, s.CA.Key)
 	if err != nil {
 		return nil, fmt.Errorf("unable to sign certificate: %w", err)
@@ -221,13 +232,16 @@ func (s *Signer) Sign(req *Request) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// usages maps spec.usages to X.509 key usages. Only the usages a kubelet
-// client certificate may have are known.
-func usages(in []certificatesv1.KeyUsage) (x509.KeyUsage, []x509.ExtKeyUsage, error) {
+// usages maps spec.usages to X.509 key usages: those of a kubelet client
+// certificate, or of a serving one for a serving signer.
+func usages(in []certificatesv1.KeyUsage, serving bool) (x509.KeyUsage, []x509.ExtKeyUsage, error) {
 	var ku x509.KeyUsage
 	var eku []x509.ExtKeyUsage
-	seenClient := false
+	seenClient, seenServer := false, false
 	for _, u := range in {
+		if (u == certificatesv1.UsageClientAuth && serving) || (u == certificatesv1.UsageServerAuth && !serving) {
+			return 0, nil, fmt.Errorf("usage %q may not be signed by this signer", u)
+		}
 		switch u {
 		case certificatesv1.UsageDigitalSignature:
 			ku |= x509.KeyUsageDigitalSignature
@@ -238,12 +252,17 @@ func usages(in []certificatesv1.KeyUsage) (x509.KeyUsage, []x509.ExtKeyUsage, er
 				eku = append(eku, x509.ExtKeyUsageClientAuth)
 				seenClient = true
 			}
+		case certificatesv1.UsageServerAuth:
+			if !seenServer {
+				eku = append(eku, x509.ExtKeyUsageServerAuth)
+				seenServer = true
+			}
 		default:
 			return 0, nil, fmt.Errorf("usage %q may not be signed by this signer", u)
 		}
 	}
-	if ku == 0 || len(eku) == 0 {
-		return 0, nil, fmt.Errorf("usages %v lack digital signature or client auth", in)
+	if ku == 0 || len(eku) != 1 {
+		return 0, nil, fmt.Errorf("usages %v are not digital signature with exactly one of client auth and server auth", in)
 	}
 	return ku, eku, nil
 }

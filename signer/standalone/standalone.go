@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 )
 
@@ -33,10 +33,10 @@ const AllowlistKey = "allowlist.yaml"
 // Reasons of requests the allowlist does not account for.
 const (
 	// ReasonNodeNotAllowed: no allowlist entry names the node.
-	ReasonNodeNotAllowed = "NodeNotAllowed"
+	ReasonNodeNotAllowed = attestor.ReasonNodeNotAllowed
 	// ReasonAllowlistProviderIDMismatch: the node's entry has another
 	// provider ID.
-	ReasonAllowlistProviderIDMismatch = "AllowlistProviderIDMismatch"
+	ReasonAllowlistProviderIDMismatch = attestor.ReasonAllowlistProviderIDMismatch
 )
 
 // Entry is one node the signer may issue certificates for.
@@ -89,7 +89,7 @@ func ParseAllowlist(data []byte) (*Allowlist, error) {
 }
 
 // Matcher matches nodes against the allowlist in a ConfigMap. It implements
-// controller.MachineMatcher; the ConfigMap is read on every request, so an
+// engine.Machines; the ConfigMap is read on every request, so an
 // edit takes effect at once. A missing or invalid allowlist is an error
 // (retried), never a reason to deny: fixing it lets pending nodes in.
 type Matcher struct {
@@ -97,8 +97,38 @@ type Matcher struct {
 	ConfigMap types.NamespacedName
 }
 
-// MatchMachine implements controller.MachineMatcher.
-func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string) (*controller.Machine, error) {
+// MatchMachine implements engine.Machines.
+func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string) (*engine.Machine, error) {
+	e, err := m.entry(ctx, nodeName)
+	if err != nil {
+		return nil, err
+	}
+	if e.ProviderID != providerID {
+		return nil, &attestor.DenyError{Reason: ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
+			"node %q is allowed with provider ID %q, not %q (allowlist %s)", nodeName, e.ProviderID, providerID, m.ConfigMap)}
+	}
+	return m.machine(e), nil
+}
+
+// ForNode implements engine.Machines: the allowlist entry of the node.
+func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine, error) {
+	e, err := m.entry(ctx, nodeName)
+	if err != nil {
+		return nil, err
+	}
+	return m.machine(e), nil
+}
+
+func (m *Matcher) machine(e *Entry) *engine.Machine {
+	return &engine.Machine{
+		Namespace: m.ConfigMap.Namespace, Name: "allowlist/" + e.NodeName,
+		ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity,
+	}
+}
+
+// entry reads the allowlist (on every request, so an edit takes effect at
+// once) and returns the node's entry.
+func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
 	cm, err := m.Client.CoreV1().ConfigMaps(m.ConfigMap.Namespace).Get(ctx, m.ConfigMap.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("allowlist ConfigMap %s does not exist: create it", m.ConfigMap)
@@ -110,20 +140,12 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s key %s: %w", m.ConfigMap, AllowlistKey, err)
 	}
-	for _, e := range a.Nodes {
-		if e.NodeName != nodeName {
-			continue
+	for i := range a.Nodes {
+		if a.Nodes[i].NodeName == nodeName {
+			return &a.Nodes[i], nil
 		}
-		if e.ProviderID != providerID {
-			return nil, &checks.Failure{Reason: ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
-				"node %q is allowed with provider ID %q, not %q (allowlist %s)", nodeName, e.ProviderID, providerID, m.ConfigMap)}
-		}
-		return &controller.Machine{
-			Namespace: m.ConfigMap.Namespace, Name: "allowlist/" + nodeName,
-			ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity,
-		}, nil
 	}
-	return nil, &checks.Failure{Reason: ReasonNodeNotAllowed, Message: fmt.Sprintf(
+	return nil, &attestor.DenyError{Reason: ReasonNodeNotAllowed, Message: fmt.Sprintf(
 		"node %q is not in the allowlist %s: add an entry {nodeName, providerID} to key %s", nodeName, m.ConfigMap, AllowlistKey)}
 }
 

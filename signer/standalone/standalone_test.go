@@ -9,8 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 func TestParseAllowlistReportsEverything(t *testing.T) {
@@ -41,7 +40,7 @@ func TestMatcher(t *testing.T) {
 	client := fake.NewClientset()
 	m := &Matcher{Client: client, ConfigMap: nn}
 	ctx := context.Background()
-	if _, err := m.MatchMachine(ctx, "node-a", "p"); err == nil || len(checks.Failures(err)) > 0 {
+	if _, err := m.MatchMachine(ctx, "node-a", "p"); err == nil || len(attestor.Denials(err)) > 0 {
 		t.Fatalf("missing allowlist: %v, want a retried error", err)
 	}
 	if _, err := client.CoreV1().ConfigMaps(nn.Namespace).Create(ctx, &corev1.ConfigMap{
@@ -59,7 +58,7 @@ func TestMatcher(t *testing.T) {
 		{"node-a", "q", ReasonAllowlistProviderIDMismatch},
 	} {
 		_, err := m.MatchMachine(ctx, c.node, c.pid)
-		if reason, _, _ := checks.Denial(err); reason != c.reason {
+		if reason, _, _ := attestor.Denial(err); reason != c.reason {
 			t.Errorf("%s/%s: %v, want %s", c.node, c.pid, err, c.reason)
 		}
 	}

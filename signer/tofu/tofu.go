@@ -29,18 +29,18 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
 // Deny reasons.
 const (
 	// ReasonIdentityClaimedByOtherMachine: the identity is recorded for
 	// another Machine that still exists.
-	ReasonIdentityClaimedByOtherMachine = "IdentityClaimedByOtherMachine"
+	ReasonIdentityClaimedByOtherMachine = attestor.ReasonIdentityClaimedByOtherMachine
 	// ReasonMachineIdentityMismatch: the Machine is recorded with another
 	// identity.
-	ReasonMachineIdentityMismatch = "MachineIdentityMismatch"
+	ReasonMachineIdentityMismatch = attestor.ReasonMachineIdentityMismatch
 )
 
 // Names, labels and keys of a record.
@@ -69,7 +69,7 @@ func digest(identity string) string {
 }
 
 // Store records identities in ConfigMaps. It implements
-// controller.IdentityBinder.
+// engine.IdentityBinder.
 type Store struct {
 	// Client creates and deletes records.
 	Client client.Writer
@@ -85,12 +85,12 @@ type Store struct {
 	mu sync.Mutex
 }
 
-var _ controller.IdentityBinder = (*Store)(nil)
+var _ engine.IdentityBinder = (*Store)(nil)
 
-// Bind implements controller.IdentityBinder: it records identity for m on
+// Bind implements engine.IdentityBinder: it records identity for m on
 // first use, and accepts it again for m only. A conflict is a
-// *checks.Failure; any other error is transient.
-func (s *Store) Bind(ctx context.Context, m *controller.Machine, identity string) error {
+// *attestor.DenyError; any other error is transient.
+func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) error {
 	if m.UID == "" || identity == "" {
 		return errors.New("trust on first use needs the Machine's UID and an identity")
 	}
@@ -173,13 +173,13 @@ func (s *Store) Bind(ctx context.Context, m *controller.Machine, identity string
 // denial when that Machine exists, else (a Machine deleted or replaced under
 // the same name, whose record the garbage collector has not removed yet)
 // the stale record is removed and the caller retries.
-func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *controller.Machine, identity string) error {
+func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *engine.Machine, identity string) error {
 	owner := rec.Data[KeyMachine]
 	var other clusterv1.Machine
 	err := s.Reader.Get(ctx, types.NamespacedName{Namespace: rec.Namespace, Name: owner}, &other)
 	switch {
 	case err == nil && string(other.UID) == rec.Data[KeyMachineUID]:
-		return &checks.Failure{Reason: ReasonIdentityClaimedByOtherMachine, Message: fmt.Sprintf(
+		return &attestor.DenyError{Reason: ReasonIdentityClaimedByOtherMachine, Message: fmt.Sprintf(
 			"identity %s is bound to Machine %s/%s since %s (record ConfigMap %s/%s); one device serves one Machine. If the device moved to %s/%s on purpose, delete the old Machine or that ConfigMap",
 			identity, rec.Namespace, owner, rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), rec.Namespace, rec.Name, m.Namespace, m.Name)}
 	case err == nil || apierrors.IsNotFound(err):
@@ -193,7 +193,7 @@ func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *co
 	}
 }
 
-func (s *Store) machineRecords(ctx context.Context, m *controller.Machine) ([]corev1.ConfigMap, error) {
+func (s *Store) machineRecords(ctx context.Context, m *engine.Machine) ([]corev1.ConfigMap, error) {
 	var list corev1.ConfigMapList
 	if err := s.Reader.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingLabels{LabelMachineUID: string(m.UID)}); err != nil {
 		return nil, fmt.Errorf("unable to list the trust-on-first-use records of Machine %s/%s: %w", m.Namespace, m.Name, err)
@@ -204,7 +204,7 @@ func (s *Store) machineRecords(ctx context.Context, m *controller.Machine) ([]co
 // checkAfterCreate settles a race between two processes (across a leader
 // change) that each recorded a different identity for m: the older record
 // (by creation time, then name) stands and the other is removed.
-func (s *Store) checkAfterCreate(ctx context.Context, m *controller.Machine, identity string, created *corev1.ConfigMap) error {
+func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identity string, created *corev1.ConfigMap) error {
 	mine, err := s.machineRecords(ctx, m)
 	if err != nil {
 		return err
@@ -228,8 +228,8 @@ func (s *Store) checkAfterCreate(ctx context.Context, m *controller.Machine, ide
 	return mismatch(m, identity, &mine[0])
 }
 
-func mismatch(m *controller.Machine, identity string, rec *corev1.ConfigMap) error {
-	return &checks.Failure{Reason: ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
+func mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
+	return &attestor.DenyError{Reason: ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
 		"Machine %s/%s is bound to identity %s since %s (record ConfigMap %s/%s), not %s; if the machine's device was replaced on purpose, delete that ConfigMap",
 		m.Namespace, m.Name, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), rec.Namespace, rec.Name, identity)}
 }

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
 const (
@@ -37,14 +37,14 @@ func scheme(t *testing.T) *runtime.Scheme {
 	return s
 }
 
-func machine(ns, name, uid string) (*clusterv1.Machine, *controller.Machine) {
+func machine(ns, name, uid string) (*clusterv1.Machine, *engine.Machine) {
 	return &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid)}},
-		&controller.Machine{Namespace: ns, Name: name, UID: types.UID(uid)}
+		&engine.Machine{Namespace: ns, Name: name, UID: types.UID(uid)}
 }
 
 func wantReason(t *testing.T, err error, reason string) {
 	t.Helper()
-	r, msg, ok := checks.Denial(err)
+	r, msg, ok := attestor.Denial(err)
 	if !ok || r != reason {
 		t.Fatalf("got %v, want a denial %s", err, reason)
 	}
@@ -101,7 +101,7 @@ func TestBindStaleRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.Bind(ctx, newM, ek1)
-	if _, _, denied := checks.Denial(err); err == nil || denied {
+	if _, _, denied := attestor.Denial(err); err == nil || denied {
 		t.Fatalf("stale record: got %v, want a transient error (retry)", err)
 	}
 	if err := s.Bind(ctx, newM, ek1); err != nil {
@@ -118,7 +118,7 @@ func TestBindTransientErrors(t *testing.T) {
 	}).Build()
 	s := &Store{Client: c, Reader: c}
 	err := s.Bind(ctx, m1, ek1)
-	if _, _, denied := checks.Denial(err); !errors.Is(err, boom) || denied {
+	if _, _, denied := attestor.Denial(err); !errors.Is(err, boom) || denied {
 		t.Fatalf("got %v, want the transient error, not a denial", err)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
-	"sigs.k8s.io/kubelet-authenticator/signer/serving"
 )
 
 // SecretPreviousKey is the Secret key holding the certificates (PEM) of the
@@ -155,7 +154,7 @@ func (s *Store) ensure(ctx context.Context, ref SecretRef) (*Authority, error) {
 
 func (s *Store) newCA(ref SecretRef, now time.Time) (*issue.CA, []byte, []byte, error) {
 	cn := fmt.Sprintf("kubelet-serving-ca %s %s", ref.Cluster, now.UTC().Format("20060102T150405Z"))
-	certPEM, keyPEM, err := serving.NewCA(cn, now, s.Policy.lifetime())
+	certPEM, keyPEM, err := issue.NewCA(cn, now, s.Policy.lifetime())
 	if err != nil {
 		return nil, nil, nil, err
 	}

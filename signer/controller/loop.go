@@ -1,0 +1,277 @@
+// Package controller runs the signer for one workload cluster: it watches
+// the CertificateSigningRequests of the signer names this controller serves
+// (and no others: the watch is filtered by spec.signerName on the API
+// server), hands each pending one to the decision engine (package engine),
+// and applies the engine's decision with one writer (write.go).
+//
+// Bad requests are denied; transient problems (an API server that does not
+// answer, a Machine not yet listed) are retried with backoff, and a request
+// that stays undecidable for MaxTries tries is denied with its own reason.
+// CSRs already approved by someone else, denied, failed or issued are never
+// touched.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/time/rate"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	certlisters "k8s.io/client-go/listers/certificates/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+)
+
+// Decisions, as reported to Metrics.
+const (
+	DecisionApproved   = "approved"
+	DecisionDenied     = "denied"
+	DecisionFailed     = "failed"
+	DecisionChallenged = "challenged"
+	DecisionRetried    = "retried"
+)
+
+// DefaultMaxTries is how many times a request is retried on transient
+// errors before it is denied Undecidable (with the default backoff of
+// 500ms doubling to 1m, about 15 minutes).
+const DefaultMaxTries = 20
+
+// Config configures a Controller.
+type Config struct {
+	// Cluster names the workload cluster in logs and metrics
+	// ("<namespace>/<name>" of the Cluster object).
+	Cluster string
+	// Client talks to the workload cluster.
+	Client kubernetes.Interface
+	// Engine configures the decision engine; its CSRs are the controller's
+	// own listers.
+	Engine engine.Config
+	// Metrics, when set, records decisions.
+	Metrics Metrics
+	// Events, when set, records every approval, denial and failure (an
+	// Event on the Machine).
+	Events Recorder
+	// Workers is the number of concurrent workers; 0 means 1.
+	Workers int
+	// ResyncPeriod re-lists pending CSRs that often; 0 means 10 minutes.
+	ResyncPeriod time.Duration
+	// MinRetry and MaxRetry bound the backoff of retried CSRs; 0 means
+	// 500ms and 1m.
+	MinRetry, MaxRetry time.Duration
+	// MaxTries bounds the tries of a request that keeps failing
+	// transiently; 0 means DefaultMaxTries.
+	MaxTries int
+}
+
+// key names a CSR in the queue: its signer name tells which informer holds
+// it.
+type key struct{ signer, name string }
+
+// Controller signs one workload cluster's requests.
+type Controller struct {
+	cfg       Config
+	engine    *engine.Engine
+	factories []informers.SharedInformerFactory
+	informers map[string]cache.SharedIndexInformer
+	listers   map[string]certlisters.CertificateSigningRequestLister
+	queue     workqueue.TypedRateLimitingInterface[key]
+}
+
+// New returns a Controller; call Run to start it.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("controller needs a workload cluster client")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	if cfg.ResyncPeriod <= 0 {
+		cfg.ResyncPeriod = 10 * time.Minute
+	}
+	if cfg.MinRetry <= 0 {
+		cfg.MinRetry = 500 * time.Millisecond
+	}
+	if cfg.MaxRetry <= 0 {
+		cfg.MaxRetry = time.Minute
+	}
+	if cfg.MaxTries <= 0 {
+		cfg.MaxTries = DefaultMaxTries
+	}
+	c := &Controller{
+		cfg:       cfg,
+		informers: map[string]cache.SharedIndexInformer{},
+		listers:   map[string]certlisters.CertificateSigningRequestLister{},
+	}
+	ecfg := cfg.Engine
+	ecfg.Cluster = cfg.Cluster
+	ecfg.CSRs = c
+	e, err := engine.New(ecfg)
+	if err != nil {
+		return nil, err
+	}
+	c.engine = e
+	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[key](cfg.MinRetry, cfg.MaxRetry),
+		&workqueue.TypedBucketRateLimiter[key]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
+	))
+	// One informer per signer name, each listing and watching only the
+	// CSRs of its signer name: other signers' CSRs are never sent to (or
+	// held by) this controller.
+	for _, signer := range e.SignerNames() {
+		selector := fields.OneTermEqualSelector("spec.signerName", signer).String()
+		f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
+		csrs := f.Certificates().V1().CertificateSigningRequests()
+		inf := csrs.Informer()
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(obj any) {
+				if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && c.engine.Pending(csr) {
+					c.seen(csr.Spec.SignerName)
+				}
+				c.enqueue(obj)
+			},
+			UpdateFunc: func(_, obj any) { c.enqueue(obj) },
+		}); err != nil {
+			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
+		}
+		c.factories = append(c.factories, f)
+		c.informers[signer] = inf
+		c.listers[signer] = csrs.Lister()
+	}
+	return c, nil
+}
+
+// Get implements engine.CSRs from the informers' caches.
+func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	l, ok := c.listers[signerName]
+	if !ok {
+		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
+	}
+	csr, err := l.Get(name)
+	if err == nil && csr.Spec.SignerName != signerName {
+		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
+	}
+	return csr, err
+}
+
+func (c *Controller) enqueue(obj any) {
+	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
+	if !ok || !c.engine.Pending(csr) {
+		return
+	}
+	c.queue.Add(key{signer: csr.Spec.SignerName, name: csr.Name})
+}
+
+// Resync queues every pending CSR again, for when something the decision
+// depends on changed (a Machine became ready).
+func (c *Controller) Resync() {
+	for _, inf := range c.informers {
+		for _, obj := range inf.GetStore().List() {
+			c.enqueue(obj)
+		}
+	}
+}
+
+// QueueLen returns the number of CSRs waiting to be decided.
+func (c *Controller) QueueLen() int { return c.queue.Len() }
+
+// HasSynced reports whether the controller has listed the workload
+// cluster's CSRs.
+func (c *Controller) HasSynced() bool {
+	for _, inf := range c.informers {
+		if !inf.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
+
+// Run watches CSRs and decides them until ctx is done.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithValues("cluster", c.cfg.Cluster)
+	ctx = klog.NewContext(ctx, logger)
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+	}
+	logger.Info("Waiting for the workload cluster's certificate signing requests")
+	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
+		return ctx.Err()
+	}
+	logger.Info("Deciding certificate signing requests", "signers", c.engine.SignerNames(), "authorizedAttestors", c.cfg.Engine.Authorized)
+	for range c.cfg.Workers {
+		go wait.UntilWithContext(ctx, c.worker, time.Second)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) worker(ctx context.Context) {
+	for c.processNext(ctx) {
+	}
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	k, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(k)
+	logger := klog.FromContext(ctx).WithValues("csr", k.name)
+	after, err := c.sync(klog.NewContext(ctx, logger), k)
+	switch {
+	case err != nil && apierrors.IsConflict(err):
+		// The cache is behind our own last write: look again.
+		logger.V(4).Info("Conflict, will look again", "err", err.Error())
+		c.queue.AddRateLimited(k)
+	case err != nil:
+		c.metric(DecisionRetried, "")
+		logger.Info("Not decided yet, will retry", "err", err.Error(), "tries", c.queue.NumRequeues(k)+1)
+		c.queue.AddRateLimited(k)
+	default:
+		c.queue.Forget(k)
+		if after > 0 {
+			c.queue.AddAfter(k, after)
+		}
+	}
+	return true
+}
+
+// sync decides one CSR and applies the decision. A returned error means
+// "retry"; after > 0 means "look again then".
+func (c *Controller) sync(ctx context.Context, k key) (after time.Duration, err error) {
+	l, ok := c.listers[k.signer]
+	if !ok {
+		return 0, nil
+	}
+	csr, err := l.Get(k.name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if !c.engine.Pending(csr) {
+		return 0, nil
+	}
+	d := c.engine.Decide(ctx, csr)
+	if d.Outcome == engine.Retry && c.queue.NumRequeues(k)+1 >= c.cfg.MaxTries {
+		d = engine.Undecidable(d, c.queue.NumRequeues(k)+1)
+	}
+	return c.apply(ctx, csr, d)
+}

@@ -1,0 +1,180 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+)
+
+// apply writes a decision on csr: the one place a CSR is written. It
+// returns an error when the request must be retried, and after > 0 when it
+// must be looked at again then.
+func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision) (after time.Duration, err error) {
+	if v := d.Verification; v != nil {
+		c.verified(v)
+	}
+	if d.Machine != nil {
+		ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("machine", types.NamespacedName{Namespace: d.Machine.Namespace, Name: d.Machine.Name}))
+	}
+	logger := klog.FromContext(ctx)
+	switch d.Outcome {
+	case engine.Skip:
+		return 0, nil
+	case engine.Retry:
+		return 0, d.Err
+	case engine.Wait:
+		logger.V(4).Info("Challenged, waiting for the answer", "lookAgainIn", d.After)
+		return d.After, nil
+	}
+	if len(d.Annotations) > 0 {
+		if csr, err = c.annotate(ctx, csr, d.Annotations); err != nil {
+			return 0, err
+		}
+	}
+	switch d.Outcome {
+	case engine.Challenge:
+		c.metric(DecisionChallenged, "")
+		logger.Info("Challenged", "node", d.NodeName, "requester", csr.Spec.Username)
+		return 0, nil
+	case engine.Deny:
+		return 0, c.condition(ctx, csr, d, certificatesv1.CertificateDenied, DecisionDenied)
+	case engine.Fail:
+		return 0, c.condition(ctx, csr, d, certificatesv1.CertificateFailed, DecisionFailed)
+	case engine.Approve:
+		if d.Consume != nil {
+			if err := c.consume(ctx, d.Consume, csr.Name); err != nil {
+				return 0, err
+			}
+		}
+		if err := c.condition(ctx, csr, d, certificatesv1.CertificateApproved, DecisionApproved); err != nil {
+			return 0, err
+		}
+		if d.Issue == nil || d.Profile.Signer == nil {
+			return 0, nil
+		}
+		return 0, c.sign(ctx, csr.Name, d)
+	case engine.Sign:
+		return 0, c.sign(ctx, csr.Name, d)
+	}
+	return 0, fmt.Errorf("unknown decision %q", d.Outcome)
+}
+
+// condition writes an Approved, Denied or Failed condition.
+func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType, decision string) error {
+	csr = csr.DeepCopy()
+	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+		Type:           typ,
+		Status:         corev1.ConditionTrue,
+		Reason:         d.Reason,
+		Message:        d.Message,
+		LastUpdateTime: metav1.Now(),
+	})
+	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
+	var err error
+	if typ == certificatesv1.CertificateFailed {
+		_, err = api.UpdateStatus(ctx, csr, metav1.UpdateOptions{})
+	} else {
+		_, err = api.UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("unable to write condition %s: %w", typ, err)
+	}
+	c.metric(decision, d.Reason)
+	c.record(csr.Name, d.Machine, decision, d.Reason, d.Message)
+	logger := klog.FromContext(ctx)
+	switch typ {
+	case certificatesv1.CertificateApproved:
+		logger.Info("Approved", "node", d.NodeName, "providerID", d.ProviderID, "signer", csr.Spec.SignerName, "requester", csr.Spec.Username)
+	case certificatesv1.CertificateDenied:
+		logger.Info("Denied", "reason", d.Reason, "message", d.Message, "signer", csr.Spec.SignerName, "requester", csr.Spec.Username)
+	default:
+		logger.Info("Failed an approved request", "message", d.Message)
+	}
+	return nil
+}
+
+// consume denies the request whose challenge the request being approved
+// answered, before that one is approved. The write is conditional on the
+// version the engine checked, so of two answers to one challenge only one
+// is approved; if it fails, the answer is decided again, never approved.
+func (c *Controller) consume(ctx context.Context, first *certificatesv1.CertificateSigningRequest, by string) error {
+	if first.Name == "" || first.ResourceVersion == "" {
+		return fmt.Errorf("the answered request is unknown; deciding %s again", by)
+	}
+	first = first.DeepCopy()
+	first.Status.Conditions = append(first.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+		Type:           certificatesv1.CertificateDenied,
+		Status:         corev1.ConditionTrue,
+		Reason:         attestor.ReasonChallengeAnswered,
+		Message:        fmt.Sprintf("the challenge was answered by request %s, which is approved instead", by),
+		LastUpdateTime: metav1.Now(),
+	})
+	if _, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, first.Name, first, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("unable to close the answered request %s: %w", first.Name, err)
+	}
+	// Bookkeeping, not a decision of its own: no Event.
+	c.metric(DecisionDenied, attestor.ReasonChallengeAnswered)
+	klog.FromContext(ctx).Info("Closed the answered request", "answered", first.Name)
+	return nil
+}
+
+// sign signs an approved request. The cache may lag behind this signer's
+// own last write, so the live object is read first: a request is never
+// signed twice.
+func (c *Controller) sign(ctx context.Context, name string, d *engine.Decision) error {
+	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
+	live, err := api.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !c.engine.Pending(live) || !engine.HasCondition(live, certificatesv1.CertificateApproved) {
+		return nil
+	}
+	certPEM, err := d.Profile.Signer.Sign(d.Issue)
+	if err != nil {
+		return fmt.Errorf("unable to sign: %w", err)
+	}
+	live.Status.Certificate = certPEM
+	if _, err := api.UpdateStatus(ctx, live, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("unable to store the signed certificate: %w", err)
+	}
+	c.signed(d.Profile.Provider)
+	klog.FromContext(ctx).Info("Issued", "node", d.NodeName, "signer", live.Spec.SignerName)
+	return nil
+}
+
+// annotate sets annotations on csr and returns the CSR as written.
+func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, set map[string]string) (*certificatesv1.CertificateSigningRequest, error) {
+	changed := false
+	for k, v := range set {
+		if csr.Annotations[k] != v {
+			changed = true
+		}
+	}
+	if !changed {
+		return csr, nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": set}})
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().Patch(ctx, csr.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("unable to annotate: %w", err)
+	}
+	return out, nil
+}

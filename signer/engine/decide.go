@@ -1,0 +1,345 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+)
+
+// Pending reports whether csr is a request of a served signer name that
+// still needs work: not issued, denied or failed.
+func (e *Engine) Pending(csr *certificatesv1.CertificateSigningRequest) bool {
+	_, ours := e.profiles[csr.Spec.SignerName]
+	return ours && !decided(csr)
+}
+
+func decided(csr *certificatesv1.CertificateSigningRequest) bool {
+	return len(csr.Status.Certificate) > 0 || HasCondition(csr, certificatesv1.CertificateDenied) || HasCondition(csr, certificatesv1.CertificateFailed)
+}
+
+// Decide decides one request. Cheap, local checks (structure, requester,
+// authorization) come before anything that costs a round trip, a verifier
+// call or a challenge.
+func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) *Decision {
+	p, ok := e.profiles[csr.Spec.SignerName]
+	d := &Decision{Outcome: Skip, Profile: p}
+	if !ok || decided(csr) {
+		return d
+	}
+	approvedByUs := false
+	if c := FindCondition(csr, certificatesv1.CertificateApproved); c != nil {
+		if c.Reason != p.ApprovalReason() {
+			return d // approved by someone else: not attested, so not signed by us
+		}
+		if p.Signer == nil {
+			return d // approved by us; another signer issues
+		}
+		approvedByUs = true
+		d.Approved = true
+	}
+	if p.Refused != "" {
+		return e.close(d, approvedByUs, &attestor.DenyError{Reason: attestor.ReasonSignerNotServed, Message: p.Refused})
+	}
+
+	// Structure, requester and authorization, all reported at once.
+	checked, err := checks.Check(csr, p.rules())
+	ds := attestor.Denials(err)
+	if err != nil && len(ds) == 0 {
+		return retry(d, err) // cannot happen; never deny on it
+	}
+	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
+		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
+			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider, e.cfg.Authorized)})
+	}
+	if len(ds) > 0 {
+		return e.close(d, approvedByUs, ds...)
+	}
+	d.NodeName, d.ProviderID = checked.NodeName, checked.ProviderID
+
+	if approvedByUs {
+		// Approved by this signer, not yet issued (a write failed, or the
+		// process stopped in between): the decision stands unless the
+		// Machine went away. The evidence is not verified again: its
+		// challenge, if any, was consumed by the approval.
+		m, dd := e.machine(ctx, d, p, checked)
+		if dd != nil {
+			if dd.Outcome == Deny {
+				return e.close(dd, true, dd.Denials...)
+			}
+			return dd
+		}
+		d.Machine = m
+		d.Outcome, d.Issue = Sign, issueRequest(checked)
+		return d
+	}
+
+	if dd, ok := e.challengeGuard(d, csr); ok {
+		return dd
+	}
+
+	if p.Verifier != nil && !slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
+		supported := strings.Join(p.Verifier.Versions(), ",")
+		d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
+			"evidence version %q is not accepted by attestor %q; file a new request with one of %s", checked.Request.Version, p.Provider, supported)})
+	}
+
+	m, dd := e.machine(ctx, d, p, checked)
+	if dd != nil {
+		return dd
+	}
+	d.Machine = m
+
+	if p.Verifier == nil {
+		d.Outcome = Approve
+		d.Reason = p.ApprovalReason()
+		d.Message = fmt.Sprintf("node %q asks for its own serving certificate with addresses of Machine %s", checked.NodeName, m)
+		return d
+	}
+
+	res, dd := e.verify(ctx, d, p, csr, checked, m, nil)
+	if dd != nil {
+		return dd
+	}
+	if res.Answers != "" {
+		round, first, dd := e.answered(d, csr, checked, res.Answers)
+		if dd != nil {
+			return dd
+		}
+		if res, dd = e.verify(ctx, d, p, csr, checked, m, round); dd != nil {
+			return dd
+		}
+		if res.Identity == nil {
+			return retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
+		}
+		d.Consume = first
+	}
+	if res.Challenge != nil {
+		return e.challenge(d, csr, p, res.Challenge)
+	}
+
+	id := res.Identity
+	if got := id.ProviderID; got != checked.ProviderID || got != m.ProviderID {
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonAttestedProviderIDMismatch, Message: fmt.Sprintf(
+			"attestor %q proves provider ID %q, but the request claims %q and Machine %s has %q", p.Provider, got, checked.ProviderID, m, m.ProviderID)})
+	}
+	if m.Identity != "" && id.Stable != m.Identity {
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonIdentityMismatch, Message: fmt.Sprintf(
+			"attestor %q proves identity %q, but %s is pinned to %q; update the pin if the node was replaced", p.Provider, id.Stable, m, m.Identity)})
+	}
+	if id.Stable != "" && e.cfg.Identities != nil && m.Identity == "" {
+		if err := e.cfg.Identities.Bind(ctx, m, id.Stable); err != nil {
+			if ds := attestor.Denials(err); len(ds) > 0 {
+				return deny(d, ds...)
+			}
+			return retry(d, fmt.Errorf("unable to apply trust on first use to identity %s: %w", id.Stable, err))
+		}
+	}
+
+	d.Outcome = Approve
+	d.Reason = p.ApprovalReason()
+	d.Message = fmt.Sprintf("attestor %q verified node %q with provider ID %q of Machine %s", p.Provider, checked.NodeName, checked.ProviderID, m)
+	if p.Kind == checks.Serving {
+		d.Message += "; SANs are its addresses"
+	}
+	d.Issue = issueRequest(checked)
+	return d
+}
+
+// close denies a request, or fails it when this signer approved it already
+// (an approved request cannot be denied).
+func (e *Engine) close(d *Decision, approved bool, ds ...*attestor.DenyError) *Decision {
+	deny(d, ds...)
+	if approved {
+		d.Outcome = Fail
+		d.Reason, d.Message = attestor.ReasonSigningFailed, d.Reason+": "+d.Message
+	}
+	return d
+}
+
+// machine finds the request's Machine and, for serving certificates, checks
+// the SANs against its addresses. It returns a non-nil Decision when the
+// request is denied or retried.
+func (e *Engine) machine(ctx context.Context, d *Decision, p *Profile, c *checks.Checked) (*Machine, *Decision) {
+	var m *Machine
+	var err error
+	if p.Verifier == nil {
+		m, err = e.cfg.Machines.ForNode(ctx, c.NodeName)
+	} else {
+		m, err = e.cfg.Machines.MatchMachine(ctx, c.NodeName, c.ProviderID)
+	}
+	if err != nil {
+		if ds := attestor.Denials(err); len(ds) > 0 {
+			return nil, deny(d, ds...)
+		}
+		return nil, retry(d, fmt.Errorf("unable to match node %q (provider ID %q) to a Machine: %w", c.NodeName, c.ProviderID, err))
+	}
+	if p.Kind == checks.Serving {
+		if err := checks.CheckMachineAddresses(c.CSR, m.String(), m.DNSNames, m.IPs); err != nil {
+			d.Machine = m
+			return nil, deny(d, attestor.Denials(err)...)
+		}
+	}
+	return m, nil
+}
+
+// verify calls the profile's verifier, once per request and round: this is
+// the only place the signer calls a verifier.
+func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine, round *attestor.Round) (*attestor.Result, *Decision) {
+	start := time.Now()
+	res, err := p.Verifier.Verify(ctx, &attestor.VerifyRequest{
+		Evidence:           c.Request.Evidence,
+		Version:            c.Request.Version,
+		Binding:            c.Binding,
+		CSR:                c.CSR,
+		NodeName:           c.NodeName,
+		ProviderID:         c.ProviderID,
+		UID:                string(csr.UID),
+		Annotations:        maps.Clone(csr.Annotations),
+		MachineAnnotations: maps.Clone(m.Annotations),
+		Answered:           round,
+	})
+	v := &Verification{Provider: p.Provider, Took: time.Since(start)}
+	d.Verification = v
+	if err != nil {
+		if ds := attestor.Denials(err); len(ds) > 0 {
+			v.Result = VerifyResultDenied
+			return nil, deny(d, ds...)
+		}
+		v.Result = VerifyResultError
+		return nil, retry(d, fmt.Errorf("attestor %q could not verify the evidence: %w", p.Provider, err))
+	}
+	set := 0
+	if res != nil {
+		for _, b := range []bool{res.Identity != nil, res.Challenge != nil, res.Answers != ""} {
+			if b {
+				set++
+			}
+		}
+	}
+	switch {
+	case set != 1, round != nil && res.Identity == nil:
+		v.Result = VerifyResultError
+		return nil, retry(d, fmt.Errorf("attestor %q returned no usable result (an identity, a challenge, or the request answered)", p.Provider))
+	case res.Challenge != nil:
+		v.Result = VerifyResultChallenged
+	case res.Identity != nil:
+		v.Result = VerifyResultVerified
+	}
+	return res, nil
+}
+
+// challenge decides to write a verifier's challenge, sealed.
+func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRequest, p *Profile, ch *attestor.Challenge) *Decision {
+	if e.cfg.ChallengeKey == nil {
+		return retry(d, fmt.Errorf("attestor %q challenges, but the signer has no challenge key", p.Provider))
+	}
+	now := e.now()
+	expires := ch.Expires
+	if expires.IsZero() || expires.After(now.Add(e.cfg.MaxChallengeTTL)) {
+		return retry(d, fmt.Errorf("attestor %q made a challenge expiring at %s, outside (now, now+%s]", p.Provider, expires, e.cfg.MaxChallengeTTL))
+	}
+	d.Outcome = Challenge
+	d.Annotations = map[string]string{
+		attestor.AnnotationChallenge:     string(ch.Data),
+		attestor.AnnotationChallengeSeal: e.seal(string(csr.UID), csr.Spec.SignerName, expires, ch.Data),
+	}
+	return d
+}
+
+// answered finds and checks the request whose challenge csr answers. The
+// checks that hold for every two-round provider are made here, once: the
+// challenged request exists under the same signer name, was filed by the
+// same requester for the same key, node and provider ID, carries a
+// challenge this signer sealed that has not expired, and is undecided.
+func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
+	denyf := func(reason, format string, args ...any) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
+		return nil, nil, deny(d, &attestor.DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	if name == csr.Name {
+		return denyf(attestor.ReasonChallengeMismatch, "the answer names its own request as the challenged one")
+	}
+	first, err := e.cfg.CSRs.Get(csr.Spec.SignerName, name)
+	if apierrors.IsNotFound(err) {
+		return denyf(attestor.ReasonChallengeNotFound, "there is no request %q to signer %s (deleted, never filed, or filed to another signer); file a new first-round request", name, csr.Spec.SignerName)
+	}
+	if err != nil {
+		return nil, nil, retry(d, fmt.Errorf("unable to read the challenged request %s: %w", name, err))
+	}
+	if first.Spec.SignerName != csr.Spec.SignerName {
+		return denyf(attestor.ReasonChallengeMismatch, "request %q was filed to signer %s, this one to %s", name, first.Spec.SignerName, csr.Spec.SignerName)
+	}
+	if first.Spec.Username != csr.Spec.Username {
+		return denyf(attestor.ReasonRequesterMismatch, "request %q was filed by %q, this one by %q", name, first.Spec.Username, csr.Spec.Username)
+	}
+	if HasCondition(first, certificatesv1.CertificateApproved) || decided(first) {
+		return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
+	}
+	ch, err := e.openChallenge(first)
+	if err != nil {
+		return denyf(attestor.ReasonChallengeNotIssued, "request %q carries no challenge this signer wrote: %v", name, err)
+	}
+	if ch == nil {
+		return denyf(attestor.ReasonChallengeNotIssued, "request %q carries no challenge yet; wait for it before answering", name)
+	}
+	if !e.now().Before(ch.Expires) {
+		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired at %s; file a new first-round request", name, ch.Expires.Format(time.RFC3339))
+	}
+	req, err := attestor.ParseRequest(first.Spec.Request)
+	if err != nil {
+		return denyf(attestor.ReasonChallengeNotFound, "the challenged request %q is not an attested request: %v", name, err)
+	}
+	var mismatch []string
+	if req.Provider != c.Request.Provider {
+		mismatch = append(mismatch, fmt.Sprintf("provider %q", req.Provider))
+	}
+	if !bytes.Equal(req.CSR.RawSubjectPublicKeyInfo, c.CSR.RawSubjectPublicKeyInfo) {
+		mismatch = append(mismatch, "another key")
+	}
+	if req.CSR.Subject.CommonName != c.CSR.Subject.CommonName {
+		mismatch = append(mismatch, fmt.Sprintf("subject %q", req.CSR.Subject.CommonName))
+	}
+	if pid, err := attestor.ProviderIDFromExtensions(req.CSR.Extensions); err != nil || pid != c.ProviderID {
+		mismatch = append(mismatch, "another provider ID")
+	}
+	if len(mismatch) > 0 {
+		return denyf(attestor.ReasonChallengeMismatch, "the challenged request %q is for %s than this answer; answer only your own challenge", name, strings.Join(mismatch, ", "))
+	}
+	return &attestor.Round{
+		Name: first.Name, UID: string(first.UID), CSR: req.CSR,
+		Evidence: req.Evidence, Version: req.Version,
+		Annotations: maps.Clone(first.Annotations), Challenge: ch,
+	}, first, nil
+}
+
+func issueRequest(c *checks.Checked) *issue.Request {
+	return &issue.Request{CSR: c.CSR, ProviderID: c.ProviderID, Usages: c.Usages, Duration: c.RequestedDuration}
+}
+
+// FindCondition returns csr's condition of type t that is not False.
+func FindCondition(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) *certificatesv1.CertificateSigningRequestCondition {
+	for i := range csr.Status.Conditions {
+		if c := &csr.Status.Conditions[i]; c.Type == t && c.Status != corev1.ConditionFalse {
+			return c
+		}
+	}
+	return nil
+}
+
+// HasCondition reports whether csr has a condition of type t that is not
+// False.
+func HasCondition(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) bool {
+	return FindCondition(csr, t) != nil
+}

@@ -1,0 +1,222 @@
+// Package engine is the signer's one decision pipeline. Every signer name
+// the controller serves (attested client, attested serving, kubelet's own
+// serving requests) goes through the same steps:
+//
+//	parse → structural rules of the certificate kind → authorization for
+//	the Cluster → the challenge guard → version negotiation → Machine
+//	match → verify (and find the answered round) → provider ID and pins →
+//	trust on first use
+//
+// and comes out as a Decision: a value that says what to write (deny with
+// every reason, retry, wait, challenge, approve and sign, sign, fail). The
+// engine reads (CSRs through a lister, Machines, a verifier's upstream) and
+// binds trust-on-first-use records, but never writes a CSR: one writer, in
+// package controller, applies decisions. What differs between certificate
+// kinds is a Profile (which rules, which signer, whether evidence is
+// verified), never a second copy of a step.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+)
+
+// Machine is the Cluster API Machine (or standalone allowlist entry) a
+// request was matched to.
+type Machine struct {
+	Namespace, Name string
+	// UID is the Machine's UID: trust-on-first-use records name it.
+	UID types.UID
+	// ProviderID is the Machine's spec.providerID.
+	ProviderID string
+	// Annotations are the Machine's (and its infrastructure object's)
+	// annotations, handed to the verifier.
+	Annotations map[string]string
+	// DNSNames are its Hostname, InternalDNS and ExternalDNS addresses; IPs
+	// its InternalIP and ExternalIP addresses. Serving SANs must be among
+	// them.
+	DNSNames []string
+	IPs      []net.IP
+	// Identity, when set, pins the attested stable identity: evidence that
+	// proves another one is denied (standalone allowlist entries).
+	Identity string
+}
+
+// String returns namespace/name.
+func (m *Machine) String() string {
+	if m.Namespace == "" {
+		return m.Name
+	}
+	return m.Namespace + "/" + m.Name
+}
+
+// Machines finds the Machine of a request. A request no Machine accounts for
+// is reported as *attestor.DenyError (the CSR is denied with its reason); any
+// other error is transient (the CSR is retried).
+type Machines interface {
+	// MatchMachine returns the Machine with providerID that claims nodeName.
+	MatchMachine(ctx context.Context, nodeName, providerID string) (*Machine, error)
+	// ForNode returns the Machine that is node nodeName (its nodeRef, or
+	// before that its name or a Hostname or InternalDNS address), for
+	// requests that carry no provider ID.
+	ForNode(ctx context.Context, nodeName string) (*Machine, error)
+}
+
+// IdentityBinder applies trust on first use: it binds a proven stable
+// identity to the Machine on first use and accepts it afterwards for that
+// Machine only. A conflict is reported as *attestor.DenyError; any other
+// error is transient.
+type IdentityBinder interface {
+	Bind(ctx context.Context, machine *Machine, identity string) error
+}
+
+// CertificateSigner signs an approved request; *issue.Signer is one.
+type CertificateSigner interface {
+	Sign(req *issue.Request) ([]byte, error)
+}
+
+// CSRs reads the workload cluster's CSRs of one signer name (an informer's
+// lister). It returns an error satisfying apierrors.IsNotFound when there is
+// no such CSR.
+type CSRs interface {
+	Get(signerName, name string) (*certificatesv1.CertificateSigningRequest, error)
+}
+
+// Profile is what one signer name issues, and how.
+type Profile struct {
+	// SignerName is the signer name served.
+	SignerName string
+	// Kind decides the structural rules.
+	Kind checks.Kind
+	// Provider and Verifier: the attestor whose evidence the requests carry.
+	// Both empty for kubelet's own kubernetes.io/kubelet-serving requests,
+	// which carry none and are approved, not signed.
+	Provider string
+	Verifier attestor.Verifier
+	// Signer signs approved requests; nil means approve only (another
+	// signer, kube-controller-manager, issues).
+	Signer CertificateSigner
+	// Refused, when set, denies every request to this signer name with
+	// reason SignerNotServed and this explanation.
+	Refused string
+}
+
+// ApprovalReason is the reason of the Approved condition this profile
+// writes; a request approved with another reason was approved by someone
+// else and is never signed by this controller.
+func (p *Profile) ApprovalReason() string {
+	switch {
+	case p.Verifier == nil:
+		return attestor.ReasonServingVerified
+	case p.Kind == checks.Serving:
+		return attestor.ReasonAttestedServingVerified
+	}
+	return attestor.ReasonAttestationVerified
+}
+
+func (p *Profile) rules() checks.Rules {
+	return checks.Rules{Kind: p.Kind, Attested: p.Verifier != nil, Provider: p.Provider}
+}
+
+// Config configures an Engine.
+type Config struct {
+	// Cluster names the workload cluster in messages.
+	Cluster string
+	// Profiles are the signer names served.
+	Profiles []*Profile
+	// Authorized lists the providers the Cluster authorizes.
+	Authorized []string
+	// Machines matches requests to Machines.
+	Machines Machines
+	// Identities, when set, applies trust on first use.
+	Identities IdentityBinder
+	// CSRs reads other CSRs (the round a second round answers).
+	CSRs CSRs
+	// ChallengeKey seals the challenges the engine writes; required when a
+	// verifier challenges (at least 32 bytes, shared by every replica).
+	ChallengeKey []byte
+	// MaxChallengeTTL bounds how long a challenge may stay open; 0 means
+	// DefaultMaxChallengeTTL.
+	MaxChallengeTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultMaxChallengeTTL bounds a challenge's lifetime when the Config does
+// not.
+const DefaultMaxChallengeTTL = 15 * time.Minute
+
+// Engine decides requests.
+type Engine struct {
+	cfg      Config
+	profiles map[string]*Profile
+}
+
+// New returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	var errs []error
+	if cfg.Machines == nil {
+		errs = append(errs, errors.New("the engine needs a Machine matcher"))
+	}
+	if cfg.CSRs == nil {
+		errs = append(errs, errors.New("the engine needs a CSR lister"))
+	}
+	if len(cfg.Profiles) == 0 {
+		errs = append(errs, errors.New("the engine needs at least one signer name to serve"))
+	}
+	if cfg.ChallengeKey != nil && len(cfg.ChallengeKey) < 32 {
+		errs = append(errs, fmt.Errorf("the challenge key is %d bytes; at least 32 are required", len(cfg.ChallengeKey)))
+	}
+	e := &Engine{cfg: cfg, profiles: map[string]*Profile{}}
+	for _, p := range cfg.Profiles {
+		if _, dup := e.profiles[p.SignerName]; dup {
+			errs = append(errs, fmt.Errorf("signer name %q is served twice", p.SignerName))
+		}
+		if p.Refused == "" && p.Verifier == nil && p.Signer != nil {
+			errs = append(errs, fmt.Errorf("signer name %q would sign without verifying evidence", p.SignerName))
+		}
+		if p.Refused == "" && p.Verifier != nil && p.Signer == nil {
+			errs = append(errs, fmt.Errorf("signer name %q verifies evidence but has no CA to sign with", p.SignerName))
+		}
+		e.profiles[p.SignerName] = p
+	}
+	if e.cfg.MaxChallengeTTL <= 0 {
+		e.cfg.MaxChallengeTTL = DefaultMaxChallengeTTL
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Profile returns the profile of a signer name, if it is served.
+func (e *Engine) Profile(signerName string) (*Profile, bool) {
+	p, ok := e.profiles[signerName]
+	return p, ok
+}
+
+// SignerNames returns the signer names served.
+func (e *Engine) SignerNames() []string {
+	out := make([]string, 0, len(e.profiles))
+	for _, p := range e.cfg.Profiles {
+		out = append(out, p.SignerName)
+	}
+	return out
+}
+
+func (e *Engine) now() time.Time {
+	if e.cfg.Now != nil {
+		return e.cfg.Now()
+	}
+	return time.Now()
+}
