@@ -109,7 +109,7 @@ func (c *Controller) condition(ctx context.Context, csr *certificatesv1.Certific
 // version the engine checked, so of two answers to one challenge only one
 // is approved; if it fails, the answer is decided again, never approved.
 func (c *Controller) consume(ctx context.Context, first *certificatesv1.CertificateSigningRequest, by string) error {
-	if first.Name == "" || first.ResourceVersion == "" {
+	if first.Name == "" {
 		return fmt.Errorf("the answered request is unknown; deciding %s again", by)
 	}
 	first = first.DeepCopy()

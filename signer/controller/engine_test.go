@@ -1,0 +1,336 @@
+package controller
+
+import (
+	"context"
+	"crypto"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"k8s.io/apimachinery/pkg/api/equality"
+	k8stesting "k8s.io/client-go/testing"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+)
+
+// challenger is a fake two-round verifier shaped like the TPM one: a first
+// round is challenged with a random secret, and the answer proves it with
+// an HMAC over the secret and the request's key binding.
+type challenger struct {
+	now   func() time.Time
+	ttl   time.Duration
+	mu    sync.Mutex
+	calls int
+}
+
+type challengeEvidence struct {
+	Version    string `json:"version"`
+	ProviderID string `json:"providerID"`
+	Answers    string `json:"answers,omitempty"`
+	Proof      string `json:"proof,omitempty"`
+}
+
+func (*challenger) Versions() []string { return []string{"v1"} }
+
+func (v *challenger) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
+	v.mu.Lock()
+	v.calls++
+	v.mu.Unlock()
+	var ev challengeEvidence
+	if err := json.Unmarshal(in.Evidence, &ev); err != nil {
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
+	}
+	switch {
+	case ev.Answers == "":
+		return &attestor.Result{Challenge: &attestor.Challenge{Data: []byte("secret-for-" + in.UID), Expires: v.now().Add(v.ttl)}}, nil
+	case in.Answered == nil:
+		return &attestor.Result{Answers: ev.Answers}, nil
+	}
+	if ev.Proof != proofFor(in.Answered.Challenge.Data, in.Binding) {
+		return nil, attestor.Deny("BadProof", "the answer does not prove the challenge")
+	}
+	return &attestor.Result{Identity: &attestor.Identity{ProviderID: ev.ProviderID, Stable: "fake:" + in.NodeName}}, nil
+}
+
+func proofFor(secret, binding []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write(binding)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// machines is one Machine, node-1.
+type machines struct{}
+
+var theMachine = &engine.Machine{Namespace: "ns", Name: "node-1", UID: types.UID("uid-m"), ProviderID: pid,
+	DNSNames: []string{"node-1.example"}, IPs: []net.IP{net.ParseIP("10.0.0.1")}}
+
+func (machines) MatchMachine(_ context.Context, nodeName, providerID string) (*engine.Machine, error) {
+	if nodeName != "node-1" || providerID != pid {
+		return nil, attestor.Deny(attestor.ReasonMachineNotFound, "no Machine for %s", nodeName)
+	}
+	return theMachine, nil
+}
+
+func (machines) ForNode(_ context.Context, nodeName string) (*engine.Machine, error) {
+	return machines{}.MatchMachine(context.Background(), nodeName, pid)
+}
+
+const pid = "fake:///zone/node-1"
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time       { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Step(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+func newClock() *clock                { return &clock{t: time.Now()} }
+func (c *clock) fn() func() time.Time { return c.Now }
+func ptr[T any](v T) *T               { return &v }
+func cond(csr *certificatesv1.CertificateSigningRequest) string {
+	for _, c := range csr.Status.Conditions {
+		return string(c.Type) + "/" + c.Reason
+	}
+	if len(csr.Status.Certificate) > 0 {
+		return "issued"
+	}
+	return "pending"
+}
+
+type rig struct {
+	t      *testing.T
+	cs     *fake.Clientset
+	c      *Controller
+	clock  *clock
+	v      *challenger
+	ctx    context.Context
+	signer string
+	kind   string
+}
+
+func newRig(t *testing.T, serving bool) *rig {
+	t.Helper()
+	caCert, caKey, err := issue.NewCA("test CA", time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := issue.LoadCA(caCert, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newClock()
+	v := &challenger{now: clk.fn(), ttl: 5 * time.Minute}
+	cs := fake.NewClientset()
+	set := engine.ProfileSet{
+		Verifiers: map[string]attestor.Verifier{"fake": v},
+		Client:    &issue.Signer{CA: loaded, MaxLifetime: time.Hour},
+		Serving:   &issue.Signer{CA: loaded, MaxLifetime: time.Hour, Serving: true},
+	}
+	c, err := New(Config{
+		Cluster: "ns/c",
+		Client:  cs,
+		Engine: engine.Config{
+			Profiles:     engine.Profiles(set),
+			Authorized:   []string{"fake"},
+			Machines:     machines{},
+			ChallengeKey: []byte(strings.Repeat("k", 32)),
+			Now:          clk.fn(),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
+		t.Fatal("caches did not sync")
+	}
+	r := &rig{t: t, cs: cs, c: c, clock: clk, v: v, ctx: ctx, signer: attestor.ClientSignerName("fake"), kind: "client"}
+	if serving {
+		r.signer, r.kind = attestor.ServingSignerName("fake"), "serving"
+	}
+	return r
+}
+
+// file creates a CSR with evidence ev for key material req.
+func (r *rig) file(name string, req signertest.Request, ev challengeEvidence) *certificatesv1.CertificateSigningRequest {
+	r.t.Helper()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	req.Provider, req.Evidence = "fake", b
+	csr := &certificatesv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name)},
+		Spec: certificatesv1.CertificateSigningRequestSpec{
+			SignerName: r.signer,
+			Username:   "system:bootstrap:abcdef",
+			Groups:     []string{"system:bootstrappers", "system:authenticated"},
+			Usages:     signertest.ClientUsages,
+		},
+	}
+	if r.kind == "serving" {
+		csr.Spec.Username, csr.Spec.Groups = "system:node:node-1", []string{"system:nodes", "system:authenticated"}
+		csr.Spec.Usages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+		req.DNSNames = []string{"node-1.example"}
+	}
+	csr.Spec.Request, _ = req.Build(r.t)
+	if _, err := r.cs.CertificatesV1().CertificateSigningRequests().Create(r.ctx, csr, metav1.CreateOptions{}); err != nil {
+		r.t.Fatal(err)
+	}
+	return csr
+}
+
+// sync waits for the informer to see the latest version of name and
+// decides it once, as a worker would.
+func (r *rig) sync(name string) (time.Duration, error) {
+	r.t.Helper()
+	live := r.get(name)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		cached, err := r.c.Get(r.signer, name)
+		if err == nil && equality.Semantic.DeepEqual(cached.Annotations, live.Annotations) && equality.Semantic.DeepEqual(cached.Status, live.Status) {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("informer never saw %s at version %s", name, live.ResourceVersion)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return r.c.sync(r.ctx, key{signer: r.signer, name: name})
+}
+
+func (r *rig) get(name string) *certificatesv1.CertificateSigningRequest {
+	r.t.Helper()
+	csr, err := r.cs.CertificatesV1().CertificateSigningRequests().Get(r.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return csr
+}
+
+func (r *rig) patches(name string) int {
+	n := 0
+	for _, a := range r.cs.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && p.GetName() == name {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTwoRounds runs the challenge flow on the client and the serving
+// kind: challenged once (not again on later syncs), the answer approved
+// and issued, the first round closed, a replayed answer refused, and an
+// unanswered challenge closed once expired.
+func TestTwoRounds(t *testing.T) {
+	for _, serving := range []bool{false, true} {
+		name := "client"
+		if serving {
+			name = "serving"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, serving)
+			req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+			_, key := req.Build(t)
+			req.Key = key
+
+			r.file("first", req, challengeEvidence{Version: "v1", ProviderID: pid})
+			if _, err := r.sync("first"); err != nil {
+				t.Fatal(err)
+			}
+			first := r.get("first")
+			ch := first.Annotations[attestor.AnnotationChallenge]
+			if ch == "" || first.Annotations[attestor.AnnotationChallengeSeal] == "" {
+				t.Fatalf("first round not challenged: %v", first.Annotations)
+			}
+			// Syncing the challenged request again (its annotation patch
+			// queues it) neither challenges it again nor calls the verifier.
+			calls := r.v.calls
+			for range 3 {
+				after, err := r.sync("first")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if after <= 0 || after > 5*time.Minute+time.Second {
+					t.Errorf("look again in %v, want within the challenge's lifetime", after)
+				}
+			}
+			if got := r.get("first").Annotations[attestor.AnnotationChallenge]; got != ch || r.v.calls != calls || r.patches("first") != 1 {
+				t.Fatalf("challenged again: calls %d→%d, patches %d", calls, r.v.calls, r.patches("first"))
+			}
+
+			binding := attestor.Binding(mustSPKI(t, key))
+			answer := challengeEvidence{Version: "v1", ProviderID: pid, Answers: "first", Proof: proofFor([]byte(ch), binding)}
+			r.file("second", req, answer)
+			if _, err := r.sync("second"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("first")); got != "Denied/"+attestor.ReasonChallengeAnswered {
+				t.Errorf("first round: %s, want closed ChallengeAnswered", got)
+			}
+			second := r.get("second")
+			if len(second.Status.Certificate) == 0 {
+				t.Fatalf("answer not issued: %s %v", cond(second), second.Status.Conditions)
+			}
+
+			// The same answer again, in a third request: the challenge is used.
+			r.file("replay", req, answer)
+			if _, err := r.sync("replay"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("replay")); got != "Denied/"+attestor.ReasonChallengeUsed {
+				t.Errorf("replayed answer: %s, want Denied/%s", got, attestor.ReasonChallengeUsed)
+			}
+
+			// A challenge nobody answers is closed once it expires, and an
+			// answer after that is refused.
+			r.file("lonely", req, challengeEvidence{Version: "v1", ProviderID: pid})
+			if _, err := r.sync("lonely"); err != nil {
+				t.Fatal(err)
+			}
+			lonelyCh := r.get("lonely").Annotations[attestor.AnnotationChallenge]
+			r.file("late", req, challengeEvidence{Version: "v1", ProviderID: pid, Answers: "lonely", Proof: proofFor([]byte(lonelyCh), binding)})
+			r.clock.Step(6 * time.Minute)
+			if _, err := r.sync("late"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("late")); got != "Denied/"+attestor.ReasonChallengeExpired {
+				t.Errorf("late answer: %s, want Denied/%s", got, attestor.ReasonChallengeExpired)
+			}
+			if _, err := r.sync("lonely"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("lonely")); got != "Denied/"+attestor.ReasonChallengeExpired {
+				t.Errorf("unanswered challenge: %s, want Denied/%s", got, attestor.ReasonChallengeExpired)
+			}
+		})
+	}
+}
+
+func mustSPKI(t *testing.T, key crypto.Signer) []byte {
+	t.Helper()
+	b, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
