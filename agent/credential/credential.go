@@ -252,15 +252,12 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, req *attestor.Request) ([]byte, error) {
 	cfg := s.Config
 	provider := cfg.Attestor
-	evidence, err := s.Attestor.Attest(ctx, req)
+	att, err := s.Attestor.Attest(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("attestation failed: %w", err)
 	}
-	version, err := attestor.EvidenceVersion(evidence)
-	if err != nil {
-		return nil, fmt.Errorf("attestor produced invalid evidence: %w", err)
-	}
-	request, err := attestor.EncodeRequest(pkcs10, provider, evidence)
+	version := att.Version
+	request, err := attestor.EncodeRequest(pkcs10, provider, att.Evidence)
 	if err != nil {
 		return nil, err
 	}
@@ -268,13 +265,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	var annotations map[string]string
-	if a, ok := s.Attestor.(attestor.Annotator); ok {
-		if annotations, err = a.Annotations(evidence); err != nil {
-			return nil, fmt.Errorf("attestor produced invalid evidence: %w", err)
-		}
-	}
-	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, annotations))
+	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, att.Annotations))
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +295,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
 	}
-	request2, err := attestor.EncodeRequest(pkcs10, provider, answer)
+	request2, err := attestor.EncodeRequest(pkcs10, provider, answer.Evidence)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +303,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, nil)); err != nil {
+	if _, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, answer.Annotations)); err != nil {
 		return nil, err
 	}
 	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)

@@ -8,33 +8,17 @@ import (
 )
 
 // Instrument returns an attestor that behaves like a and calls observe
-// with the duration and error of every Attest and Respond call. It keeps
-// the optional interfaces (attestor.Responder, attestor.Annotator) a has,
-// and only those.
+// with the duration and error of every Attest and Respond call. It is an
+// attestor.Responder only when a is one.
 func Instrument(a attestor.Attestor, observe func(time.Duration, error)) attestor.Attestor {
 	t := &timed{Attestor: a, observe: observe}
-	resp, isResp := a.(attestor.Responder)
-	ann, isAnn := a.(attestor.Annotator)
-	switch {
-	case isResp && isAnn:
-		return struct {
-			*timed
-			attestor.Responder
-			attestor.Annotator
-		}{t, &timedResponder{resp, observe}, ann}
-	case isResp:
+	if resp, ok := a.(attestor.Responder); ok {
 		return struct {
 			*timed
 			attestor.Responder
 		}{t, &timedResponder{resp, observe}}
-	case isAnn:
-		return struct {
-			*timed
-			attestor.Annotator
-		}{t, ann}
-	default:
-		return t
 	}
+	return t
 }
 
 type timed struct {
@@ -42,11 +26,11 @@ type timed struct {
 	observe func(time.Duration, error)
 }
 
-func (t *timed) Attest(ctx context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (t *timed) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	start := time.Now()
-	ev, err := t.Attestor.Attest(ctx, req)
+	att, err := t.Attestor.Attest(ctx, req)
 	t.observe(time.Since(start), err)
-	return ev, err
+	return att, err
 }
 
 type timedResponder struct {
@@ -54,9 +38,9 @@ type timedResponder struct {
 	observe func(time.Duration, error)
 }
 
-func (t *timedResponder) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (attestor.Evidence, error) {
+func (t *timedResponder) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (*attestor.Attestation, error) {
 	start := time.Now()
-	ev, err := t.r.Respond(ctx, req, ch)
+	att, err := t.r.Respond(ctx, req, ch)
 	t.observe(time.Since(start), err)
-	return ev, err
+	return att, err
 }

@@ -27,6 +27,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/version"
@@ -124,7 +125,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("unable to create the management cluster client: %w", err)
 	}
-	verifiers, err := o.Verifiers(ctx, direct)
+	verifiers, challengeKey, err := o.Verifiers(ctx, direct)
 	if err != nil {
 		return err
 	}
@@ -137,6 +138,8 @@ func (o *Options) Run(ctx context.Context) error {
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
 		Verifiers:     verifiers,
+		ClientOnly:    []string{insecure.Name},
+		ChallengeKey:  challengeKey,
 		Identities:    &tofu.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,

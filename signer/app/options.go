@@ -50,22 +50,22 @@ const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/na
 // Verifiers is the table of attestors the signer knows: provider name →
 // verifier half, configured from the options (the TPM one reads, or
 // creates, its key Secret through c). A Cluster authorizes a subset of them.
-func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, error) {
-	tpmVerifier, err := o.tpmVerifier(ctx, c)
+func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, []byte, error) {
+	tpmVerifier, key, err := o.tpmVerifier(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("tpm attestor: %w", err)
+		return nil, nil, fmt.Errorf("tpm attestor: %w", err)
 	}
 	table := map[string]attestor.Verifier{
 		insecure.Name: insecure.Verifier{},
 		tpm.Name:      tpmVerifier,
 	}
 	if err := o.addCloudVerifiers(ctx, c, table); err != nil { // aws, azure, gcp (cloud.go)
-		return nil, err
+		return nil, nil, err
 	}
 	if err := o.addTestVerifiers(table); err != nil { // null, in test builds only (testattestors_*.go)
-		return nil, err
+		return nil, nil, err
 	}
-	return table, nil
+	return table, key, nil
 }
 
 // Options are the controller's settings.

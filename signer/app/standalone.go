@@ -23,6 +23,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 )
@@ -153,7 +154,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("unable to create the cluster client: %w", err)
 	}
-	verifiers, err := o.Verifiers(ctx, direct)
+	verifiers, challengeKey, err := o.Verifiers(ctx, direct)
 	if err != nil {
 		return err
 	}
@@ -170,14 +171,19 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 			return err
 		}
 		c, err := controller.New(controller.Config{
-			Cluster:    StandaloneCluster,
-			Client:     cs,
-			Verifiers:  verifiers,
-			Authorized: o.AuthorizedAttestors,
-			Machines:   &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
-			Signer:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
-			Metrics:    metrics,
-			Workers:    o.WorkersPerCluster,
+			Cluster: StandaloneCluster,
+			Client:  cs,
+			Engine: engine.Config{
+				Profiles: engine.Profiles(engine.ProfileSet{
+					Verifiers: verifiers,
+					Client:    &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
+				}),
+				Authorized:   o.AuthorizedAttestors,
+				Machines:     &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
+				ChallengeKey: challengeKey,
+			},
+			Metrics: metrics,
+			Workers: o.WorkersPerCluster,
 		})
 		if err != nil {
 			return err

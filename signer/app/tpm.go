@@ -119,12 +119,12 @@ func (o *TPMOptions) validate() []error {
 
 // tpmVerifier builds the TPM verifier: the manufacturer CA pool from the
 // bundles, the controller key from its Secret (created when missing).
-func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifier, error) {
+func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifier, []byte, error) {
 	t := &o.TPM
 	cfg := tpm.VerifierConfig{ChallengeTTL: t.ChallengeTTL}
 	files, err := t.manufacturerCAFiles()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(files) == 0 {
 		klog.FromContext(ctx).Info("No TPM manufacturer CA bundle: EK certificates are not trusted, only EKs Machines report (cluster-x-k8s-io/tpm-endorsement-key)",
@@ -134,13 +134,13 @@ func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifi
 		for _, f := range files {
 			data, err := os.ReadFile(f)
 			if err != nil {
-				return nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
+				return nil, nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
 			}
 			bundles = append(bundles, data)
 		}
 		roots, inters, err := tpm.LoadManufacturerCAs(bundles...)
 		if err != nil {
-			return nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
+			return nil, nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
 		}
 		cfg.Roots, cfg.Intermediates = roots, inters
 		klog.FromContext(ctx).Info("TPM manufacturer CA bundle loaded", "files", files)
@@ -150,14 +150,15 @@ func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifi
 		ns = o.namespace()
 	}
 	if ns == "" {
-		return nil, errors.New("--tpm-key-secret-namespace is required outside a cluster without --leader-election-namespace")
+		return nil, nil, errors.New("--tpm-key-secret-namespace is required outside a cluster without --leader-election-namespace")
 	}
 	key, err := EnsureKeySecret(ctx, c, types.NamespacedName{Namespace: ns, Name: t.KeySecretName})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg.HMACKey = key
-	return tpm.NewVerifier(cfg)
+	v, err := tpm.NewVerifier(cfg)
+	return v, key, err
 }
 
 // namespace is the controller's own namespace: the leader election one, or
