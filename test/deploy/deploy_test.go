@@ -40,7 +40,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -497,8 +497,8 @@ func TestRBACIsSufficient(t *testing.T) {
 	store := &tofu.Store{Client: sa, Reader: sa}
 	m1 := mgmt.CreateMachine(t, ns, cluster, "tofu-1", "test:///tofu-1", true)
 	m2 := mgmt.CreateMachine(t, ns, cluster, "tofu-2", "test:///tofu-2", true)
-	cm := func(m *clusterv1.Machine) *controller.Machine {
-		return &controller.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}
+	cm := func(m *clusterv1.Machine) *engine.Machine {
+		return &engine.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}
 	}
 	if err := store.Bind(ctx, cm(m1), "ek:abc"); err != nil {
 		t.Fatalf("bind as the ServiceAccount: %v", err)

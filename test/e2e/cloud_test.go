@@ -348,7 +348,7 @@ func (f *cloudFleet) testAWS(t *testing.T) {
 	})
 	t.Run("the same instance claimed by a Machine of another cluster", func(t *testing.T) {
 		n := f.node(t, f.tenantB, "aws-clone", "", pid, awsatt.Name, awsNodeConfig(a.main, ""))
-		f.deniedWith(t, f.tenantB, n, tofu.ReasonIdentityClaimedByOtherMachine)
+		f.deniedWith(t, f.tenantB, n, attestor.ReasonIdentityClaimedByOtherMachine)
 	})
 }
 
@@ -381,7 +381,7 @@ func (f *cloudFleet) testAzure(t *testing.T) {
 	t.Run("the same VM claimed by a second Machine", func(t *testing.T) {
 		pid := azureProviderID(sub, "azure-clone")
 		n := f.node(t, f.env, "azure-clone", pid, pid, azureatt.Name, azureNodeConfig(z.main))
-		f.deniedWith(t, f.env, n, tofu.ReasonIdentityClaimedByOtherMachine)
+		f.deniedWith(t, f.env, n, attestor.ReasonIdentityClaimedByOtherMachine)
 	})
 }
 
@@ -411,7 +411,7 @@ func (f *cloudFleet) testGCP(t *testing.T) {
 	t.Run("the same instance claimed by a Machine of another cluster", func(t *testing.T) {
 		// The instance name is the node name, so the clone is gcp-1 too.
 		n := f.node(t, f.tenantB, "gcp-1", "", pid, gcpatt.Name, gcpNodeConfig(g.main))
-		f.deniedWith(t, f.tenantB, n, tofu.ReasonIdentityClaimedByOtherMachine)
+		f.deniedWith(t, f.tenantB, n, attestor.ReasonIdentityClaimedByOtherMachine)
 	})
 	t.Run("a derived provider ID no Machine has", func(t *testing.T) {
 		// The Machine of gcp-other2 was created with a provider ID the

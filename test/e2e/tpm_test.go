@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmsim"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
@@ -166,8 +165,8 @@ func checkRound(t *testing.T, env *scenario.Env, node string) {
 	if _, ok := first.Annotations[attestor.AnnotationEndorsementKey]; !ok {
 		t.Errorf("CSR #1 %s carries no %s annotation", first.Name, attestor.AnnotationEndorsementKey)
 	}
-	if got := denied(first); got != controller.ReasonChallengeAnswered {
-		t.Errorf("CSR #1 %s: %q, want denied %s", first.Name, conditions(first), controller.ReasonChallengeAnswered)
+	if got := denied(first); got != attestor.ReasonChallengeAnswered {
+		t.Errorf("CSR #1 %s: %q, want denied %s", first.Name, conditions(first), attestor.ReasonChallengeAnswered)
 	}
 	if len(second.Status.Certificate) == 0 || denied(second) != "" {
 		t.Errorf("CSR #2 %s: %q, not issued", second.Name, conditions(second))
@@ -324,11 +323,11 @@ func TestTPMSimulator(t *testing.T) {
 
 	t.Run("the same TPM claimed for a second Machine", func(t *testing.T) {
 		n := node("tpm-clone", 1, caDir) // seed 1: tpm-1's TPM
-		if r := n.Credential(ctx); r.Err == nil || !strings.Contains(r.Stderr, tofu.ReasonIdentityClaimedByOtherMachine) {
+		if r := n.Credential(ctx); r.Err == nil || !strings.Contains(r.Stderr, attestor.ReasonIdentityClaimedByOtherMachine) {
 			t.Fatalf("a second Machine with tpm-1's TPM: %v\n%s", r.Err, r.Stderr)
 		}
 		_, second := tpmCSRs(t, env, n.Name)
-		wantDenied(t, env, second.Name, tofu.ReasonIdentityClaimedByOtherMachine)
+		wantDenied(t, env, second.Name, attestor.ReasonIdentityClaimedByOtherMachine)
 	})
 
 	t.Run("an answer replayed, and an answer from another requester", func(t *testing.T) {
@@ -369,7 +368,7 @@ func TestTPMSimulator(t *testing.T) {
 		if len(c.Status.Certificate) == 0 {
 			t.Fatalf("answer after a restart: %q", conditions(c))
 		}
-		wantDenied(t, env, "fake-2-first", controller.ReasonChallengeAnswered)
+		wantDenied(t, env, "fake-2-first", attestor.ReasonChallengeAnswered)
 	})
 
 	t.Run("challenge expired", func(t *testing.T) {
@@ -457,5 +456,5 @@ func TestTPMSwtpm(t *testing.T) {
 		t.Fatal("a second Machine with the same swtpm got a certificate")
 	}
 	_, second := tpmCSRs(t, env, clone.Name)
-	wantDenied(t, env, second.Name, tofu.ReasonIdentityClaimedByOtherMachine)
+	wantDenied(t, env, second.Name, attestor.ReasonIdentityClaimedByOtherMachine)
 }

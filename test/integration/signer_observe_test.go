@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -33,8 +33,8 @@ func TestSignerObservable(t *testing.T) {
 	before := map[string]float64{
 		"seen":     counter(t, "kubelet_authenticator_signer_csrs_seen_total", map[string]string{"cluster": cluster}),
 		"signed":   counter(t, "kubelet_authenticator_signer_csrs_signed_total", map[string]string{"cluster": cluster, "attestor": insecure.Name}),
-		"verified": histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": controller.VerifyResultVerified}),
-		"denied":   histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": controller.VerifyResultDenied}),
+		"verified": histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": engine.VerifyResultVerified}),
+		"denied":   histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": engine.VerifyResultDenied}),
 	}
 
 	e.mgmt.CreateMachine(t, signerNS, signerCluster, "worker-obs", "test:///obs", true)
@@ -54,7 +54,7 @@ func TestSignerObservable(t *testing.T) {
 
 	t.Run("Events on the Machine and the Cluster", func(t *testing.T) {
 		for _, want := range []struct{ kind, name, typ, reason, csr string }{
-			{"Machine", "worker-obs", corev1.EventTypeNormal, controller.ReasonAttestationVerified, "obs-good"},
+			{"Machine", "worker-obs", corev1.EventTypeNormal, attestor.ReasonAttestationVerified, "obs-good"},
 			{"Machine", "worker-obs", corev1.EventTypeWarning, "ProviderIDMismatch", "obs-bad"},
 			{"Cluster", signerCluster, corev1.EventTypeWarning, capi.ReasonMachineNotFound, "obs-ghost"},
 		} {
@@ -90,8 +90,8 @@ func TestSignerObservable(t *testing.T) {
 		}{
 			{"seen", counter(t, "kubelet_authenticator_signer_csrs_seen_total", map[string]string{"cluster": cluster, "signer": attestor.ClientSignerName(insecure.Name)}), 3},
 			{"signed", counter(t, "kubelet_authenticator_signer_csrs_signed_total", map[string]string{"cluster": cluster, "attestor": insecure.Name}), 1},
-			{"verified", histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": controller.VerifyResultVerified}), 1},
-			{"denied", histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": controller.VerifyResultDenied}), 1},
+			{"verified", histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": engine.VerifyResultVerified}), 1},
+			{"denied", histogramCount(t, "kubelet_authenticator_signer_verification_duration_seconds", map[string]string{"attestor": insecure.Name, "result": engine.VerifyResultDenied}), 1},
 		} {
 			if d := c.got - before[c.name]; d < c.min {
 				t.Errorf("%s went up by %v, want at least %v", c.name, d, c.min)

@@ -24,8 +24,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/serving"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -116,16 +114,16 @@ func TestSignerServing(t *testing.T) {
 		csr    *certificatesv1.CertificateSigningRequest
 		reason string
 	}{
-		{node, servingCSR("kubelet-foreign-ip", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, []net.IP{net.ParseIP("10.9.9.9")}, nil)), serving.ReasonSANNotMachineAddress},
-		{node, servingCSR("kubelet-foreign-dns", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"kubernetes.default.svc"}, nil, nil)), serving.ReasonSANNotMachineAddress},
+		{node, servingCSR("kubelet-foreign-ip", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, []net.IP{net.ParseIP("10.9.9.9")}, nil)), attestor.ReasonSANNotMachineAddress},
+		{node, servingCSR("kubelet-foreign-dns", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"kubernetes.default.svc"}, nil, nil)), attestor.ReasonSANNotMachineAddress},
 		// kube-apiserver's CSR admission already stops a node from asking for
 		// another's name; another node asking for this one's address:
-		{node1, servingCSR("kubelet-other-nodes-address", kubelet, servingCSRPEM(t, "system:node:worker-1", []string{"worker-1", "worker-0"}, nil, nil)), serving.ReasonSANNotMachineAddress},
+		{node1, servingCSR("kubelet-other-nodes-address", kubelet, servingCSRPEM(t, "system:node:worker-1", []string{"worker-1", "worker-0"}, nil, nil)), attestor.ReasonSANNotMachineAddress},
 		{node2, servingCSR("kubelet-no-machine", kubelet, servingCSRPEM(t, "system:node:worker-2", []string{"worker-2"}, nil, nil)), capi.ReasonMachineNotFound},
-		{bootstrap, servingCSR("kubelet-bootstrap", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, nil)), checks.ReasonRequesterNotAllowed},
-		{node, servingCSR("kubelet-email", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, []string{"a@example.com"})), serving.ReasonSANTypeNotAllowed},
+		{bootstrap, servingCSR("kubelet-bootstrap", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, nil)), attestor.ReasonRequesterNotAllowed},
+		{node, servingCSR("kubelet-email", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, []string{"a@example.com"})), attestor.ReasonSANTypeNotAllowed},
 		{node, servingCSR("kubelet-client-usage", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, nil),
-			certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth, certificatesv1.UsageClientAuth), checks.ReasonUsagesNotAllowed},
+			certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth, certificatesv1.UsageClientAuth), attestor.ReasonUsagesNotAllowed},
 	}
 	for _, n := range negatives {
 		create(n.client, n.csr)
@@ -139,7 +137,7 @@ func TestSignerServing(t *testing.T) {
 
 	t.Run("kubelet-serving approved by us, signed by kube-controller-manager", func(t *testing.T) {
 		csr := e.waitDecided(t, "kubelet-good")
-		if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != serving.ReasonServingVerified {
+		if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != attestor.ReasonServingVerified {
 			t.Fatalf("not approved by the controller: %+v", csr.Status.Conditions)
 		}
 		cert := parseCert(t, csr.Status.Certificate)
@@ -153,7 +151,7 @@ func TestSignerServing(t *testing.T) {
 	}
 	t.Run("attested serving signed with the serving CA", func(t *testing.T) {
 		csr := e.waitDecided(t, "attested-good")
-		if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != serving.ReasonAttestedServingVerified {
+		if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != attestor.ReasonAttestedServingVerified {
 			t.Fatalf("not approved by the controller: %+v", csr.Status.Conditions)
 		}
 		var s corev1.Secret
@@ -173,7 +171,7 @@ func TestSignerServing(t *testing.T) {
 		}
 	})
 	t.Run("attested serving with a foreign SAN denied", func(t *testing.T) {
-		e.expectDenied(t, "attested-foreign-dns", serving.ReasonSANNotMachineAddress)
+		e.expectDenied(t, "attested-foreign-dns", attestor.ReasonSANNotMachineAddress)
 	})
 }
 

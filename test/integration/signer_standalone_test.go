@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -61,9 +61,9 @@ func TestSignerStandalone(t *testing.T) {
 	}
 	e.file(t, signertest.CSR("good", build("node-good", "test:///good")))
 	negatives := map[string]string{
-		"not-listed":   standalone.ReasonNodeNotAllowed,
-		"pid-mismatch": standalone.ReasonAllowlistProviderIDMismatch,
-		"pinned":       controller.ReasonIdentityMismatch,
+		"not-listed":   attestor.ReasonNodeNotAllowed,
+		"pid-mismatch": attestor.ReasonAllowlistProviderIDMismatch,
+		"pinned":       attestor.ReasonIdentityMismatch,
 	}
 	e.file(t, signertest.CSR("not-listed", build("node-ghost", "test:///ghost")))
 	e.file(t, signertest.CSR("pid-mismatch", build("node-pid", "test:///not-pid")))

@@ -20,8 +20,6 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -128,7 +126,7 @@ func (e *signerEnv) expectDenied(t *testing.T, name, reason string) {
 func (e *signerEnv) expectIssued(t *testing.T, name, node, providerID string, maxLife time.Duration) *x509.Certificate {
 	t.Helper()
 	csr := e.waitDecided(t, name)
-	if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != controller.ReasonAttestationVerified {
+	if a := condition(csr, certificatesv1.CertificateApproved); a == nil || a.Reason != attestor.ReasonAttestationVerified {
 		t.Fatalf("CSR %s not approved by the signer: %+v", name, csr.Status.Conditions)
 	}
 	if len(csr.Status.Certificate) == 0 {
@@ -214,8 +212,8 @@ func TestSignerEndToEnd(t *testing.T) {
 		{signertest.CSR("no-machine", build(signertest.Request{NodeName: "ghost", ProviderID: "test:///ghost"})), capi.ReasonMachineNotFound},
 		{signertest.CSR("cn-mismatch", build(signertest.Request{NodeName: "control-plane-0", ProviderID: "test:///cn"})), capi.ReasonNodeNameMismatch},
 		{signertest.CSR("providerid-mismatch", build(signertest.Request{NodeName: "worker-pid", ProviderID: "test:///not-pid"})), capi.ReasonMachineProviderIDMismatch},
-		{signertest.CSR("san", build(signertest.Request{NodeName: "worker-san", ProviderID: "test:///san", DNSNames: []string{"kubernetes.default.svc"}})), checks.ReasonUnexpectedSAN},
-		{signertest.CSR("trailing-garbage", build(signertest.Request{NodeName: "worker-garbage", ProviderID: "test:///garbage", Trailer: []byte("trailing garbage\n")})), checks.ReasonMalformedRequest},
+		{signertest.CSR("san", build(signertest.Request{NodeName: "worker-san", ProviderID: "test:///san", DNSNames: []string{"kubernetes.default.svc"}})), attestor.ReasonUnexpectedSAN},
+		{signertest.CSR("trailing-garbage", build(signertest.Request{NodeName: "worker-garbage", ProviderID: "test:///garbage", Trailer: []byte("trailing garbage\n")})), attestor.ReasonMalformedRequest},
 	}
 
 	for _, c := range []*certificatesv1.CertificateSigningRequest{good, byHostname, late, foreign} {
@@ -294,8 +292,8 @@ func TestSignerAuthorizedAttestors(t *testing.T) {
 		e.file(t, signertest.CSR(name, b))
 		csr := e.waitDecided(t, name)
 		if d := condition(csr, certificatesv1.CertificateDenied); d != nil {
-			if d.Reason != controller.ReasonAttestorNotAuthorized {
-				t.Fatalf("denied with %s (%s), want %s", d.Reason, d.Message, controller.ReasonAttestorNotAuthorized)
+			if d.Reason != attestor.ReasonAttestorNotAuthorized {
+				t.Fatalf("denied with %s (%s), want %s", d.Reason, d.Message, attestor.ReasonAttestorNotAuthorized)
 			}
 			break
 		}

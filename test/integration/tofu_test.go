@@ -10,8 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
-	"sigs.k8s.io/kubelet-authenticator/signer/controller"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -24,9 +25,9 @@ func TestTrustOnFirstUse(t *testing.T) {
 	harness.Binaries(t)
 	mgmt := harness.StartManagement(t)
 	ctx := context.Background()
-	machine := func(name string) *controller.Machine {
+	machine := func(name string) *engine.Machine {
 		m := mgmt.CreateMachine(t, signerNS, signerCluster, name, "test:///"+name, true, name)
-		return &controller.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID}
+		return &engine.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID}
 	}
 	if err := mgmt.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: signerNS}}); err != nil {
 		t.Fatal(err)
@@ -55,17 +56,17 @@ func TestTrustOnFirstUse(t *testing.T) {
 	if err := store().Bind(ctx, m1, "tpm:ek-sha256:aa"); err != nil {
 		t.Fatalf("renewal: %v", err)
 	}
-	if got := denied(store().Bind(ctx, m2, "tpm:ek-sha256:aa")); got != tofu.ReasonIdentityClaimedByOtherMachine {
+	if got := denied(store().Bind(ctx, m2, "tpm:ek-sha256:aa")); got != attestor.ReasonIdentityClaimedByOtherMachine {
 		t.Errorf("same identity, another Machine: %q", got)
 	}
-	if got := denied(store().Bind(ctx, m1, "tpm:ek-sha256:bb")); got != tofu.ReasonMachineIdentityMismatch {
+	if got := denied(store().Bind(ctx, m1, "tpm:ek-sha256:bb")); got != attestor.ReasonMachineIdentityMismatch {
 		t.Errorf("another identity, same Machine: %q", got)
 	}
 
 	// Two processes race for one identity.
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
-	for i, m := range []*controller.Machine{m3, m4} {
+	for i, m := range []*engine.Machine{m3, m4} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -77,7 +78,7 @@ func TestTrustOnFirstUse(t *testing.T) {
 	for _, err := range errs {
 		if err == nil {
 			wins++
-		} else if got := denied(err); got != tofu.ReasonIdentityClaimedByOtherMachine {
+		} else if got := denied(err); got != attestor.ReasonIdentityClaimedByOtherMachine {
 			t.Errorf("loser: %q", got)
 		}
 	}
