@@ -19,7 +19,6 @@ package attestor
 
 import (
 	"context"
-	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"fmt"
@@ -67,10 +66,6 @@ type Request struct {
 	// whose answer is bound to the key itself (the TPM challenge answer).
 	// Binding must equal Binding(SPKI).
 	SPKI []byte
-	// Key is the CSR's private key. Only TPM evidence v1 uses it (it loads
-	// the key into the TPM to certify it); v2 and every other provider
-	// never see it.
-	Key crypto.Signer
 	// Version is the evidence version to produce; "" for the newest.
 	Version string
 }

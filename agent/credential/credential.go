@@ -211,7 +211,7 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 	version := ""
 	tried := map[string]bool{}
 	for {
-		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Key: key, Version: version}
+		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version}
 		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, req)
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {

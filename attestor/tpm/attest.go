@@ -3,13 +3,13 @@ package tpm
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/rsa"
 	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"slices"
 	"time"
 
@@ -23,13 +23,49 @@ import (
 // done. See the device package (and tpmsim in tests).
 type Opener func() (transport.TPMCloser, error)
 
+// Defaults of AttestorConfig.
+const (
+	// DefaultPCRBank is the PCR bank quoted.
+	DefaultPCRBank = "sha256"
+	// DefaultEventLogPath is where Linux exposes the measured-boot event
+	// log (securityfs).
+	DefaultEventLogPath = "/sys/kernel/security/tpm0/binary_bios_measurements"
+)
+
+// DefaultPCRs are the PCRs quoted: 0-7 (firmware, its configuration,
+// option ROMs, boot loader, Secure Boot policy) and 8-9 (boot loader
+// measurements of the kernel command line and the files it loads).
+var DefaultPCRs = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+
+// AttestorConfig configures the node half. The zero value is the default.
+type AttestorConfig struct {
+	// EndorsementKeys lists EK kinds to try first; by default the first
+	// with a certificate in the order RSA 2048, ECC P-256, ECC P-384 (and
+	// the RSA EK where none has one).
+	EndorsementKeys []EKKind
+	// PCRBank is the PCR bank the quote covers: sha1, sha256, sha384 or
+	// sha512. Default DefaultPCRBank.
+	PCRBank string
+	// PCRs are the PCR numbers (0-23) the quote covers. Default
+	// DefaultPCRs.
+	PCRs []int
+	// EventLogPath is the measured-boot event log attached to the evidence.
+	// Default DefaultEventLogPath; a missing file means the host has no log
+	// and none is attached.
+	EventLogPath string
+	// NoEventLog attaches no event log even where the host has one.
+	NoEventLog bool
+}
+
 // Attestor is the node half of the TPM attestor. It keeps no state: the EK
 // and the AK are primary keys re-created from fixed templates on every use
 // (the same keys every boot), and every transient handle it creates is
 // flushed before it returns.
 type Attestor struct {
-	open Opener
-	eks  []ekSpec
+	open     Opener
+	eks      []ekSpec
+	pcrs     tpm2.TPMLPCRSelection
+	eventLog string // "" for none
 }
 
 var (
@@ -47,16 +83,23 @@ const (
 	EKECCP384 EKKind = "ecc-p384"
 )
 
-// NewAttestor returns a node attestor that opens its TPM with open. By
-// default it uses the first EK with a certificate in the order RSA 2048,
-// ECC P-256, ECC P-384 (and the RSA EK where none has one); prefer lists EK
-// kinds to try first.
+// NewAttestor returns a node attestor that opens its TPM with open, with
+// the default configuration except that prefer lists EK kinds to try
+// first.
 func NewAttestor(open Opener, prefer ...EKKind) (*Attestor, error) {
+	return New(open, AttestorConfig{EndorsementKeys: prefer})
+}
+
+// New returns a node attestor that opens its TPM with open. It reports
+// every problem of cfg at once.
+func New(open Opener, cfg AttestorConfig) (*Attestor, error) {
 	a := &Attestor{open: open}
-	for _, k := range prefer {
+	var errs []error
+	for _, k := range cfg.EndorsementKeys {
 		i := slices.IndexFunc(ekSpecs, func(s ekSpec) bool { return s.kind == k })
 		if i < 0 {
-			return nil, fmt.Errorf("unknown EK kind %q (want %s, %s or %s)", k, EKRSA2048, EKECCP256, EKECCP384)
+			errs = append(errs, fmt.Errorf("unknown EK kind %q (want %s, %s or %s)", k, EKRSA2048, EKECCP256, EKECCP384))
+			continue
 		}
 		if !slices.ContainsFunc(a.eks, func(s ekSpec) bool { return s.kind == k }) {
 			a.eks = append(a.eks, ekSpecs[i])
@@ -67,11 +110,44 @@ func NewAttestor(open Opener, prefer ...EKKind) (*Attestor, error) {
 			a.eks = append(a.eks, s)
 		}
 	}
+	bank := cfg.PCRBank
+	if bank == "" {
+		bank = DefaultPCRBank
+	}
+	alg, ok := pcrBanks[bank]
+	if !ok {
+		errs = append(errs, fmt.Errorf("unknown PCR bank %q (want sha1, sha256, sha384 or sha512)", bank))
+	}
+	pcrs := cfg.PCRs
+	if pcrs == nil {
+		pcrs = DefaultPCRs
+	}
+	if len(pcrs) == 0 {
+		errs = append(errs, errors.New("the PCR selection is empty"))
+	}
+	bitmap := make([]byte, 3)
+	for _, i := range pcrs {
+		if i < 0 || i > 23 {
+			errs = append(errs, fmt.Errorf("PCR %d is out of range 0-23", i))
+			continue
+		}
+		bitmap[i/8] |= 1 << (i % 8)
+	}
+	a.pcrs = tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: alg, PCRSelect: bitmap}}}
+	if !cfg.NoEventLog {
+		a.eventLog = cfg.EventLogPath
+		if a.eventLog == "" {
+			a.eventLog = DefaultEventLogPath
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
-// Versions implements attestor.Attestor.
-func (*Attestor) Versions() []string { return []string{VersionV1} }
+// Versions implements attestor.Attestor: the node produces v2 only.
+func (*Attestor) Versions() []string { return []string{VersionV2} }
 
 // EK certificate NV indices (TCG EK Credential Profile 2.x, 2.2.1.4) with
 // the template the certified key is made from and the handle where
@@ -187,21 +263,17 @@ func (k *key) auth(s tpm2.Session) tpm2.AuthHandle {
 	return tpm2.AuthHandle{Handle: k.handle, Name: k.name, Auth: s}
 }
 
-// Attest implements attestor.Attestor: it certifies req's CSR key with the
-// AK, qualified by req.Binding.
-func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (ev attestor.Evidence, err error) {
-	if req.Version != "" && req.Version != VersionV1 {
-		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q", req.Version)
+// Attest implements attestor.Attestor: a quote by the AK of the configured
+// PCRs, qualified by req.Binding (evidence v2), with the EK annotation for
+// the CSR.
+func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attestor.Attestation, err error) {
+	if req.Version != "" && req.Version != VersionV2 {
+		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
 	}
-	csrKey, err := checkRequest(req)
-	if err != nil {
+	if _, err := checkRequest(req); err != nil {
 		return nil, err
 	}
-	loadPub, err := tpmPublicForKey(csrKey)
-	if err != nil {
-		return nil, err
-	}
-	sensitive, err := tpmSensitiveForKey(req.Key, csrKey)
+	eventLog, err := a.readEventLog()
 	if err != nil {
 		return nil, err
 	}
@@ -222,46 +294,161 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (ev attest
 	if err != nil {
 		return nil, fmt.Errorf("unable to create the attestation key: %w", err)
 	}
-	// TPM2_Certify needs the object's ADMIN authorization, which a
-	// public-only object cannot give, so the key pair is loaded (null
-	// hierarchy, flushed below); the TPM also checks that the private part
-	// matches the public part.
-	ext, err := tpm2.LoadExternal{
-		InPrivate: tpm2.New2B(*sensitive),
-		InPublic:  tpm2.New2B(*loadPub),
-		Hierarchy: tpm2.TPMRHNull,
-	}.Execute(s.t)
+	q, err := s.quote(ak, req.Binding, a.pcrs)
 	if err != nil {
-		return nil, fmt.Errorf("unable to load the CSR key into the TPM: %w", err)
+		return nil, err
 	}
-	s.track(ext.ObjectHandle)
-	cert2, err := tpm2.Certify{
-		ObjectHandle:   tpm2.AuthHandle{Handle: ext.ObjectHandle, Name: ext.Name, Auth: tpm2.PasswordAuth(nil)},
-		SignHandle:     ak.auth(tpm2.PasswordAuth(nil)),
-		QualifyingData: tpm2.TPM2BData{Buffer: req.Binding},
-		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
-	}.Execute(s.t)
+	ekAnnotation, err := endorsementKeyAnnotation(ek.pub)
 	if err != nil {
-		return nil, fmt.Errorf("unable to certify the CSR key with the attestation key: %w", err)
+		return nil, err
 	}
-	return json.Marshal(Evidence{
-		Version: VersionV1,
+	ev, err := json.Marshal(Evidence{
+		Version: VersionV2,
 		Attestation: &Attestation{
-			EKCertificate:    cert,
-			EKPublic:         ek.raw,
-			AKPublic:         ak.raw,
-			CertifiedKey:     tpm2.Marshal(loadPub),
-			CertifyInfo:      cert2.CertifyInfo.Bytes(),
-			CertifySignature: tpm2.Marshal(&cert2.Signature),
+			EKCertificate:  cert,
+			EKPublic:       ek.raw,
+			AKPublic:       ak.raw,
+			Quote:          q.quoted,
+			QuoteSignature: q.signature,
+			PCRs:           q.values,
+			EventLog:       eventLog,
 		},
 	})
+	if err != nil {
+		return nil, fmt.Errorf("unable to encode the evidence: %w", err)
+	}
+	return &attestor.Attestation{
+		Evidence:    ev,
+		Version:     VersionV2,
+		Annotations: map[string]string{attestor.AnnotationEndorsementKey: ekAnnotation},
+	}, nil
+}
+
+// readEventLog reads the measured-boot event log, if the host has one.
+func (a *Attestor) readEventLog() ([]byte, error) {
+	if a.eventLog == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(a.eventLog)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the measured-boot event log: %w", err)
+	}
+	if len(b) > maxEventLog {
+		return nil, fmt.Errorf("the measured-boot event log %s is %d bytes, more than the %d a CSR can carry; set the TPM attestor's noEventLog to file without it", a.eventLog, len(b), maxEventLog)
+	}
+	if len(b) == 0 {
+		return nil, nil
+	}
+	return b, nil
+}
+
+// quoted is a quote and the PCR values it covers.
+type quoted struct {
+	quoted, signature []byte
+	values            []PCRValue
+}
+
+// quoteAttempts bounds how often a quote is taken again because a PCR
+// changed between the quote and the PCR read.
+const quoteAttempts = 3
+
+// quote has the AK quote sel with qualifying data binding and reads the
+// quoted PCRs. PCRs can be extended between the quote and the read, so the
+// values are checked against the quoted digest and the quote is taken again
+// when they differ.
+func (s *session) quote(ak *key, binding []byte, sel tpm2.TPMLPCRSelection) (*quoted, error) {
+	for range quoteAttempts {
+		rsp, err := tpm2.Quote{
+			SignHandle:     ak.auth(tpm2.PasswordAuth(nil)),
+			QualifyingData: tpm2.TPM2BData{Buffer: binding},
+			InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
+			PCRSelect:      sel,
+		}.Execute(s.t)
+		if err != nil {
+			return nil, fmt.Errorf("unable to quote the PCRs with the attestation key: %w", err)
+		}
+		info, err := rsp.Quoted.Contents()
+		if err != nil {
+			return nil, fmt.Errorf("unable to decode the quote: %w", err)
+		}
+		q, err := info.Attested.Quote()
+		if err != nil {
+			return nil, fmt.Errorf("unable to decode the quote: %w", err)
+		}
+		values, err := s.readPCRs(q.PCRSelect)
+		if err != nil {
+			return nil, err
+		}
+		digest, err := pcrDigest(q.PCRSelect, values, crypto.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("the TPM's PCR values do not match its quote: %w", err)
+		}
+		if bytesEqual(digest, q.PCRDigest.Buffer) {
+			return &quoted{quoted: rsp.Quoted.Bytes(), signature: tpm2.Marshal(&rsp.Signature), values: values}, nil
+		}
+	}
+	return nil, fmt.Errorf("the quoted PCRs changed between the quote and reading them, %d times", quoteAttempts)
+}
+
+// readPCRs reads every PCR of sel. TPM2_PCR_Read returns at most eight
+// values a call, so it reads until the TPM has returned them all.
+func (s *session) readPCRs(sel tpm2.TPMLPCRSelection) ([]PCRValue, error) {
+	var out []PCRValue
+	left := make([]tpm2.TPMSPCRSelection, len(sel.PCRSelections))
+	for i, p := range sel.PCRSelections {
+		left[i] = tpm2.TPMSPCRSelection{Hash: p.Hash, PCRSelect: slices.Clone(p.PCRSelect)}
+	}
+	for range 64 {
+		if !slices.ContainsFunc(left, func(p tpm2.TPMSPCRSelection) bool {
+			return slices.ContainsFunc(p.PCRSelect, func(b byte) bool { return b != 0 })
+		}) {
+			return out, nil
+		}
+		rsp, err := tpm2.PCRRead{PCRSelectionIn: tpm2.TPMLPCRSelection{PCRSelections: left}}.Execute(s.t)
+		if err != nil {
+			return nil, fmt.Errorf("unable to read the PCRs: %w", err)
+		}
+		n := 0
+		for _, got := range rsp.PCRSelectionOut.PCRSelections {
+			bank, ok := bankName(got.Hash)
+			if !ok {
+				return nil, fmt.Errorf("the TPM returned PCRs of unknown bank 0x%04x", uint16(got.Hash))
+			}
+			i := slices.IndexFunc(left, func(p tpm2.TPMSPCRSelection) bool { return p.Hash == got.Hash })
+			if i < 0 {
+				return nil, fmt.Errorf("the TPM returned PCRs of bank %s, which were not asked for", bank)
+			}
+			for pcr := range len(got.PCRSelect) * 8 {
+				if got.PCRSelect[pcr/8]&(1<<(pcr%8)) == 0 {
+					continue
+				}
+				if n >= len(rsp.PCRValues.Digests) {
+					return nil, errors.New("the TPM returned fewer PCR values than its selection says")
+				}
+				if pcr/8 >= len(left[i].PCRSelect) || left[i].PCRSelect[pcr/8]&(1<<(pcr%8)) == 0 {
+					return nil, fmt.Errorf("the TPM returned PCR %s:%d, which was not asked for", bank, pcr)
+				}
+				left[i].PCRSelect[pcr/8] &^= 1 << (pcr % 8)
+				out = append(out, PCRValue{Bank: bank, Index: pcr, Digest: rsp.PCRValues.Digests[n].Buffer})
+				n++
+			}
+		}
+		if n == 0 {
+			// A bank the TPM does not have (unallocated): it returns nothing.
+			return nil, errors.New("the TPM returned no values for the selected PCRs (is the PCR bank allocated?)")
+		}
+	}
+	return nil, errors.New("the TPM kept returning PCR values")
 }
 
 // Respond implements attestor.Responder: it recovers the challenge secret
 // with TPM2_ActivateCredential and proves possession of it for req's key.
-func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (ev attestor.Evidence, err error) {
-	if req.Version != "" && req.Version != VersionV1 {
-		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q", req.Version)
+func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (_ *attestor.Attestation, err error) {
+	if req.Version != "" && req.Version != VersionV2 {
+		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
 	}
 	if _, err := checkRequest(req); err != nil {
 		return nil, err
@@ -314,44 +501,17 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	if err != nil {
 		return nil, fmt.Errorf("unable to activate the challenge credential (challenge not made for this TPM's EK and AK?): %w", err)
 	}
-	return json.Marshal(Evidence{
-		Version: VersionV1,
+	ev, err := json.Marshal(Evidence{
+		Version: VersionV2,
 		Response: &Response{
 			CSRName: ch.CSRName,
 			Proof:   proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID),
 		},
 	})
-}
-
-// tpmSensitiveForKey returns the TPMT_SENSITIVE of the CSR's private key,
-// which must be the key of the request's SPKI.
-func tpmSensitiveForKey(priv crypto.Signer, pub crypto.PublicKey) (*tpm2.TPMTSensitive, error) {
-	if priv == nil {
-		return nil, errors.New("tpm attestor needs the CSR's private key (Request.Key) to have the TPM certify it")
+	if err != nil {
+		return nil, fmt.Errorf("unable to encode the evidence: %w", err)
 	}
-	if !publicKeysEqual(priv.Public(), pub) {
-		return nil, errors.New("request key is not the key of its SPKI")
-	}
-	switch k := priv.(type) {
-	case *ecdsa.PrivateKey:
-		d, err := k.Bytes()
-		if err != nil {
-			return nil, fmt.Errorf("unable to encode the CSR private key: %w", err)
-		}
-		return &tpm2.TPMTSensitive{
-			SensitiveType: tpm2.TPMAlgECC,
-			Sensitive:     tpm2.NewTPMUSensitiveComposite(tpm2.TPMAlgECC, &tpm2.TPM2BECCParameter{Buffer: d}),
-		}, nil
-	case *rsa.PrivateKey:
-		if len(k.Primes) != 2 {
-			return nil, errors.New("unsupported multi-prime RSA key")
-		}
-		return &tpm2.TPMTSensitive{
-			SensitiveType: tpm2.TPMAlgRSA,
-			Sensitive:     tpm2.NewTPMUSensitiveComposite(tpm2.TPMAlgRSA, &tpm2.TPM2BPrivateKeyRSA{Buffer: k.Primes[0].Bytes()}),
-		}, nil
-	}
-	return nil, fmt.Errorf("unsupported CSR private key type %T", priv)
+	return &attestor.Attestation{Evidence: ev, Version: VersionV2}, nil
 }
 
 // checkRequest returns the CSR public key of req, which must match the
@@ -568,16 +728,4 @@ func (s *session) readNV(index tpm2.TPMHandle) ([]byte, error) {
 		}
 	}
 	return nil, lastErr
-}
-
-var _ attestor.Annotator = (*Attestor)(nil)
-
-// Annotations implements attestor.Annotator: first-round evidence labels its
-// CSR with the EK public key.
-func (*Attestor) Annotations(ev attestor.Evidence) (map[string]string, error) {
-	v, err := EndorsementKeyAnnotation(ev)
-	if err != nil || v == "" {
-		return nil, err
-	}
-	return map[string]string{attestor.AnnotationEndorsementKey: v}, nil
 }

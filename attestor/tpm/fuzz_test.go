@@ -8,18 +8,26 @@ import (
 )
 
 // FuzzVerifyEvidence feeds arbitrary evidence through decoding and the whole
-// first-round verification: it must never panic, and bad evidence must be a
-// denial, never a transient error.
+// verification, as a first round and as an answer to a challenged round:
+// it must never panic, and bad evidence must be a denial, never a
+// transient error.
 func FuzzVerifyEvidence(f *testing.F) {
 	soft := newSoftTPM(&testing.T{})
 	key := newKey(f)
-	_, csr := csrFor(f, key, testNode, testProviderID)
-	f.Add([]byte(evidenceOf(&testing.T{}, soft.attest(&testing.T{}, key), nil)))
-	f.Add([]byte(`{"version":"v1","response":{"csrName":"csr-1","proof":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`))
+	csrDER, csr := csrFor(f, key, testNode, testProviderID)
+	f.Add([]byte(evidenceOf(&testing.T{}, VersionV2, soft.quote(&testing.T{}, key), nil)))
+	f.Add([]byte(evidenceOf(&testing.T{}, VersionV1, soft.attest(&testing.T{}, key), nil)))
+	f.Add([]byte(`{"version":"v2","response":{"csrName":"csr-1","proof":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`))
 	f.Add([]byte(`{"version":"v1","attestation":{"ekPublic":"AAEACw==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"/1RDRw==","certifySignature":"AA=="}}`))
+	f.Add([]byte(`{"version":"v2","attestation":{"ekPublic":"AAEACw==","akPublic":"AA==","quote":"/1RDR4AYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABAAsD/wMAAAA=","quoteSignature":"AA==","pcrs":[{"bank":"sha256","index":0,"digest":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}]}}`))
 	roots, inters := soft.ca.Pools()
 	v := newTestVerifier(f, VerifierConfig{Roots: roots, Intermediates: inters})
-	c := newCluster()
+	// A challenged first round for the answers to name.
+	e := newEngine(v, nil)
+	first := e.file(f, "csr-1", csrDER, evidenceOf(&testing.T{}, VersionV2, soft.quote(&testing.T{}, key), nil), nil)
+	if _, err := e.verify(f, first); err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if _, err := attestor.EvidenceVersion(data); err != nil {
 			return // the signer rejects these before any verifier runs
@@ -27,16 +35,17 @@ func FuzzVerifyEvidence(f *testing.F) {
 		if ev, err := DecodeEvidence(data); err == nil && ev.Attestation != nil {
 			_, _ = EndorsementKeyAnnotation(data)
 		}
-		_, err := v.Verify(context.Background(), &attestor.VerifyRequest{
-			Evidence:  data,
-			Version:   VersionV1,
-			Binding:   attestor.Binding(csr.RawSubjectPublicKeyInfo),
-			CSR:       csr,
-			CSRName:   "csr-2",
-			CSRUID:    "uid-csr-2",
-			Username:  testBootstrap,
-			LookupCSR: c.lookup,
-		})
+		in := &attestor.VerifyRequest{
+			Evidence: data,
+			Binding:  attestor.Binding(csr.RawSubjectPublicKeyInfo),
+			CSR:      csr,
+			UID:      "uid-csr-2",
+		}
+		res, err := v.Verify(context.Background(), in)
+		if err == nil && res.Answers != "" {
+			in.Answered = first.round()
+			_, err = v.Verify(context.Background(), in)
+		}
 		if err != nil {
 			if _, ok := attestor.AsDenial(err); !ok {
 				t.Fatalf("bad evidence gave a transient error: %v", err)

@@ -7,12 +7,9 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
-	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +19,7 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 )
 
 // testNow is the fixed clock of tests that do not exercise real
@@ -31,7 +29,6 @@ var testNow = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 const (
 	testNode       = "node-a"
 	testProviderID = "metal://rack1/node-a"
-	testBootstrap  = "system:bootstrap:abcdef"
 )
 
 var testHMACKey = []byte("0123456789abcdef0123456789abcdef-test-controller-key")
@@ -79,55 +76,33 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return k
 }
 
-// cluster is a fake workload cluster's CSR store.
-type cluster struct {
-	mu   sync.Mutex
-	csrs map[string]*attestor.CSRRecord
-	// err, when set, is what LookupCSR returns (a transient failure).
-	err error
+// engine plays the signer's part around a verifier the way the signer
+// does it: it files CSRs, writes the challenge a first round gets, and when
+// a response names the CSR it answers, hands that round back to the
+// verifier. The signer's own checks of the challenged round (requester,
+// key, expiry, single use) are not the verifier's and are not repeated here.
+type engine struct {
+	v       *Verifier
+	machine map[string]string
+	csrs    map[string]*filed
 }
 
-func newCluster() *cluster { return &cluster{csrs: map[string]*attestor.CSRRecord{}} }
-
-func (c *cluster) lookup(_ context.Context, name string) (*attestor.CSRRecord, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return nil, c.err
-	}
-	r, ok := c.csrs[name]
-	if !ok {
-		return nil, fmt.Errorf("csr %q: %w", name, attestor.ErrCSRNotFound)
-	}
-	cp := *r
-	cp.Annotations = map[string]string{}
-	for k, v := range r.Annotations {
-		cp.Annotations[k] = v
-	}
-	return &cp, nil
-}
-
-func (c *cluster) put(r *attestor.CSRRecord) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.csrs[r.Name] = r
-}
-
-func (c *cluster) get(name string) *attestor.CSRRecord {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.csrs[name]
+func newEngine(v *Verifier, machine map[string]string) *engine {
+	return &engine{v: v, machine: machine, csrs: map[string]*filed{}}
 }
 
 // filed is a CSR as the node filed it and the signer sees it.
 type filed struct {
-	record *attestor.CSRRecord
-	parsed *attestor.AttestedRequest
+	name, uid   string
+	parsed      *attestor.AttestedRequest
+	annotations map[string]string
+	// challenge is what the signer wrote on it.
+	challenge *attestor.Challenge
 }
 
-// file encodes a CSR with evidence into spec.request, stores it and parses
-// it back the way the signer does.
-func (c *cluster) file(t testing.TB, name, username string, csrDER []byte, ev attestor.Evidence) *filed {
+// file encodes a CSR with evidence into spec.request, parses it back the
+// way the signer does, and stores it with the annotations the node set.
+func (e *engine) file(t testing.TB, name string, csrDER []byte, ev attestor.Evidence, annotations map[string]string) *filed {
 	t.Helper()
 	req, err := attestor.EncodeRequest(csrDER, Name, ev)
 	if err != nil {
@@ -138,25 +113,16 @@ func (c *cluster) file(t testing.TB, name, username string, csrDER []byte, ev at
 		t.Fatal(err)
 	}
 	ann := map[string]string{}
-	if v, err := EndorsementKeyAnnotation(ev); err != nil {
-		t.Fatal(err)
-	} else if v != "" {
-		ann[attestor.AnnotationEndorsementKey] = v
+	for k, v := range annotations {
+		ann[k] = v
 	}
-	r := &attestor.CSRRecord{
-		Name:        name,
-		UID:         "uid-" + name,
-		Username:    username,
-		SignerName:  attestor.ClientSignerName(Name),
-		Request:     req,
-		Annotations: ann,
-	}
-	c.put(r)
-	return &filed{record: r, parsed: parsed}
+	f := &filed{name: name, uid: "uid-" + name, parsed: parsed, annotations: ann}
+	e.csrs[name] = f
+	return f
 }
 
-// verifyRequest is what the signer hands a verifier for f.
-func (c *cluster) verifyRequest(f *filed, machine map[string]string) *attestor.VerifyRequest {
+// request is what the signer hands the verifier for f.
+func (e *engine) request(f *filed) *attestor.VerifyRequest {
 	pid, _ := attestor.ProviderIDFromExtensions(f.parsed.CSR.Extensions)
 	return &attestor.VerifyRequest{
 		Evidence:           f.parsed.Evidence,
@@ -165,22 +131,67 @@ func (c *cluster) verifyRequest(f *filed, machine map[string]string) *attestor.V
 		CSR:                f.parsed.CSR,
 		NodeName:           strings.TrimPrefix(f.parsed.CSR.Subject.CommonName, "system:node:"),
 		ProviderID:         pid,
-		CSRName:            f.record.Name,
-		CSRUID:             f.record.UID,
-		Username:           f.record.Username,
-		Annotations:        f.record.Annotations,
-		MachineAnnotations: machine,
-		LookupCSR:          c.lookup,
+		UID:                f.uid,
+		Annotations:        f.annotations,
+		MachineAnnotations: e.machine,
 	}
 }
 
+// round is f as the signer hands it over as the answered round.
+func (f *filed) round() *attestor.Round {
+	ann := map[string]string{}
+	for k, v := range f.annotations {
+		ann[k] = v
+	}
+	return &attestor.Round{
+		Name: f.name, UID: f.uid, CSR: f.parsed.CSR,
+		Evidence: f.parsed.Evidence, Version: f.parsed.Version,
+		Annotations: ann, Challenge: f.challenge,
+	}
+}
+
+// verify runs f through the verifier as the signer does: a challenge is
+// written on f; an answer is verified again with the round it names.
+func (e *engine) verify(t testing.TB, f *filed) (*attestor.Result, error) {
+	t.Helper()
+	res, err := e.v.Verify(context.Background(), e.request(f))
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case res.Challenge != nil:
+		if res.Identity != nil || res.Answers != "" {
+			t.Fatalf("result %+v sets more than the challenge", res)
+		}
+		if len(res.Challenge.Data) == 0 || res.Challenge.Expires.IsZero() {
+			t.Fatalf("challenge %+v lacks data or expiry", res.Challenge)
+		}
+		f.challenge = res.Challenge
+		f.annotations[attestor.AnnotationChallenge] = string(res.Challenge.Data)
+		return res, nil
+	case res.Answers != "":
+		if res.Identity != nil {
+			t.Fatalf("result %+v sets an identity with Answers", res)
+		}
+		first, ok := e.csrs[res.Answers]
+		if !ok {
+			return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "CSR %q does not exist", res.Answers)
+		}
+		req := e.request(f)
+		req.Answered = first.round()
+		return e.v.Verify(context.Background(), req)
+	}
+	return res, nil
+}
+
 // roundTrip runs the whole protocol through the wire format: the node
-// attests, files CSR #1; the signer challenges; the node answers on CSR #2
-// with the same key; the signer proves the identity.
+// attests, files CSR #1 with the annotations it returned; the signer
+// challenges; the node answers on CSR #2 with the same key; the signer
+// proves the identity.
 func roundTrip(t testing.TB, node *Attestor, v *Verifier, machine map[string]string) *attestor.Identity {
 	t.Helper()
 	ctx := context.Background()
-	c := newCluster()
+	e := newEngine(v, machine)
 	key := newKey(t)
 	csr1DER, csr1 := csrFor(t, key, testNode, testProviderID)
 	req := &attestor.Request{
@@ -188,46 +199,53 @@ func roundTrip(t testing.TB, node *Attestor, v *Verifier, machine map[string]str
 		ProviderID: testProviderID,
 		Binding:    attestor.Binding(csr1.RawSubjectPublicKeyInfo),
 		SPKI:       csr1.RawSubjectPublicKeyInfo,
-		Key:        key,
 	}
-	ev, err := node.Attest(ctx, req)
+	att, err := node.Attest(ctx, req)
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	first := c.file(t, "csr-1", testBootstrap, csr1DER, ev)
-	res, err := v.Verify(ctx, c.verifyRequest(first, machine))
+	if att.Version != VersionV2 {
+		t.Fatalf("Attest produced version %q, want %s", att.Version, VersionV2)
+	}
+	if want, err := EndorsementKeyAnnotation(att.Evidence); err != nil || att.Annotations[attestor.AnnotationEndorsementKey] != want {
+		t.Fatalf("Attest returned annotations %v, want the EK %q (%v)", att.Annotations, want, err)
+	}
+	first := e.file(t, "csr-1", csr1DER, att.Evidence, att.Annotations)
+	res, err := e.verify(t, first)
 	if err != nil {
 		t.Fatalf("Verify round 1: %v", err)
 	}
-	if res.Identity != nil || len(res.Challenge) == 0 {
+	if res.Challenge == nil {
 		t.Fatalf("round 1 gave %+v, want a challenge", res)
 	}
-	first.record.Annotations[attestor.AnnotationChallenge] = string(res.Challenge)
 
-	ev2, err := node.Respond(ctx, req, &attestor.Challenge{CSRName: first.record.Name, CSRUID: first.record.UID, Data: res.Challenge})
+	att2, err := node.Respond(ctx, req, &attestor.Challenge{CSRName: first.name, CSRUID: first.uid, Data: res.Challenge.Data, Expires: res.Challenge.Expires})
 	if err != nil {
 		t.Fatalf("Respond: %v", err)
 	}
-	if strings.Contains(string(ev2), "secret") {
-		t.Fatalf("second-round evidence mentions a secret: %s", ev2)
+	if strings.Contains(string(att2.Evidence), "secret") {
+		t.Fatalf("second-round evidence mentions a secret: %s", att2.Evidence)
+	}
+	if att2.Version != VersionV2 {
+		t.Fatalf("Respond produced version %q, want %s", att2.Version, VersionV2)
 	}
 	csr2DER, _ := csrFor(t, key, testNode, testProviderID)
-	second := c.file(t, "csr-2", testBootstrap, csr2DER, ev2)
-	res2, err := v.Verify(ctx, c.verifyRequest(second, machine))
+	second := e.file(t, "csr-2", csr2DER, att2.Evidence, att2.Annotations)
+	// The response alone names the challenged CSR.
+	res2, err := v.Verify(ctx, e.request(second))
+	if err != nil || res2.Answers != first.name || res2.Identity != nil || res2.Challenge != nil {
+		t.Fatalf("response without the answered round gave %+v, %v; want Answers %q", res2, err, first.name)
+	}
+	res2, err = e.verify(t, second)
 	if err != nil {
 		t.Fatalf("Verify round 2: %v", err)
 	}
-	if res2.Identity == nil || res2.Challenge != nil {
+	if res2.Identity == nil || res2.Challenge != nil || res2.Answers != "" {
 		t.Fatalf("round 2 gave %+v, want an identity", res2)
 	}
 	if res2.Identity.ProviderID != testProviderID {
 		t.Errorf("identity provider ID %q, want %q", res2.Identity.ProviderID, testProviderID)
 	}
-	// The controller now denies CSR #1 (ChallengeAnswered): a second
-	// answer to the same challenge is refused.
-	first.record.Denied = true
-	_, err = v.Verify(ctx, c.verifyRequest(second, machine))
-	wantReason(t, err, ReasonChallengeUsed)
 	return res2.Identity
 }
 
@@ -308,5 +326,3 @@ func realData(t testing.TB) string {
 	t.Helper()
 	return realdatapkg.Dir(t)
 }
-
-var errTransient = errors.New("apiserver unavailable")

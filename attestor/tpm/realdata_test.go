@@ -83,6 +83,8 @@ func TestRealEKCertificates(t *testing.T) {
 		"amd-ftpm-ryzen5-5600x-prg-rn-ek.pem",
 		"gce-uca_tpm_rsa_enc_cert.pem",
 		"gce-uca_tpm_ecc_enc_cert.pem",
+		// Google's EK/AK CA omits the TCG extended key usage and subject
+		// alternative name, the one exception allowed (ekcert.go).
 		"gce-pca_tpm_rsa_enc_cert.pem",
 		"gce-pca_tpm_ecc_enc_cert.pem",
 		"gce-shielded-vm-rsa-ek-salrashid123-attribute_certificate.pem",
@@ -111,6 +113,7 @@ func TestRealEKCertificates(t *testing.T) {
 		// Not endorsement keys: GCE's vTPM signing key and Azure's AK.
 		{"gce-uca_tpm_rsa_sign_cert.pem", "not an endorsement key"},
 		{"gce-pca_tpm_ecc_sign_cert.pem", "not an endorsement key"},
+		{"gce-pca_tpm_rsa_sign_cert.pem", "not an endorsement key"},
 		{"azure-trustedlaunch-vtpm-ak-cert-0x01C101D0.pem", "tcg-kp-EKCertificate"},
 		// Its GLK intermediate is nowhere to be had.
 		{"intel-ptt-glk-ecc-ek.pem", "does not chain"},

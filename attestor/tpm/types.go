@@ -1,29 +1,35 @@
-// Package tpm is the TPM attestor: a node proves that its CSR key was
-// certified by an attestation key (AK) resident in the same TPM as an
-// endorsement key (EK) the signer trusts, by credential activation on every
-// issuance.
+// Package tpm is the TPM attestor: a node proves that its CSR key is bound
+// to an attestation key (AK) resident in the same TPM as an endorsement key
+// (EK) the signer trusts, by credential activation on every issuance.
 //
-// Both halves live here, as for every provider: attest.go is the node half
+// Both halves live here, as for every provider. The node half is attest.go
 // (it talks to a TPM through a transport the caller opens; device opening is
 // in the device sub-package, the simulator in tpmsim behind the tpmsimulator
-// build tag), verify.go is the signer half (pure Go, no TPM transport, builds
-// with CGO_ENABLED=0). types.go is the wire format both sides share.
+// build tag). The signer half is pure Go, with no TPM transport, and builds
+// with CGO_ENABLED=0: verify.go (the Verifier and the EK and AK checks),
+// challenge.go (the first round: evidence v1 and v2, and the challenge),
+// answer.go (the answer round) and ekcert.go (EK certificates and the
+// manufacturer CA pool). types.go is the wire format both sides share.
 //
 // The protocol takes two CSRs:
 //
-//  1. CSR #1 carries an Evidence with Attestation: the EK (certificate and
-//     public area), the AK public area, and TPM2_Certify of the CSR key by
-//     the AK with qualifyingData = attestor.Binding(SPKI).
+//  1. CSR #1 carries an Evidence with an Attestation: the EK (certificate and
+//     public area), the AK public area, and, in version v2, a TPM2_Quote by
+//     the AK over a PCR selection with qualifyingData =
+//     attestor.Binding(SPKI), the PCR values and the measured-boot event
+//     log. (Version v1, still verified for older nodes, carries TPM2_Certify
+//     of the CSR key instead, which needs the CSR's private key in the TPM.)
 //  2. The signer verifies it and answers with a Challenge (MakeCredential to
-//     the EK, bound to the AK name) that the controller writes into the
-//     CSR's challenge annotation. The secret is derived, never stored.
+//     the EK, bound to the AK name) that it writes into the CSR's challenge
+//     annotation. The secret is derived, never stored.
 //  3. The node recovers the secret with TPM2_ActivateCredential and files
-//     CSR #2 (same key) with an Evidence with Response: the name of CSR #1
+//     CSR #2 (same key) with an Evidence with a Response: the name of CSR #1
 //     and proof = HMAC-SHA256(secret, SPKI || UID of CSR #1). The secret
 //     itself never appears on the wire.
-//  4. The signer re-derives the secret from CSR #1, checks the proof, the
-//     expiry, the key and the requester, and returns the identity
-//     "tpm:ek-sha256:<hex of SHA-256(DER SPKI of the EK)>".
+//  4. The signer finds CSR #1 and checks it is a live, unanswered challenge
+//     of the same requester for the same key; the verifier verifies CSR #1's
+//     evidence again, re-derives the secret, checks the proof, and returns
+//     the identity "tpm:ek-sha256:<hex of SHA-256(DER SPKI of the EK)>".
 package tpm
 
 import (
@@ -50,8 +56,15 @@ import (
 // Name is the provider name on the wire.
 const Name = "tpm"
 
-// VersionV1 is the only evidence and challenge version.
-const VersionV1 = "v1"
+// Evidence versions. The node produces VersionV2; the signer accepts both.
+const (
+	// VersionV1 carries TPM2_Certify of the CSR key (which the node had to
+	// load into the TPM with its private part).
+	VersionV1 = "v1"
+	// VersionV2 carries a TPM2_Quote whose qualifying data is the binding;
+	// the CSR's private key never leaves the node process.
+	VersionV2 = "v2"
+)
 
 // StablePrefix prefixes the stable identity: "tpm:ek-sha256:" followed by
 // the lower-case hex SHA-256 of the DER SubjectPublicKeyInfo of the EK.
@@ -59,15 +72,18 @@ const StablePrefix = "tpm:ek-sha256:"
 
 // Evidence is the TPM attestor's evidence document (the CSR's attestation
 // data block). Exactly one of Attestation (first round) and Response
-// (second round) is set.
+// (second round) is set. The Response has the same shape in every version.
 type Evidence struct {
 	Version     string       `json:"version"`
 	Attestation *Attestation `json:"attestation,omitempty"`
 	Response    *Response    `json:"response,omitempty"`
 }
 
-// Attestation is the first-round evidence. Byte fields are base64 in JSON;
-// TPM structures are in TPM wire format without a size prefix.
+// Attestation is the first-round evidence. Byte fields are base64 (standard
+// encoding, padded) in JSON; TPM structures are in TPM wire format without
+// a size prefix. EKCertificate, EKPublic and AKPublic are common to every
+// version; the other fields belong to one version each, and a field of
+// another version is refused.
 type Attestation struct {
 	// EKCertificate is the EK certificate as DER, exactly (the node trims
 	// NV filler). Empty where the TPM has no EK certificate; the signer then
@@ -80,15 +96,44 @@ type Attestation struct {
 	// in the endorsement hierarchy from a fixed template. Its Name binds
 	// the challenge.
 	AKPublic []byte `json:"akPublic"`
+
+	// v1 only.
+
 	// CertifiedKey is the TPMT_PUBLIC under which the node loaded the CSR's
-	// public key into the TPM (TPM2_LoadExternal); its Name is what the
+	// key into the TPM (TPM2_LoadExternal); its Name is what the
 	// certification names.
-	CertifiedKey []byte `json:"certifiedKey"`
+	CertifiedKey []byte `json:"certifiedKey,omitempty"`
 	// CertifyInfo is the TPMS_ATTEST returned by TPM2_Certify of the CSR
 	// key by the AK with qualifyingData = attestor.Binding(SPKI).
-	CertifyInfo []byte `json:"certifyInfo"`
+	CertifyInfo []byte `json:"certifyInfo,omitempty"`
 	// CertifySignature is the AK's TPMT_SIGNATURE over CertifyInfo.
-	CertifySignature []byte `json:"certifySignature"`
+	CertifySignature []byte `json:"certifySignature,omitempty"`
+
+	// v2 only.
+
+	// Quote is the TPMS_ATTEST returned by TPM2_Quote by the AK with
+	// qualifyingData = attestor.Binding(SPKI) over the node's PCR
+	// selection.
+	Quote []byte `json:"quote,omitempty"`
+	// QuoteSignature is the AK's TPMT_SIGNATURE over Quote.
+	QuoteSignature []byte `json:"quoteSignature,omitempty"`
+	// PCRs are the values of the quoted PCRs, exactly the PCRs the quote
+	// selects, in any order.
+	PCRs []PCRValue `json:"pcrs,omitempty"`
+	// EventLog is the measured-boot event log (TCG PC Client format, as
+	// the kernel exposes it in binary_bios_measurements), where the host
+	// has one. It is carried, not verified: nothing is decided on it yet.
+	EventLog []byte `json:"eventLog,omitempty"`
+}
+
+// PCRValue is the value of one PCR of one bank.
+type PCRValue struct {
+	// Bank is the PCR bank: "sha1", "sha256", "sha384" or "sha512".
+	Bank string `json:"bank"`
+	// Index is the PCR number.
+	Index int `json:"index"`
+	// Digest is the PCR's value, the bank's digest size.
+	Digest []byte `json:"digest"`
 }
 
 // Response is the second-round evidence: the answer to the challenge
@@ -101,8 +146,9 @@ type Response struct {
 }
 
 // Challenge is the challenge document the signer returns in
-// attestor.Result.Challenge and the controller writes, as is, into the
-// CSR's kubelet-authenticator.x-k8s.io/challenge annotation.
+// attestor.Result.Challenge.Data and writes, as is, into the CSR's
+// kubelet-authenticator.x-k8s.io/challenge annotation. Its version is
+// always "v1", whatever the evidence version.
 type Challenge struct {
 	Version string `json:"version"`
 	// CredentialBlob is the TPM2B_ID_OBJECT contents from MakeCredential.
@@ -111,22 +157,66 @@ type Challenge struct {
 	// encrypted to the EK.
 	EncryptedSecret []byte `json:"encryptedSecret"`
 	// Expires is when the challenge stops being accepted (whole seconds,
-	// UTC). It is part of the secret's derivation.
+	// UTC), the same as attestor.Challenge.Expires. It is part of the
+	// secret's derivation.
 	Expires time.Time `json:"expires"`
 }
 
-// maxField bounds every byte field of the evidence; TPM structures and EK
-// certificates are a few kilobytes at most.
-const maxField = 8 << 10
+// challengeVersion is the version of the Challenge document.
+const challengeVersion = "v1"
 
-// DecodeEvidence parses and bounds an evidence document. It checks shape
-// only; verify.go checks meaning.
+// Bounds on the evidence. TPM structures and EK certificates are a few
+// kilobytes at most; an event log is tens of kilobytes, and the whole
+// request must fit in attestor.MaxRequestSize after two base64 encodings.
+const (
+	maxField    = 8 << 10
+	maxEventLog = 128 << 10
+	// maxPCRValues is 24 PCRs in each of four banks.
+	maxPCRValues = 96
+)
+
+// pcrBanks maps bank names on the wire to TPM hash algorithms.
+var pcrBanks = map[string]tpm2.TPMAlgID{
+	"sha1":   tpm2.TPMAlgSHA1,
+	"sha256": tpm2.TPMAlgSHA256,
+	"sha384": tpm2.TPMAlgSHA384,
+	"sha512": tpm2.TPMAlgSHA512,
+}
+
+// bankName returns the wire name of a PCR bank's hash algorithm.
+func bankName(alg tpm2.TPMAlgID) (string, bool) {
+	for n, a := range pcrBanks {
+		if a == alg {
+			return n, true
+		}
+	}
+	return "", false
+}
+
+// bankHash returns the Go hash of a PCR bank (SHA-1 included: a bank's
+// values are data here, never a signature's digest).
+func bankHash(alg tpm2.TPMAlgID) (crypto.Hash, bool) {
+	switch alg {
+	case tpm2.TPMAlgSHA1:
+		return crypto.SHA1, true
+	case tpm2.TPMAlgSHA256:
+		return crypto.SHA256, true
+	case tpm2.TPMAlgSHA384:
+		return crypto.SHA384, true
+	case tpm2.TPMAlgSHA512:
+		return crypto.SHA512, true
+	}
+	return 0, false
+}
+
+// DecodeEvidence parses and bounds an evidence document of any version the
+// signer accepts. It checks shape only; the verifier checks meaning.
 func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(data, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 {
+	if ev.Version != VersionV1 && ev.Version != VersionV2 {
 		return nil, fmt.Errorf("unsupported TPM evidence version %q", ev.Version)
 	}
 	switch {
@@ -135,25 +225,8 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 	case ev.Attestation == nil && ev.Response == nil:
 		return nil, errors.New("evidence has neither an attestation nor a response")
 	case ev.Attestation != nil:
-		a := ev.Attestation
-		for _, f := range []struct {
-			name     string
-			b        []byte
-			optional bool
-		}{
-			{"ekCertificate", a.EKCertificate, true},
-			{"ekPublic", a.EKPublic, false},
-			{"akPublic", a.AKPublic, false},
-			{"certifiedKey", a.CertifiedKey, false},
-			{"certifyInfo", a.CertifyInfo, false},
-			{"certifySignature", a.CertifySignature, false},
-		} {
-			if len(f.b) == 0 && !f.optional {
-				return nil, fmt.Errorf("attestation has no %s", f.name)
-			}
-			if len(f.b) > maxField {
-				return nil, fmt.Errorf("attestation %s is %d bytes, more than %d", f.name, len(f.b), maxField)
-			}
+		if err := checkAttestationShape(ev.Version, ev.Attestation); err != nil {
+			return nil, err
 		}
 	default:
 		r := ev.Response
@@ -167,13 +240,85 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 	return &ev, nil
 }
 
+// checkAttestationShape requires the fields of the attestation's version,
+// none of another version's, and every field within its bounds.
+func checkAttestationShape(version string, a *Attestation) error {
+	type field struct {
+		name string
+		b    []byte
+		max  int
+		// in is the version the field belongs to; "" for every version.
+		in       string
+		optional bool
+	}
+	fields := []field{
+		{"ekCertificate", a.EKCertificate, maxField, "", true},
+		{"ekPublic", a.EKPublic, maxField, "", false},
+		{"akPublic", a.AKPublic, maxField, "", false},
+		{"certifiedKey", a.CertifiedKey, maxField, VersionV1, false},
+		{"certifyInfo", a.CertifyInfo, maxField, VersionV1, false},
+		{"certifySignature", a.CertifySignature, maxField, VersionV1, false},
+		{"quote", a.Quote, maxField, VersionV2, false},
+		{"quoteSignature", a.QuoteSignature, maxField, VersionV2, false},
+		{"eventLog", a.EventLog, maxEventLog, VersionV2, true},
+	}
+	for _, f := range fields {
+		switch {
+		case f.in != "" && f.in != version:
+			if f.b != nil {
+				return fmt.Errorf("a %s attestation has the %s field %s", version, f.in, f.name)
+			}
+		case len(f.b) == 0 && !f.optional:
+			return fmt.Errorf("attestation has no %s", f.name)
+		case len(f.b) > f.max:
+			return fmt.Errorf("attestation %s is %d bytes, more than %d", f.name, len(f.b), f.max)
+		}
+	}
+	if version != VersionV2 {
+		if a.PCRs != nil {
+			return fmt.Errorf("a %s attestation has the v2 field pcrs", version)
+		}
+		return nil
+	}
+	if len(a.PCRs) > maxPCRValues {
+		return fmt.Errorf("attestation has %d PCR values, more than %d", len(a.PCRs), maxPCRValues)
+	}
+	type pcr struct {
+		bank  string
+		index int
+	}
+	seen := map[pcr]bool{}
+	for _, p := range a.PCRs {
+		alg, ok := pcrBanks[p.Bank]
+		if !ok {
+			return fmt.Errorf("PCR value of unknown bank %q (want sha1, sha256, sha384 or sha512)", p.Bank)
+		}
+		if p.Index < 0 || p.Index >= maxPCRIndex {
+			return fmt.Errorf("PCR index %d is out of range 0-%d", p.Index, maxPCRIndex-1)
+		}
+		h, _ := bankHash(alg)
+		if len(p.Digest) != h.Size() {
+			return fmt.Errorf("PCR %s:%d is %d bytes, want %d", p.Bank, p.Index, len(p.Digest), h.Size())
+		}
+		k := pcr{p.Bank, p.Index}
+		if seen[k] {
+			return fmt.Errorf("PCR %s:%d appears more than once", p.Bank, p.Index)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+// maxPCRIndex bounds PCR numbers: PCR selections are at most four bytes.
+const maxPCRIndex = 32
+
 // DecodeChallenge parses a challenge annotation.
 func DecodeChallenge(data []byte) (*Challenge, error) {
 	var ch Challenge
 	if err := attestor.DecodeEvidence(data, &ch); err != nil {
 		return nil, fmt.Errorf("unable to decode TPM challenge: %w", err)
 	}
-	if ch.Version != VersionV1 {
+	if ch.Version != challengeVersion {
 		return nil, fmt.Errorf("unsupported TPM challenge version %q", ch.Version)
 	}
 	if len(ch.CredentialBlob) == 0 || len(ch.CredentialBlob) > maxField ||
@@ -187,9 +332,11 @@ func DecodeChallenge(data []byte) (*Challenge, error) {
 }
 
 // EndorsementKeyAnnotation returns the value of the
-// cluster-x-k8s-io/tpm-endorsement-key annotation the node writes on a CSR
-// that carries first-round evidence: base64 of the DER SubjectPublicKeyInfo
-// of the EK. It returns "" for second-round evidence.
+// cluster-x-k8s-io/tpm-endorsement-key annotation for a CSR that carries
+// first-round evidence: base64 of the DER SubjectPublicKeyInfo of the EK. It
+// returns "" for second-round evidence. (The node attestor returns the
+// annotation with its evidence; this is for tools and tests that hold only
+// the evidence.)
 func EndorsementKeyAnnotation(data attestor.Evidence) (string, error) {
 	ev, err := DecodeEvidence(data)
 	if err != nil {
@@ -202,7 +349,12 @@ func EndorsementKeyAnnotation(data attestor.Evidence) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("unable to decode EK public area: %w", err)
 	}
-	key, err := publicKey(pub)
+	return endorsementKeyAnnotation(pub)
+}
+
+// endorsementKeyAnnotation returns base64 of the DER SPKI of an EK.
+func endorsementKeyAnnotation(ek *tpm2.TPMTPublic) (string, error) {
+	key, err := publicKey(ek)
 	if err != nil {
 		return "", fmt.Errorf("unable to decode EK public key: %w", err)
 	}
@@ -270,19 +422,27 @@ func decodePublic(b []byte) (pub *tpm2.TPMTPublic, err error) {
 	return p, nil
 }
 
-// decodeAttest parses a TPMS_ATTEST strictly. Only certifications are
-// parsed at all: other attestation types hold TPML lists whose element count
-// go-tpm trusts, which would let a few bytes of evidence loop for billions of
-// iterations.
-func decodeAttest(b []byte) (att *tpm2.TPMSAttest, err error) {
+// decodeAttest parses a TPMS_ATTEST of type want (TPM_ST_ATTEST_CERTIFY
+// or TPM_ST_ATTEST_QUOTE) strictly: magic and type are checked before
+// anything else is parsed, a quote's PCR selection list is bounded before
+// go-tpm reads it (it trusts the element count), and the structure must
+// re-encode to the same bytes.
+func decodeAttest(b []byte, want tpm2.TPMST) (att *tpm2.TPMSAttest, err error) {
 	if len(b) < 6 {
 		return nil, errors.New("TPMS_ATTEST is truncated")
 	}
 	if m := tpm2.TPMGenerated(binary.BigEndian.Uint32(b)); m != tpm2.TPMGeneratedValue {
 		return nil, fmt.Errorf("not generated by a TPM (magic 0x%08x)", uint32(m))
 	}
-	if st := tpm2.TPMST(binary.BigEndian.Uint16(b[4:])); st != tpm2.TPMSTAttestCertify {
-		return nil, fmt.Errorf("attestation of type 0x%04x, not TPM_ST_ATTEST_CERTIFY", uint16(st))
+	if st := tpm2.TPMST(binary.BigEndian.Uint16(b[4:])); st != want {
+		return nil, fmt.Errorf("attestation of type 0x%04x, not %s", uint16(st), attestTypeName(want))
+	}
+	if want == tpm2.TPMSTAttestQuote {
+		if err := boundQuoteSelection(b); err != nil {
+			return nil, err
+		}
+	} else if want != tpm2.TPMSTAttestCertify {
+		return nil, fmt.Errorf("attestation type 0x%04x is not parsed", uint16(want))
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -297,6 +457,52 @@ func decodeAttest(b []byte) (att *tpm2.TPMSAttest, err error) {
 		return nil, errors.New("TPMS_ATTEST is not canonically encoded or has trailing data")
 	}
 	return a, nil
+}
+
+func attestTypeName(st tpm2.TPMST) string {
+	switch st {
+	case tpm2.TPMSTAttestCertify:
+		return "TPM_ST_ATTEST_CERTIFY"
+	case tpm2.TPMSTAttestQuote:
+		return "TPM_ST_ATTEST_QUOTE"
+	}
+	return fmt.Sprintf("0x%04x", uint16(st))
+}
+
+// maxPCRBanks bounds the entries of a quote's PCR selection: one per bank.
+const maxPCRBanks = 8
+
+// boundQuoteSelection walks a quote's TPMS_ATTEST up to its PCR selection
+// (magic, type, qualifiedSigner, extraData, clockInfo, firmwareVersion)
+// and refuses a selection of more than maxPCRBanks entries or of a select
+// bitmap wider than maxPCRIndex PCRs.
+func boundQuoteSelection(b []byte) error {
+	off := 6
+	for range 2 { // qualifiedSigner, extraData: TPM2B
+		if len(b) < off+2 {
+			return errors.New("TPMS_ATTEST is truncated")
+		}
+		off += 2 + int(binary.BigEndian.Uint16(b[off:]))
+	}
+	off += 17 + 8 // TPMS_CLOCK_INFO, firmwareVersion
+	if len(b) < off+4 {
+		return errors.New("TPMS_ATTEST is truncated")
+	}
+	n := binary.BigEndian.Uint32(b[off:])
+	if n > maxPCRBanks {
+		return fmt.Errorf("quote selects %d PCR banks, more than %d", n, maxPCRBanks)
+	}
+	off += 4
+	for range n {
+		if len(b) < off+3 {
+			return errors.New("TPMS_ATTEST is truncated")
+		}
+		if size := int(b[off+2]); size > maxPCRIndex/8 {
+			return fmt.Errorf("quote PCR selection is %d bytes, more than %d", size, maxPCRIndex/8)
+		}
+		off += 3 + int(b[off+2])
+	}
+	return nil
 }
 
 // decodeSignature parses a TPMT_SIGNATURE strictly.
@@ -404,67 +610,6 @@ func publicKey(pub *tpm2.TPMTPublic) (crypto.PublicKey, error) {
 		return k, nil
 	}
 	return nil, fmt.Errorf("unsupported key type 0x%04x", uint16(pub.Type))
-}
-
-// tpmPublicForKey returns the TPMT_PUBLIC under which the node loads the
-// CSR key into the TPM to certify it: an unrestricted signing key, nameAlg
-// SHA-256, empty auth value, no policy. fixedTPM and fixedParent are clear,
-// as TPM2_LoadExternal requires for a key with its private part.
-func tpmPublicForKey(key crypto.PublicKey) (*tpm2.TPMTPublic, error) {
-	attrs := tpm2.TPMAObject{SignEncrypt: true, UserWithAuth: true, NoDA: true}
-	switch k := key.(type) {
-	case *ecdsa.PublicKey:
-		var curve tpm2.TPMECCCurve
-		switch k.Curve {
-		case elliptic.P256():
-			curve = tpm2.TPMECCNistP256
-		case elliptic.P384():
-			curve = tpm2.TPMECCNistP384
-		default:
-			return nil, fmt.Errorf("unsupported ECDSA curve %s", k.Curve.Params().Name)
-		}
-		enc, err := k.Bytes()
-		if err != nil {
-			return nil, fmt.Errorf("invalid ECDSA key: %w", err)
-		}
-		size := (len(enc) - 1) / 2
-		return &tpm2.TPMTPublic{
-			Type:             tpm2.TPMAlgECC,
-			NameAlg:          tpm2.TPMAlgSHA256,
-			ObjectAttributes: attrs,
-			Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-				Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-				Scheme:    tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgNull},
-				CurveID:   curve,
-				KDF:       tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
-			}),
-			Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
-				X: tpm2.TPM2BECCParameter{Buffer: enc[1 : 1+size]},
-				Y: tpm2.TPM2BECCParameter{Buffer: enc[1+size:]},
-			}),
-		}, nil
-	case *rsa.PublicKey:
-		if k.N.BitLen() < 2048 || k.N.BitLen()%8 != 0 {
-			return nil, fmt.Errorf("unsupported RSA key size %d", k.N.BitLen())
-		}
-		exp := uint32(k.E)
-		if k.E == 65537 {
-			exp = 0
-		}
-		return &tpm2.TPMTPublic{
-			Type:             tpm2.TPMAlgRSA,
-			NameAlg:          tpm2.TPMAlgSHA256,
-			ObjectAttributes: attrs,
-			Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgRSA, &tpm2.TPMSRSAParms{
-				Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
-				Scheme:    tpm2.TPMTRSAScheme{Scheme: tpm2.TPMAlgNull},
-				KeyBits:   tpm2.TPMIRSAKeyBits(k.N.BitLen()),
-				Exponent:  exp,
-			}),
-			Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgRSA, &tpm2.TPM2BPublicKeyRSA{Buffer: k.N.Bytes()}),
-		}, nil
-	}
-	return nil, fmt.Errorf("unsupported CSR key type %T", key)
 }
 
 // trimDER returns the leading DER element of b. NV reads return the whole

@@ -1,6 +1,7 @@
 package tpm
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -10,9 +11,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
@@ -118,7 +121,7 @@ func signECDSA(t *testing.T, key *ecdsa.PrivateKey, msg []byte) []byte {
 	})
 }
 
-// attest returns valid first-round evidence for csrKey.
+// attest returns valid v1 first-round evidence for csrKey.
 func (s *softTPM) attest(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 	t.Helper()
 	spki, _ := x509.MarshalPKIXPublicKey(&csrKey.PublicKey)
@@ -139,13 +142,84 @@ func (s *softTPM) attest(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 	}
 }
 
+// softPCRs are the PCR values of the soft TPM: SHA-256 PCRs 0-9.
+func softPCRs() []PCRValue {
+	var out []PCRValue
+	for i := range 10 {
+		d := sha256.Sum256([]byte{byte(i)})
+		out = append(out, PCRValue{Bank: "sha256", Index: i, Digest: d[:]})
+	}
+	return out
+}
+
+// softSelection selects SHA-256 PCRs 0-9.
+var softSelection = tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{0xff, 0x03, 0x00}}}}
+
+// quote returns valid v2 first-round evidence for csrKey: what TPM2_Quote
+// of softSelection would return, qualified by the binding.
+func (s *softTPM) quote(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
+	t.Helper()
+	spki, _ := x509.MarshalPKIXPublicKey(&csrKey.PublicKey)
+	pcrs := softPCRs()
+	d := sha256.New()
+	for _, p := range pcrs {
+		d.Write(p.Digest)
+	}
+	info := tpm2.TPMSAttest{
+		Magic:           tpm2.TPMGeneratedValue,
+		Type:            tpm2.TPMSTAttestQuote,
+		QualifiedSigner: tpm2.TPM2BName{Buffer: s.akName(t)},
+		ExtraData:       tpm2.TPM2BData{Buffer: attestor.Binding(spki)},
+		Attested: tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, &tpm2.TPMSQuoteInfo{
+			PCRSelect: softSelection,
+			PCRDigest: tpm2.TPM2BDigest{Buffer: d.Sum(nil)},
+		}),
+	}
+	raw := tpm2.Marshal(&info)
+	return &Attestation{
+		EKCertificate:  s.ekCert,
+		EKPublic:       s.ekRaw,
+		AKPublic:       s.akRaw(),
+		Quote:          raw,
+		QuoteSignature: signECDSA(t, s.akKey, raw),
+		PCRs:           pcrs,
+		EventLog:       []byte("an event log"),
+	}
+}
+
+// firstRound returns valid first-round evidence of version for csrKey.
+func (s *softTPM) firstRound(t *testing.T, version string, csrKey *ecdsa.PrivateKey) *Attestation {
+	t.Helper()
+	if version == VersionV1 {
+		return s.attest(t, csrKey)
+	}
+	return s.quote(t, csrKey)
+}
+
+// resign signs the attestation's certification or quote again with the AK.
 func (s *softTPM) resign(t *testing.T, a *Attestation) {
+	if a.Quote != nil {
+		a.QuoteSignature = signECDSA(t, s.akKey, a.Quote)
+		return
+	}
 	a.CertifySignature = signECDSA(t, s.akKey, a.CertifyInfo)
 }
 
-func evidenceOf(t *testing.T, a *Attestation, r *Response) attestor.Evidence {
+// requote changes the quote's TPMS_ATTEST and signs it again.
+func (s *softTPM) requote(t *testing.T, a *Attestation, change func(*tpm2.TPMSAttest)) {
 	t.Helper()
-	b, err := json.Marshal(Evidence{Version: VersionV1, Attestation: a, Response: r})
+	info, err := decodeAttest(a.Quote, tpm2.TPMSTAttestQuote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(info)
+	a.Quote = tpm2.Marshal(info)
+	s.resign(t, a)
+}
+
+func evidenceOf(t *testing.T, version string, a *Attestation, r *Response) attestor.Evidence {
+	t.Helper()
+	b, err := json.Marshal(Evidence{Version: version, Attestation: a, Response: r})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,8 +234,8 @@ func spkiB64(t *testing.T, pub any) string {
 	return base64.StdEncoding.EncodeToString(der)
 }
 
-// TestVerifyAttestationDenials covers every first-round refusal, each with
-// its own reason.
+// TestVerifyAttestationDenials covers every first-round refusal of both
+// evidence versions, each with its own reason.
 func TestVerifyAttestationDenials(t *testing.T) {
 	soft := newSoftTPM(t)
 	roots, inters := soft.ca.Pools()
@@ -174,45 +248,50 @@ func TestVerifyAttestationDenials(t *testing.T) {
 		t.Fatal(err)
 	}
 	ekB64 := spkiB64(t, &soft.ekKey.PublicKey)
+	both := []string{VersionV1, VersionV2}
+	v1, v2 := []string{VersionV1}, []string{VersionV2}
 
 	cases := []struct {
-		name    string
-		mutate  func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey)
-		machine map[string]string
-		csrAnn  map[string]string
-		cfg     func(*VerifierConfig)
-		reason  string
+		name     string
+		versions []string
+		mutate   func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey)
+		machine  map[string]string
+		csrAnn   map[string]string
+		cfg      func(*VerifierConfig)
+		reason   string
 	}{
-		{name: "valid", reason: ""},
-		{name: "valid with infrastructure EK and no certificate",
+		{name: "valid", versions: both},
+		{name: "valid with infrastructure EK and no certificate", versions: both,
 			mutate:  func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.EKCertificate = nil },
 			machine: map[string]string{attestor.AnnotationEndorsementKey: ekB64},
 			csrAnn:  map[string]string{attestor.AnnotationEndorsementKey: ekB64}},
-		{name: "certificate from another manufacturer", reason: ReasonUntrustedEKCertificate,
+		{name: "valid without an event log", versions: v2,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.EventLog = nil }},
+		{name: "certificate from another manufacturer", versions: both, reason: ReasonUntrustedEKCertificate,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.EKCertificate, _ = other.IssueEKCertificate(&soft.ekKey.PublicKey)
 			}},
-		{name: "no certificate and no infrastructure EK", reason: ReasonUntrustedEKCertificate,
+		{name: "no certificate and no infrastructure EK", versions: both, reason: ReasonUntrustedEKCertificate,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.EKCertificate = nil }},
-		{name: "no manufacturer pool", reason: ReasonUntrustedEKCertificate,
+		{name: "no manufacturer pool", versions: v2, reason: ReasonUntrustedEKCertificate,
 			cfg: func(c *VerifierConfig) { c.Roots, c.Intermediates = nil, nil }},
-		{name: "expired certificate", reason: ReasonUntrustedEKCertificate,
+		{name: "expired certificate", versions: v2, reason: ReasonUntrustedEKCertificate,
 			cfg: func(c *VerifierConfig) { c.Now = func() time.Time { return testNow.AddDate(20, 0, 0) } }},
-		{name: "certificate for another key", reason: ReasonEKCertificateMismatch,
+		{name: "certificate for another key", versions: both, reason: ReasonEKCertificateMismatch,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.EKCertificate, _ = soft.ca.IssueEKCertificate(&otherKey.PublicKey)
 			}},
-		{name: "infrastructure reports another EK", reason: ReasonEKMismatch,
+		{name: "infrastructure reports another EK", versions: both, reason: ReasonEKMismatch,
 			machine: map[string]string{attestor.AnnotationEndorsementKey: spkiB64(t, &otherKey.PublicKey)},
 			csrAnn:  map[string]string{attestor.AnnotationEndorsementKey: ekB64}},
-		{name: "CSR annotation names another EK", reason: ReasonEKMismatch,
+		{name: "CSR annotation names another EK", versions: v2, reason: ReasonEKMismatch,
 			machine: map[string]string{attestor.AnnotationEndorsementKey: ekB64},
 			csrAnn:  map[string]string{attestor.AnnotationEndorsementKey: spkiB64(t, &otherKey.PublicKey)}},
-		{name: "CSR annotation missing where infrastructure reports the EK", reason: ReasonEKMismatch,
+		{name: "CSR annotation missing where infrastructure reports the EK", versions: v2, reason: ReasonEKMismatch,
 			machine: map[string]string{attestor.AnnotationEndorsementKey: ekB64}},
-		{name: "CSR annotation names another EK than the certified one", reason: ReasonEKMismatch,
+		{name: "CSR annotation names another EK than the certified one", versions: v2, reason: ReasonEKMismatch,
 			csrAnn: map[string]string{attestor.AnnotationEndorsementKey: spkiB64(t, &otherKey.PublicKey)}},
-		{name: "EK not restricted", reason: ReasonEKAttributes,
+		{name: "EK not restricted", versions: both, reason: ReasonEKAttributes,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				tmpl := tpm2.RSAEKTemplate
 				tmpl.ObjectAttributes.Restricted = false
@@ -220,50 +299,51 @@ func TestVerifyAttestationDenials(t *testing.T) {
 				soft2.setEK(t, tmpl, &soft.ekKey.PublicKey)
 				a.EKPublic = soft2.ekRaw
 			}},
-		{name: "AK not fixedTPM", reason: ReasonAKAttributes,
+		{name: "AK not fixedTPM", versions: both, reason: ReasonAKAttributes,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				soft2 := *soft
 				soft2.akPub.ObjectAttributes.FixedTPM = false
-				*a = *soft2.attest(t, csrKey)
+				*a = *soft2.firstRound(t, versionOf(a), csrKey)
 			}},
-		{name: "AK not restricted", reason: ReasonAKAttributes,
+		{name: "AK not restricted", versions: both, reason: ReasonAKAttributes,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				soft2 := *soft
 				soft2.akPub.ObjectAttributes.Restricted = false
-				*a = *soft2.attest(t, csrKey)
+				*a = *soft2.firstRound(t, versionOf(a), csrKey)
 			}},
-		{name: "AK can decrypt", reason: ReasonAKAttributes,
+		{name: "AK can decrypt", versions: both, reason: ReasonAKAttributes,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				soft2 := *soft
 				soft2.akPub.ObjectAttributes.Decrypt = true
-				*a = *soft2.attest(t, csrKey)
+				*a = *soft2.firstRound(t, versionOf(a), csrKey)
 			}},
-		{name: "certification signed by another key", reason: ReasonBadCertifySignature,
+		{name: "trailing bytes in a TPM structure", versions: both, reason: ReasonMalformedEvidence,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.AKPublic = append(a.AKPublic, 0) }},
+
+		// v1: TPM2_Certify of the CSR key.
+		{name: "certification signed by another key", versions: v1, reason: ReasonBadCertifySignature,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.CertifySignature = signECDSA(t, newKey(t), a.CertifyInfo)
 			}},
-		{name: "certification not generated by a TPM", reason: ReasonBadAttestation,
+		{name: "certification not generated by a TPM", versions: v1, reason: ReasonBadAttestation,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.CertifyInfo[0] ^= 0xFF
 				soft.resign(t, a)
 			}},
-		{name: "quote instead of certification", reason: ReasonBadAttestation,
-			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
-				info, _ := decodeAttest(a.CertifyInfo)
-				info.Type = tpm2.TPMSTAttestQuote
-				info.Attested = tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, &tpm2.TPMSQuoteInfo{})
-				a.CertifyInfo = tpm2.Marshal(info)
+		{name: "quote instead of certification", versions: v1, reason: ReasonBadAttestation,
+			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
+				a.CertifyInfo = soft.quote(t, csrKey).Quote
 				soft.resign(t, a)
 			}},
-		{name: "qualifying data of another key", reason: ReasonStaleBinding,
+		{name: "certification qualified by another key's binding", versions: v1, reason: ReasonStaleBinding,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
-				info, _ := decodeAttest(a.CertifyInfo)
+				info, _ := decodeAttest(a.CertifyInfo, tpm2.TPMSTAttestCertify)
 				spki, _ := x509.MarshalPKIXPublicKey(&newKey(t).PublicKey)
 				info.ExtraData.Buffer = attestor.Binding(spki)
 				a.CertifyInfo = tpm2.Marshal(info)
 				soft.resign(t, a)
 			}},
-		{name: "certifies another key", reason: ReasonCertifyKeyMismatch,
+		{name: "certifies another key", versions: v1, reason: ReasonCertifyKeyMismatch,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				ck, _ := tpmPublicForKey(&newKey(t).PublicKey)
 				spki, _ := x509.MarshalPKIXPublicKey(&csrKey.PublicKey)
@@ -271,240 +351,305 @@ func TestVerifyAttestationDenials(t *testing.T) {
 				a.CertifyInfo = tpm2.Marshal(&info)
 				soft.resign(t, a)
 			}},
-		{name: "certified public area of another key", reason: ReasonCertifyKeyMismatch,
+		{name: "certified public area of another key", versions: v1, reason: ReasonCertifyKeyMismatch,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				ck, _ := tpmPublicForKey(&newKey(t).PublicKey)
 				a.CertifiedKey = tpm2.Marshal(ck)
 			}},
-		{name: "certified name of another template", reason: ReasonCertifyKeyMismatch,
+		{name: "certified name of another template", versions: v1, reason: ReasonCertifyKeyMismatch,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				ck, _ := tpmPublicForKey(&csrKey.PublicKey)
 				ck.ObjectAttributes.Decrypt = true
 				a.CertifiedKey = tpm2.Marshal(ck)
 			}},
-		{name: "trailing bytes in a TPM structure", reason: ReasonMalformedEvidence,
-			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.AKPublic = append(a.AKPublic, 0) }},
+
+		// v2: TPM2_Quote qualified by the binding.
+		{name: "quote signed by another key", versions: v2, reason: ReasonBadQuoteSignature,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				a.QuoteSignature = signECDSA(t, newKey(t), a.Quote)
+			}},
+		{name: "quote signature over other bytes", versions: v2, reason: ReasonBadQuoteSignature,
+			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
+				a.QuoteSignature = soft.quote(t, newKey(t)).QuoteSignature
+			}},
+		{name: "quote not generated by a TPM", versions: v2, reason: ReasonBadAttestation,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				a.Quote[0] ^= 0xFF
+				soft.resign(t, a)
+			}},
+		{name: "certification instead of quote", versions: v2, reason: ReasonBadAttestation,
+			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
+				a.Quote = soft.attest(t, csrKey).CertifyInfo
+				soft.resign(t, a)
+			}},
+		{name: "quote qualified by another key's binding", versions: v2, reason: ReasonStaleBinding,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				spki, _ := x509.MarshalPKIXPublicKey(&newKey(t).PublicKey)
+				soft.requote(t, a, func(info *tpm2.TPMSAttest) { info.ExtraData.Buffer = attestor.Binding(spki) })
+			}},
+		{name: "quote qualified by nothing", versions: v2, reason: ReasonStaleBinding,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				soft.requote(t, a, func(info *tpm2.TPMSAttest) { info.ExtraData.Buffer = nil })
+			}},
+		{name: "a PCR value that is not the quoted one", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.PCRs[7].Digest[0] ^= 1 }},
+		{name: "PCR values in another order are the same values", versions: v2,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				slices.Reverse(a.PCRs)
+			}},
+		{name: "a quoted PCR without its value", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.PCRs = a.PCRs[:9] }},
+		{name: "a PCR value the quote does not cover", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				a.PCRs = append(a.PCRs, PCRValue{Bank: "sha256", Index: 16, Digest: make([]byte, 32)})
+			}},
+		{name: "values of a PCR the quote does not cover, standing in for a quoted one", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.PCRs[9].Index = 10 }},
+		{name: "quote of a smaller selection than the values claim", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				// Only PCR 0 quoted, with the digest of all ten: the
+				// evidence's own list must not stand for the selection.
+				soft.requote(t, a, func(info *tpm2.TPMSAttest) {
+					q, _ := info.Attested.Quote()
+					q.PCRSelect = tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{1, 0, 0}}}}
+					info.Attested = tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, q)
+				})
+			}},
+		{name: "quote of another bank", versions: v2, reason: ReasonPCRMismatch,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				soft.requote(t, a, func(info *tpm2.TPMSAttest) {
+					q, _ := info.Attested.Quote()
+					q.PCRSelect.PCRSelections[0].Hash = tpm2.TPMAlgSHA384
+					info.Attested = tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, q)
+				})
+			}},
+		{name: "a v1 field in v2 evidence", versions: v2, reason: ReasonMalformedEvidence,
+			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
+				a.CertifiedKey = soft.attest(t, csrKey).CertifiedKey
+			}},
+		{name: "EK without a symmetric cipher cannot be challenged", versions: both, reason: ReasonEKUnusable,
+			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
+				tmpl := tpm2.RSAEKTemplate
+				tmpl.Parameters = tpm2.NewTPMUPublicParms(tpm2.TPMAlgRSA, &tpm2.TPMSRSAParms{
+					Symmetric: tpm2.TPMTSymDefObject{Algorithm: tpm2.TPMAlgNull},
+					Scheme:    tpm2.TPMTRSAScheme{Scheme: tpm2.TPMAlgNull},
+					KeyBits:   2048,
+				})
+				soft2 := *soft
+				soft2.setEK(t, tmpl, &soft.ekKey.PublicKey)
+				a.EKPublic = soft2.ekRaw
+			}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := VerifierConfig{Roots: roots, Intermediates: inters}
-			if c.cfg != nil {
-				c.cfg(&cfg)
-			}
-			v := newTestVerifier(t, cfg)
-			key := newKey(t)
-			a := soft.attest(t, key)
-			if c.mutate != nil {
-				c.mutate(t, a, key)
-			}
-			csrDER, _ := csrFor(t, key, testNode, testProviderID)
-			cl := newCluster()
-			f := cl.file(t, "csr-1", testBootstrap, csrDER, evidenceOf(t, a, nil))
-			f.record.Annotations = c.csrAnn
-			res, err := v.Verify(context.Background(), cl.verifyRequest(f, c.machine))
-			if c.reason == "" {
-				if err != nil {
-					t.Fatalf("denied: %v", err)
+		for _, version := range c.versions {
+			t.Run(version+"/"+c.name, func(t *testing.T) {
+				cfg := VerifierConfig{Roots: roots, Intermediates: inters}
+				if c.cfg != nil {
+					c.cfg(&cfg)
 				}
-				if _, err := DecodeChallenge(res.Challenge); err != nil {
-					t.Fatalf("challenge: %v", err)
+				v := newTestVerifier(t, cfg)
+				key := newKey(t)
+				a := soft.firstRound(t, version, key)
+				if c.mutate != nil {
+					c.mutate(t, a, key)
 				}
-				return
-			}
-			wantReason(t, err, c.reason)
-		})
+				csrDER, _ := csrFor(t, key, testNode, testProviderID)
+				e := newEngine(v, c.machine)
+				res, err := e.verify(t, e.file(t, "csr-1", csrDER, evidenceOf(t, version, a, nil), c.csrAnn))
+				if c.reason == "" {
+					if err != nil {
+						t.Fatalf("denied: %v", err)
+					}
+					ch, err := DecodeChallenge(res.Challenge.Data)
+					if err != nil {
+						t.Fatalf("challenge: %v", err)
+					}
+					if !ch.Expires.Equal(res.Challenge.Expires) || !ch.Expires.Equal(testNow.Add(DefaultChallengeTTL)) {
+						t.Fatalf("challenge expires %v (document %v), want %v", res.Challenge.Expires, ch.Expires, testNow.Add(DefaultChallengeTTL))
+					}
+					return
+				}
+				wantReason(t, err, c.reason)
+			})
+		}
 	}
 }
 
-// TestVerifyResponseDenials covers every second-round refusal, and the
-// transient error that must not become one.
-func TestVerifyResponseDenials(t *testing.T) {
+// versionOf tells the soft TPM's v1 and v2 attestations apart.
+func versionOf(a *Attestation) string {
+	if a.Quote != nil {
+		return VersionV2
+	}
+	return VersionV1
+}
+
+// TestMakeCredentialTransient: a failing randomness source is the
+// signer's problem, retried, never a denial.
+func TestMakeCredentialTransient(t *testing.T) {
+	soft := newSoftTPM(t)
+	roots, inters := soft.ca.Pools()
+	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Rand: iotest.ErrReader(errTransient)})
+	key := newKey(t)
+	csrDER, _ := csrFor(t, key, testNode, testProviderID)
+	e := newEngine(v, nil)
+	_, err := e.verify(t, e.file(t, "csr-1", csrDER, evidenceOf(t, VersionV2, soft.quote(t, key), nil), nil))
+	if _, denied := attestor.AsDenial(err); denied || !errors.Is(err, errTransient) {
+		t.Fatalf("got %v, want the transient error, not a denial", err)
+	}
+}
+
+var errTransient = errors.New("entropy source unavailable")
+
+// TestVerifyAnswerDenials covers every refusal of an answer, given the
+// challenged round the signer found, for both evidence versions of that
+// round.
+func TestVerifyAnswerDenials(t *testing.T) {
 	soft := newSoftTPM(t)
 	roots, inters := soft.ca.Pools()
 	ekSPKI, _ := x509.MarshalPKIXPublicKey(&soft.ekKey.PublicKey)
 
 	type env struct {
-		clk   *clock
-		v     *Verifier
-		cl    *cluster
+		e     *engine
 		key   *ecdsa.PrivateKey
 		first *filed
-		ch    *Challenge
 	}
-	// setup files CSR #1 and writes the signer's challenge on it.
-	setup := func(t *testing.T) *env {
-		e := &env{clk: &clock{t: testNow}, cl: newCluster(), key: newKey(t)}
-		e.v = newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Now: e.clk.Now})
-		csrDER, _ := csrFor(t, e.key, testNode, testProviderID)
-		e.first = e.cl.file(t, "csr-1", testBootstrap, csrDER, evidenceOf(t, soft.attest(t, e.key), nil))
-		res, err := e.v.Verify(context.Background(), e.cl.verifyRequest(e.first, nil))
-		if err != nil {
+	// setup files CSR #1 and has the signer challenge it.
+	setup := func(t *testing.T, version string) *env {
+		v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters})
+		en := &env{e: newEngine(v, nil), key: newKey(t)}
+		csrDER, _ := csrFor(t, en.key, testNode, testProviderID)
+		en.first = en.e.file(t, "csr-1", csrDER, evidenceOf(t, version, soft.firstRound(t, version, en.key), nil), nil)
+		if _, err := en.e.verify(t, en.first); err != nil {
 			t.Fatal(err)
 		}
-		e.first.record.Annotations[attestor.AnnotationChallenge] = string(res.Challenge)
-		if e.ch, err = DecodeChallenge(res.Challenge); err != nil {
-			t.Fatal(err)
-		}
-		return e
+		return en
 	}
 	// answer files CSR #2 with the proof a TPM holding the EK would give.
-	answer := func(t *testing.T, e *env, name, user string, key *ecdsa.PrivateKey, node, csr1 string) *filed {
-		csrDER, csr := csrFor(t, key, node, testProviderID)
-		secret := deriveSecret(testHMACKey, e.first.record.UID, soft.akName(t), sha256.Sum256(ekSPKI), e.ch.Expires)
-		ev := evidenceOf(t, nil, &Response{CSRName: csr1, Proof: proof(secret, csr.RawSubjectPublicKeyInfo, e.first.record.UID)})
-		return e.cl.file(t, name, user, csrDER, ev)
-	}
-	verify := func(e *env, f *filed, machine map[string]string) (*attestor.Result, error) {
-		return e.v.Verify(context.Background(), e.cl.verifyRequest(f, machine))
+	answer := func(t *testing.T, en *env, key *ecdsa.PrivateKey, csr1 string) *filed {
+		csrDER, csr := csrFor(t, key, testNode, testProviderID)
+		secret := deriveSecret(testHMACKey, en.first.uid, soft.akName(t), sha256.Sum256(ekSPKI), en.first.challenge.Expires)
+		ev := evidenceOf(t, VersionV2, nil, &Response{CSRName: csr1, Proof: proof(secret, csr.RawSubjectPublicKeyInfo, en.first.uid)})
+		return en.e.file(t, "csr-2", csrDER, ev, nil)
 	}
 
-	t.Run("valid", func(t *testing.T) {
-		e := setup(t)
-		res, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := StableIdentity(ekSPKI); res.Identity.Stable != want || res.Identity.ProviderID != testProviderID {
-			t.Fatalf("identity %+v, want %s for %s", res.Identity, want, testProviderID)
-		}
+	for _, version := range []string{VersionV1, VersionV2} {
+		t.Run(version+"/valid", func(t *testing.T) {
+			en := setup(t, version)
+			res, err := en.e.verify(t, answer(t, en, en.key, "csr-1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := StableIdentity(ekSPKI); res.Identity.Stable != want || res.Identity.ProviderID != testProviderID {
+				t.Fatalf("identity %+v, want %s for %s", res.Identity, want, testProviderID)
+			}
+		})
+		t.Run(version+"/the answer names the challenged CSR", func(t *testing.T) {
+			en := setup(t, version)
+			res, err := en.e.v.Verify(context.Background(), en.e.request(answer(t, en, en.key, "csr-1")))
+			if err != nil || res.Answers != "csr-1" || res.Identity != nil || res.Challenge != nil {
+				t.Fatalf("Verify = %+v, %v; want Answers csr-1 and nothing else", res, err)
+			}
+		})
+		t.Run(version+"/another key than the challenged round's", func(t *testing.T) {
+			en := setup(t, version)
+			_, err := en.e.verify(t, answer(t, en, newKey(t), "csr-1"))
+			wantReason(t, err, ReasonStaleBinding)
+		})
+		t.Run(version+"/wrong proof", func(t *testing.T) {
+			en := setup(t, version)
+			csrDER, _ := csrFor(t, en.key, testNode, testProviderID)
+			f := en.e.file(t, "csr-2", csrDER, evidenceOf(t, VersionV2, nil, &Response{CSRName: "csr-1", Proof: make([]byte, 32)}), nil)
+			_, err := en.e.verify(t, f)
+			wantReason(t, err, ReasonBadProof)
+		})
+		t.Run(version+"/proof for another challenge expiry", func(t *testing.T) {
+			en := setup(t, version)
+			f := answer(t, en, en.key, "csr-1")
+			en.first.challenge = &attestor.Challenge{Data: en.first.challenge.Data, Expires: en.first.challenge.Expires.Add(time.Hour)}
+			_, err := en.e.verify(t, f)
+			wantReason(t, err, ReasonBadProof)
+		})
+		t.Run(version+"/proof for another first round", func(t *testing.T) {
+			en := setup(t, version)
+			f := answer(t, en, en.key, "csr-1")
+			en.first.uid = "uid-other"
+			_, err := en.e.verify(t, f)
+			wantReason(t, err, ReasonBadProof)
+		})
+		t.Run(version+"/first round no longer verifies", func(t *testing.T) {
+			en := setup(t, version)
+			en.e.machine = map[string]string{attestor.AnnotationEndorsementKey: spkiB64(t, &newKey(t).PublicKey)}
+			_, err := en.e.verify(t, answer(t, en, en.key, "csr-1"))
+			wantReason(t, err, ReasonEKMismatch)
+			if !strings.Contains(err.Error(), "csr-1") {
+				t.Errorf("denial %q does not name the challenged CSR", err)
+			}
+		})
+	}
+	t.Run("the answered round is not a first round", func(t *testing.T) {
+		en := setup(t, VersionV2)
+		f := answer(t, en, en.key, "csr-1")
+		en.first.parsed.Evidence = f.parsed.Evidence
+		_, err := en.e.verify(t, f)
+		wantReason(t, err, attestor.ReasonChallengeNotFound)
 	})
-	t.Run("challenged CSR does not exist", func(t *testing.T) {
-		e := setup(t)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-gone"), nil)
-		wantReason(t, err, ReasonChallengeNotFound)
+	t.Run("the answered round is another CSR than the response names", func(t *testing.T) {
+		en := setup(t, VersionV2)
+		f := answer(t, en, en.key, "csr-1")
+		req := en.e.request(f)
+		req.Answered = en.first.round()
+		req.Answered.Name = "csr-0"
+		_, err := en.e.v.Verify(context.Background(), req)
+		wantReason(t, err, attestor.ReasonChallengeMismatch)
 	})
-	t.Run("lookup fails transiently", func(t *testing.T) {
-		e := setup(t)
-		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
-		e.cl.err = errTransient
-		_, err := verify(e, f, nil)
-		if _, denied := attestor.AsDenial(err); denied || !errors.Is(err, errTransient) {
-			t.Fatalf("got %v, want the transient error, not a denial", err)
-		}
+	t.Run("the answered round carries no challenge", func(t *testing.T) {
+		en := setup(t, VersionV2)
+		f := answer(t, en, en.key, "csr-1")
+		en.first.challenge = nil
+		_, err := en.e.verify(t, f)
+		wantReason(t, err, attestor.ReasonChallengeNotIssued)
 	})
-	t.Run("another requester", func(t *testing.T) {
-		e := setup(t)
-		_, err := verify(e, answer(t, e, "csr-2", "system:bootstrap:other", e.key, testNode, "csr-1"), nil)
-		wantReason(t, err, ReasonRequesterMismatch)
-	})
-	t.Run("challenge already answered", func(t *testing.T) {
-		e := setup(t)
-		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
-		e.first.record.Denied = true
-		_, err := verify(e, f, nil)
-		wantReason(t, err, ReasonChallengeUsed)
-	})
-	t.Run("another key", func(t *testing.T) {
-		e := setup(t)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, newKey(t), testNode, "csr-1"), nil)
-		wantReason(t, err, ReasonCSRKeyMismatch)
-	})
-	t.Run("another node name", func(t *testing.T) {
-		e := setup(t)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, "node-b", "csr-1"), nil)
-		wantReason(t, err, ReasonNodeMismatch)
-	})
-	t.Run("no challenge written yet", func(t *testing.T) {
-		e := setup(t)
-		delete(e.first.record.Annotations, attestor.AnnotationChallenge)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1"), nil)
-		wantReason(t, err, ReasonChallengeNotIssued)
-	})
-	t.Run("wrong proof", func(t *testing.T) {
-		e := setup(t)
-		csrDER, _ := csrFor(t, e.key, testNode, testProviderID)
-		f := e.cl.file(t, "csr-2", testBootstrap, csrDER, evidenceOf(t, nil, &Response{CSRName: "csr-1", Proof: make([]byte, 32)}))
-		_, err := verify(e, f, nil)
-		wantReason(t, err, ReasonBadProof)
-	})
-	t.Run("proof for another challenge expiry", func(t *testing.T) {
-		e := setup(t)
-		e.ch.Expires = e.ch.Expires.Add(time.Hour)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1"), nil)
-		wantReason(t, err, ReasonBadProof)
-	})
-	t.Run("expired", func(t *testing.T) {
-		e := setup(t)
-		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
-		e.clk.Add(DefaultChallengeTTL)
-		_, err := verify(e, f, nil)
-		wantReason(t, err, ReasonChallengeExpired)
-	})
-	t.Run("expired, then withdrawn by the signer", func(t *testing.T) {
-		e := setup(t)
-		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
-		e.clk.Add(DefaultChallengeTTL)
-		e.first.record.Denied = true // the signer denied CSR #1 ChallengeExpired
-		_, err := verify(e, f, nil)
-		wantReason(t, err, ReasonChallengeExpired)
-	})
-	t.Run("answer names the challenged CSR, and verifies again once approved", func(t *testing.T) {
-		e := setup(t)
-		f := answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1")
-		res, err := verify(e, f, nil)
-		if err != nil || res.Identity == nil {
-			t.Fatalf("Verify = %+v, %v", res, err)
-		}
-		if res.Answers != "csr-1" {
-			t.Fatalf("Answers = %q, want csr-1", res.Answers)
-		}
-		// The signer denied CSR #1 ChallengeAnswered and approved CSR #2,
-		// then (after a restart, past the expiry) verifies it again before
-		// signing.
-		e.first.record.Denied = true
-		e.clk.Add(DefaultChallengeTTL)
-		req := e.cl.verifyRequest(f, nil)
-		req.Approved = true
-		if res, err := e.v.Verify(context.Background(), req); err != nil || res.Identity == nil {
-			t.Fatalf("approved CSR #2 no longer verifies: %+v, %v", res, err)
-		}
-		// Not approved: the same answer is a replay.
-		_, err = verify(e, f, nil)
-		wantReason(t, err, ReasonChallengeExpired)
-	})
-	t.Run("challenge expiry", func(t *testing.T) {
-		e := setup(t)
-		got, err := e.v.ChallengeExpiry([]byte(e.first.record.Annotations[attestor.AnnotationChallenge]))
-		if err != nil || !got.Equal(e.ch.Expires) {
-			t.Fatalf("ChallengeExpiry = %v, %v; want %v", got, err, e.ch.Expires)
-		}
-		if _, err := e.v.ChallengeExpiry([]byte("{}")); err == nil {
-			t.Fatal("ChallengeExpiry accepted a document without a challenge")
-		}
-	})
-	t.Run("response names itself", func(t *testing.T) {
-		e := setup(t)
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-2"), nil)
+	t.Run("the response names its own CSR", func(t *testing.T) {
+		en := setup(t, VersionV2)
+		f := answer(t, en, en.key, "csr-2")
+		_, err := en.e.verify(t, f)
 		wantReason(t, err, ReasonMalformedEvidence)
 	})
-	t.Run("first round no longer verifies", func(t *testing.T) {
-		e := setup(t)
-		otherKey := newKey(t)
-		machine := map[string]string{attestor.AnnotationEndorsementKey: spkiB64(t, &otherKey.PublicKey)}
-		_, err := verify(e, answer(t, e, "csr-2", testBootstrap, e.key, testNode, "csr-1"), machine)
-		wantReason(t, err, ReasonEKMismatch)
-		if !strings.Contains(err.Error(), "csr-1") {
-			t.Errorf("denial %q does not name the challenged CSR", err)
-		}
+	t.Run("first-round evidence handed over as an answer", func(t *testing.T) {
+		en := setup(t, VersionV2)
+		req := en.e.request(en.first)
+		req.Answered = en.first.round()
+		_, err := en.e.v.Verify(context.Background(), req)
+		wantReason(t, err, ReasonMalformedEvidence)
 	})
 }
 
 func TestVerifyMalformedEvidence(t *testing.T) {
 	v := newTestVerifier(t, VerifierConfig{})
 	_, csr := csrFor(t, newKey(t), testNode, testProviderID)
+	const z32 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 	for name, ev := range map[string]string{
-		"not JSON":        `nope`,
-		"unknown field":   `{"version":"v1","response":{"csrName":"a","proof":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="},"extra":1}`,
-		"both rounds":     `{"version":"v1","attestation":{},"response":{}}`,
-		"neither":         `{"version":"v1"}`,
-		"other version":   `{"version":"v2","response":{"csrName":"a","proof":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`,
-		"short proof":     `{"version":"v1","response":{"csrName":"a","proof":"AAAA"}}`,
-		"empty ekPublic":  `{"version":"v1","attestation":{"akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
-		"garbage structs": `{"version":"v1","attestation":{"ekPublic":"AA==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
+		"not JSON":             `nope`,
+		"unknown field":        `{"version":"v1","response":{"csrName":"a","proof":"` + z32 + `"},"extra":1}`,
+		"both rounds":          `{"version":"v1","attestation":{},"response":{}}`,
+		"neither":              `{"version":"v2"}`,
+		"other version":        `{"version":"v3","response":{"csrName":"a","proof":"` + z32 + `"}}`,
+		"short proof":          `{"version":"v2","response":{"csrName":"a","proof":"AAAA"}}`,
+		"empty ekPublic":       `{"version":"v1","attestation":{"akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
+		"garbage structs":      `{"version":"v1","attestation":{"ekPublic":"AA==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
+		"v2 without a quote":   `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quoteSignature":"AA=="}}`,
+		"v2 with a v1 field":   `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","certifyInfo":"AA=="}}`,
+		"v1 with PCRs":         `{"version":"v1","attestation":{"ekPublic":"AA==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA==","pcrs":[]}}`,
+		"PCR of unknown bank":  `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","pcrs":[{"bank":"sm3","index":0,"digest":"` + z32 + `"}]}}`,
+		"PCR of wrong size":    `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","pcrs":[{"bank":"sha1","index":0,"digest":"` + z32 + `"}]}}`,
+		"PCR out of range":     `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","pcrs":[{"bank":"sha256","index":32,"digest":"` + z32 + `"}]}}`,
+		"PCR twice":            `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","pcrs":[{"bank":"sha256","index":1,"digest":"` + z32 + `"},{"bank":"sha256","index":1,"digest":"` + z32 + `"}]}}`,
+		"quote of many banks":  `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"/1RDR4AYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAD/////","quoteSignature":"AA=="}}`,
+		"quote, garbage after": `{"version":"v2","attestation":{"ekPublic":"AA==","akPublic":"AA==","quote":"/1RDR4AYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","quoteSignature":"AA=="}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := v.Verify(context.Background(), &attestor.VerifyRequest{
-				Evidence: attestor.Evidence(ev), CSR: csr, CSRUID: "u", Binding: attestor.Binding(csr.RawSubjectPublicKeyInfo),
+				Evidence: attestor.Evidence(ev), CSR: csr, UID: "u", Binding: attestor.Binding(csr.RawSubjectPublicKeyInfo),
 			})
 			if err == nil {
 				t.Fatal("accepted")
@@ -547,5 +692,24 @@ func TestTrimDER(t *testing.T) {
 				t.Fatal("trimmed to the wrong length")
 			}
 		})
+	}
+}
+
+func TestNewAttestorValidates(t *testing.T) {
+	_, err := New(nil, AttestorConfig{EndorsementKeys: []EKKind{"dsa"}, PCRBank: "md5", PCRs: []int{3, 24, -1}})
+	for _, want := range []string{`"dsa"`, `"md5"`, "PCR 24", "PCR -1"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want every problem reported (%s)", err, want)
+		}
+	}
+	if _, err := New(nil, AttestorConfig{PCRs: []int{}}); err == nil {
+		t.Error("an empty PCR selection was accepted")
+	}
+	a, err := New(nil, AttestorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel := a.pcrs.PCRSelections; len(sel) != 1 || sel[0].Hash != tpm2.TPMAlgSHA256 || !bytes.Equal(sel[0].PCRSelect, []byte{0xff, 0x03, 0}) || a.eventLog != DefaultEventLogPath {
+		t.Errorf("default selection %+v, event log %q; want SHA-256 PCRs 0-9 and %s", sel, a.eventLog, DefaultEventLogPath)
 	}
 }

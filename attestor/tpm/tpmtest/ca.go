@@ -31,8 +31,17 @@ type ManufacturerCA struct {
 }
 
 // NewManufacturerCA makes a root and an intermediate named after name,
-// valid from notBefore for ten years.
+// valid from notBefore for ten years. Both are CAs allowed to sign
+// certificates (basic constraints cA, keyCertSign), as the signer requires
+// of every CA on an EK certificate's path.
 func NewManufacturerCA(name string, notBefore time.Time) (*ManufacturerCA, error) {
+	return NewManufacturerCAWith(name, notBefore, nil)
+}
+
+// NewManufacturerCAWith is NewManufacturerCA with the intermediate's
+// template changed by edit before it is issued, for tests of CAs that may
+// not issue EK certificates.
+func NewManufacturerCAWith(name string, notBefore time.Time, edit func(intermediate *x509.Certificate)) (*ManufacturerCA, error) {
 	rootKey, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -68,6 +77,9 @@ func NewManufacturerCA(name string, notBefore time.Time) (*ManufacturerCA, error
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 		MaxPathLenZero:        true,
+	}
+	if edit != nil {
+		edit(interTmpl)
 	}
 	interDER, err := x509.CreateCertificate(rand.Reader, interTmpl, root, &interKey.PublicKey, rootKey)
 	if err != nil {
@@ -127,9 +139,17 @@ func TCGSubjectAltName(manufacturer, model, version string) ([]byte, error) {
 }
 
 // IssueEKCertificate issues an EK certificate for ekPub the way TPM
-// manufacturers do: empty subject, critical SAN with the TPM description,
-// tcg-kp-EKCertificate, key encipherment (RSA) or key agreement (ECC).
+// manufacturers do, with every field the TCG EK Credential Profile asks
+// for and the signer requires: empty subject, critical SAN with the TPM
+// description, tcg-kp-EKCertificate, key encipherment (RSA) or key
+// agreement (ECC), basic constraints with cA false.
 func (ca *ManufacturerCA) IssueEKCertificate(ekPub crypto.PublicKey) ([]byte, error) {
+	return ca.IssueEKCertificateWith(ekPub, nil)
+}
+
+// IssueEKCertificateWith is IssueEKCertificate with the template changed by
+// edit before it is signed, for tests of certificates that lack a field.
+func (ca *ManufacturerCA) IssueEKCertificateWith(ekPub crypto.PublicKey, edit func(tmpl *x509.Certificate)) ([]byte, error) {
 	san, err := TCGSubjectAltName(ca.Manufacturer, ca.Model, ca.Version)
 	if err != nil {
 		return nil, err
@@ -150,6 +170,9 @@ func (ca *ManufacturerCA) IssueEKCertificate(ekPub crypto.PublicKey) ([]byte, er
 		UnknownExtKeyUsage:    []asn1.ObjectIdentifier{oidEKCertificateKP},
 		BasicConstraintsValid: true,
 		ExtraExtensions:       []pkix.Extension{{Id: oidSAN, Critical: true, Value: san}},
+	}
+	if edit != nil {
+		edit(tmpl)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, ekPub, ca.key)
 	if err != nil {

@@ -1,0 +1,48 @@
+package tpm
+
+import (
+	"crypto/hmac"
+	"encoding/hex"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+)
+
+// answer verifies a response against the challenged round the signer found
+// (in.Answered). The signer has checked everything about that round that is
+// not the TPM's business: it exists, was filed by the same requester to the
+// same signer for the same key, node name and provider ID, carries a
+// challenge the signer sealed, unexpired, and is undecided. What is left
+// here: the round's evidence verifies again (trust may have changed since
+// the challenge was written), now against this request's binding, and the
+// proof shows that the TPM holding that EK and AK recovered the secret.
+func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response) (*attestor.Result, error) {
+	round := in.Answered
+	if round.UID == in.UID {
+		return nil, attestor.Deny(ReasonMalformedEvidence, "the response names its own CSR as the challenged one")
+	}
+	if round.Name != r.CSRName {
+		return nil, attestor.Deny(attestor.ReasonChallengeMismatch, "the response answers CSR %q, not %q", r.CSRName, round.Name)
+	}
+	if round.Challenge == nil || round.Challenge.Expires.IsZero() {
+		return nil, attestor.Deny(attestor.ReasonChallengeNotIssued, "CSR %q carries no challenge; wait for it before answering", round.Name)
+	}
+	first, err := DecodeEvidence(round.Evidence)
+	if err != nil || first.Attestation == nil {
+		return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "the challenged CSR %q carries no first-round TPM attestation", round.Name)
+	}
+	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Binding, round.Annotations, in.MachineAnnotations)
+	if err != nil {
+		if d, ok := attestor.AsDenial(err); ok {
+			return nil, attestor.Deny(d.Reason, "the challenged CSR %q no longer verifies: %s", round.Name, d.Message)
+		}
+		return nil, err
+	}
+	secret := deriveSecret(v.key, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
+	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
+		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
+	}
+	return &attestor.Result{Identity: &attestor.Identity{
+		ProviderID: in.ProviderID,
+		Stable:     StablePrefix + hex.EncodeToString(at.ekHash[:]),
+	}}, nil
+}
