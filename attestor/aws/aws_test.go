@@ -60,7 +60,7 @@ func (f *fixture) attest(t *testing.T) attestor.Evidence {
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	return ev
+	return ev.Evidence
 }
 
 func (f *fixture) verifier(t *testing.T) *Verifier {

@@ -30,13 +30,13 @@ import (
 
 // Denial reasons of the AWS verifier.
 const (
-	ReasonMalformedEvidence  = "MalformedEvidence"
+	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
 	ReasonUntrustedSigner    = "UntrustedSigner"
 	ReasonInvalidSignature   = "InvalidSignature"
 	ReasonDocumentMismatch   = "DocumentMismatch"
 	ReasonRegionMismatch     = "RegionMismatch"
 	ReasonAccountNotAllowed  = "AccountNotAllowed"
-	ReasonProviderIDMismatch = "ProviderIDMismatch"
+	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
 	ReasonSTSHostNotAllowed  = "STSHostNotAllowed"
 	ReasonPresignInvalid     = "PresignInvalid"
 	ReasonPresignExpired     = "PresignExpired"

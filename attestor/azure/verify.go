@@ -20,14 +20,14 @@ import (
 
 // Denial reasons of the Azure verifier.
 const (
-	ReasonMalformedEvidence      = "MalformedEvidence"
+	ReasonMalformedEvidence      = attestor.ReasonMalformedEvidence
 	ReasonInvalidSignature       = "InvalidSignature"
 	ReasonUntrustedSigner        = "UntrustedSigner"
 	ReasonSignerNameNotAllowed   = "SignerNameNotAllowed"
 	ReasonNonceMismatch          = "NonceMismatch"
 	ReasonDocumentExpired        = "DocumentExpired"
 	ReasonSubscriptionNotAllowed = "SubscriptionNotAllowed"
-	ReasonProviderIDMismatch     = "ProviderIDMismatch"
+	ReasonProviderIDMismatch     = attestor.ReasonAttestedProviderIDMismatch
 )
 
 // DefaultSignerName is the name the attested document's signing

@@ -19,7 +19,7 @@ import (
 
 // Denial reasons of the GCP verifier.
 const (
-	ReasonMalformedEvidence  = "MalformedEvidence"
+	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
 	ReasonUnknownKey         = "UnknownKey"
 	ReasonInvalidSignature   = "InvalidSignature"
 	ReasonIssuerMismatch     = "IssuerMismatch"
@@ -27,8 +27,8 @@ const (
 	ReasonTokenExpired       = "TokenExpired"
 	ReasonNotComputeEngine   = "NotComputeEngine"
 	ReasonProjectNotAllowed  = "ProjectNotAllowed"
-	ReasonNodeNameMismatch   = "NodeNameMismatch"
-	ReasonProviderIDMismatch = "ProviderIDMismatch"
+	ReasonNodeNameMismatch   = attestor.ReasonNodeNameMismatch
+	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
 	defaultJWKSRefresh       = time.Hour
 	defaultJWKSMinRefresh    = 30 * time.Second
 	clockSkew                = 30 * time.Second

@@ -55,10 +55,10 @@ func (Verifier) Versions() []string { return []string{VersionV1} }
 func (Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny("MalformedEvidence", "%v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
 	}
 	if ev.ProviderID != in.ProviderID {
-		return nil, attestor.Deny("ProviderIDMismatch",
+		return nil, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch,
 			"evidence names provider ID %q but the CSR extension says %q", ev.ProviderID, in.ProviderID)
 	}
 	return &attestor.Result{Identity: &attestor.Identity{ProviderID: ev.ProviderID}}, nil
