@@ -277,7 +277,7 @@ func TestDenials(t *testing.T) {
 			},
 		},
 		{
-			name: "unknown evidence field", reason: ReasonMalformedEvidence,
+			name: "unknown evidence field", reason: attestor.ReasonEvidenceUnknownField,
 			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
 				return attestor.Evidence(strings.Replace(string(ev), `{`, `{"extra":1,`, 1))
 			},

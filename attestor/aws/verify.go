@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/x509"
 	"embed"
-	"encoding/json"
 	"encoding/pem"
 	"encoding/xml"
 	"errors"
@@ -184,10 +183,10 @@ func (v *Verifier) Versions() []string { return []string{VersionV1} }
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "evidence version %q is not %q", ev.Version, VersionV1)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	doc, err := v.verifyDocument(ev.Document, ev.RSA2048)
 	if err != nil {
@@ -270,8 +269,8 @@ func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, e
 		return nil, attestor.Deny(ReasonDocumentMismatch, "the identity document differs from the content the rsa2048 signature covers")
 	}
 	var iid InstanceIdentityDocument
-	if err := json.Unmarshal(doc, &iid); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the identity document: %v", err)
+	if err := attestor.DecodeDocument(doc, &iid, "the identity document"); err != nil {
+		return nil, err
 	}
 	var missing []string
 	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone, "region": iid.Region} {

@@ -158,7 +158,7 @@ func TestDenials(t *testing.T) {
 			f.cfg.Intermediates = nil
 			return f.attest(t)
 		}},
-		{"unknown evidence field", ReasonMalformedEvidence, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
+		{"unknown evidence field", attestor.ReasonEvidenceUnknownField, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
 			return attestor.Evidence(strings.Replace(string(f.attest(t)), "{", `{"x":1,`, 1))
 		}},
 	}

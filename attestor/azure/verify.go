@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -116,10 +115,10 @@ var providerIDRE = regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceG
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "evidence version %q is not %q", ev.Version, VersionV1)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	now := v.now()
 	doc, err := v.verifyDocument(ev.Signature, now)
@@ -194,8 +193,8 @@ func (v *Verifier) verifyDocument(signature string, at time.Time) (*AttestedData
 			signer.Subject.CommonName, strings.Join(signer.DNSNames, ", "), strings.Join(v.signerNames, ", "))
 	}
 	var doc AttestedData
-	if err := json.Unmarshal(p7.Content, &doc); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the attested data: %v", err)
+	if err := attestor.DecodeDocument(p7.Content, &doc, "the attested data"); err != nil {
+		return nil, err
 	}
 	return &doc, nil
 }

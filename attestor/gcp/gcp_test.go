@@ -224,7 +224,7 @@ func TestDenials(t *testing.T) {
 			tok, _ := j.CompactSerialize()
 			return tokenEvidence(t, tok)
 		}},
-		{"unknown evidence field", ReasonMalformedEvidence, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
+		{"unknown evidence field", attestor.ReasonEvidenceUnknownField, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			return attestor.Evidence(strings.Replace(string(f.attest(t)), "{", `{"extra":true,`, 1))
 		}},
 	}

@@ -55,7 +55,10 @@ func (Verifier) Versions() []string { return []string{VersionV1} }
 func (Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
+		return nil, err
+	}
+	if ev.Version != VersionV1 {
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	if ev.ProviderID != in.ProviderID {
 		return nil, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch,

@@ -119,7 +119,7 @@ func (v *Verifier) Versions() []string { return slices.Clone(v.versions) }
 func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if !slices.Contains(v.versions, ev.Version) {
 		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not one of %s", ev.Version, strings.Join(v.versions, ","))

@@ -97,8 +97,8 @@ func TestVerifyDenies(t *testing.T) {
 	}{
 		{"other provider ID", "test:///b", string(good), attestor.ReasonAttestedProviderIDMismatch},
 		{"not JSON", "test:///a", `{`, attestor.ReasonMalformedEvidence},
-		{"unknown field", "test:///a", `{"version":"v1","providerID":"test:///a","extra":1}`, attestor.ReasonMalformedEvidence},
-		{"trailing data", "test:///a", string(good) + `{}`, attestor.ReasonMalformedEvidence},
+		{"unknown field", "test:///a", `{"version":"v1","providerID":"test:///a","extra":1}`, attestor.ReasonEvidenceUnknownField},
+		{"trailing data", "test:///a", string(good) + `{}`, attestor.ReasonEvidenceTrailingData},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := v.Verify(ctx, &attestor.VerifyRequest{Evidence: attestor.Evidence(tc.evidence), Version: "v1", ProviderID: tc.providerID})
