@@ -465,3 +465,39 @@ func FuzzVerifyEvidence(f *testing.F) {
 		}
 	})
 }
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      "node-a",
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonBindingMismatch,
+		WantStable:    "aws:" + f.emu.Instance.AccountID + ":" + f.emu.Instance.InstanceID,
+	})
+}
+
+// TestSignedDocumentReadOneWay: an identity document that encoding/json
+// would read as another instance (a case-folded second "instanceId") is
+// refused by the node half and denied by the verifier, even though its
+// signature is good.
+func TestSignedDocumentReadOneWay(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	good := f.attest(t)
+	doc := bytes.Replace(f.emu.Document, []byte(`"instanceId"`), []byte(`"InstanceID": "i-0bbbbbbbbbbbbbbb0",
+  "instanceId"`), 1)
+	sig, err := f.emu.Sign(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := editEvidence(t, good, func(e *Evidence) { e.Document, e.RSA2048 = doc, sig })
+	_, err = f.verifier(t).Verify(context.Background(), f.request(ev))
+	attestortest.WantDenial(t, err, attestor.ReasonEvidenceFieldCase)
+
+	f.emu.SetDocument(doc)
+	if _, err := f.att.Attest(context.Background(), &attestor.Request{NodeName: "node-a", ProviderID: f.providerID(), Binding: f.binding}); err == nil {
+		t.Fatal("the node half filed a document the signer refuses")
+	}
+}

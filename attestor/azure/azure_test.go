@@ -278,3 +278,16 @@ func FuzzVerifyEvidence(f *testing.F) {
 		}
 	})
 }
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t, nil)
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      "node-a",
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonNonceMismatch,
+		WantStable:    "azure:" + f.emu.VM.VMID,
+	})
+}

@@ -372,3 +372,16 @@ func FuzzVerifyEvidence(f *testing.F) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t)
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      f.emu.Instance.InstanceName,
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonAudienceMismatch,
+		WantStable:    "gcp:" + f.emu.Instance.InstanceID,
+	})
+}

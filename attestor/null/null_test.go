@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -121,4 +122,26 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := (&Attestor{versions: []string{"v1"}}).Attest(context.Background(), &attestor.Request{}); err == nil {
 		t.Error("Attest without a provider ID succeeded")
 	}
+}
+
+func TestConformance(t *testing.T) {
+	v, err := NewVerifier(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attestortest.Conformance(t, attestortest.Provider{
+		Name: Name,
+		NewAttestor: func(tb testing.TB) attestor.Attestor {
+			a, err := NewAttestor(nil, "machine-1")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return a
+		},
+		Verifier:   v,
+		NodeName:   "node-1",
+		ProviderID: "test:///fleet/node-1",
+		Unbound:    true,
+		WantStable: "null:machine-1",
+	})
 }
