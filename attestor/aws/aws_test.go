@@ -41,6 +41,7 @@ func newFixture(t *testing.T, inst awsemu.Instance) *fixture {
 		cfg: VerifierConfig{
 			CertificatesDir: emu.WriteCertDir(t),
 			Accounts:        []string{emu.Instance.AccountID},
+			AllowedRoles:    []string{emu.Instance.Role},
 			STS: STSConfig{
 				Hosts: []string{emu.STSHost},
 				TLS:   &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{PEM: emu.STSCAPEM}},
@@ -271,6 +272,21 @@ func TestDenials(t *testing.T) {
 			},
 		},
 		{
+			// Issue 13.2: anyone who may assume some role in the account
+			// can name the session after the victim instance.
+			name: "session named after the instance, of another role", reason: ReasonCallerRoleNotAllowed,
+			setup: func(t *testing.T, f *fixture) {
+				id := f.emu.AddCredential("arn:aws:sts::" + f.emu.Instance.AccountID + ":assumed-role/ci-deployer/" + f.emu.Instance.InstanceID)
+				f.emu.UseCredential(id)
+			},
+		},
+		{
+			name: "allowed role named by an ARN of another account", reason: ReasonCallerRoleNotAllowed,
+			setup: func(t *testing.T, f *fixture) {
+				f.cfg.AllowedRoles = []string{"arn:aws:iam::999988887777:role/" + f.emu.Instance.Role}
+			},
+		},
+		{
 			name: "not an assumed role", reason: ReasonCallerMismatch,
 			setup: func(t *testing.T, f *fixture) {
 				f.emu.UseCredential(f.emu.AddCredential("arn:aws:iam::" + f.emu.Instance.AccountID + ":user/" + f.emu.Instance.InstanceID))
@@ -304,6 +320,39 @@ func TestDenials(t *testing.T) {
 	}
 }
 
+// TestAllowedRoles: a role is allowed by name in any allowed account, or
+// by ARN (with or without a path) in its own account.
+func TestAllowedRoles(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		allowed []string
+		ok      bool
+	}{
+		{"by name", []string{"node-role"}, true},
+		{"by ARN", []string{"arn:aws:iam::111122223333:role/node-role"}, true},
+		{"by ARN with a path", []string{"arn:aws:iam::111122223333:role/capa/node-role"}, true},
+		{"among others", []string{CAPANodesRole, "node-role"}, true},
+		{"another role", []string{CAPANodesRole}, false},
+		{"ARN in another partition", []string{"arn:aws-us-gov:iam::111122223333:role/node-role"}, false},
+		{"name differing in case", []string{"Node-Role"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, awsemu.Instance{})
+			f.cfg.AllowedRoles = tc.allowed
+			_, err := f.verifier(t).Verify(context.Background(), f.request(f.attest(t)))
+			if tc.ok && err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			if !tc.ok {
+				attestortest.WantDenial(t, err, ReasonCallerRoleNotAllowed)
+				if !strings.Contains(err.Error(), `"node-role"`) {
+					t.Fatalf("denial %v does not name the role", err)
+				}
+			}
+		})
+	}
+}
+
 func TestSTSUnreachableIsTransient(t *testing.T) {
 	f := newFixture(t, awsemu.Instance{})
 	ev := f.attest(t)
@@ -326,8 +375,14 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 func TestNewVerifierValidates(t *testing.T) {
 	_, err := NewVerifier(VerifierConfig{})
-	if err == nil || !strings.Contains(err.Error(), "certificatesDir") || !strings.Contains(err.Error(), "accounts") {
-		t.Fatalf("NewVerifier(empty) = %v, want errors naming certificatesDir and accounts", err)
+	if err == nil || !strings.Contains(err.Error(), "accounts") || !strings.Contains(err.Error(), "allowedRoles") || !strings.Contains(err.Error(), CAPANodesRole) {
+		t.Fatalf("NewVerifier(empty) = %v, want errors naming accounts and allowedRoles (with CAPA's role as the example)", err)
+	}
+	for _, bad := range []string{"", "role/x", "arn:aws:iam::12:role/x", "arn:aws:sts::111122223333:assumed-role/x/y", "arn:aws:iam::111122223333:user/x", "has space"} {
+		_, err := NewVerifier(VerifierConfig{Accounts: []string{"111122223333"}, AllowedRoles: []string{bad}})
+		if err == nil || !strings.Contains(err.Error(), "allowedRoles") {
+			t.Errorf("NewVerifier(allowedRoles %q) = %v, want an allowedRoles error", bad, err)
+		}
 	}
 	_, err = NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"12"}})
 	if err == nil || !strings.Contains(err.Error(), "12-digit") {
@@ -363,7 +418,7 @@ func readReal(t *testing.T) (doc, p7 []byte) {
 // signature and AWS's published region certificates.
 func TestRealDocument(t *testing.T) {
 	doc, p7 := readReal(t)
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +462,7 @@ func TestRealDocument(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "us-east-1.pem"), pem, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, Accounts: []string{"189292791360"}})
+		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -451,7 +506,7 @@ func FuzzVerifyEvidence(f *testing.F) {
 	seed, _ := json.Marshal(Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: PresignedRequest{URL: "https://sts.amazonaws.com/?Action=GetCallerIdentity", Headers: map[string]string{BindingHeader: "00"}}})
 	f.Add(seed)
 	f.Add([]byte(`{"version":"v1"}`))
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -42,7 +42,15 @@ const (
 	ReasonBindingMismatch    = "BindingMismatch"
 	ReasonSTSRejected        = "STSRejected"
 	ReasonCallerMismatch     = "CallerMismatch"
+	// ReasonCallerRoleNotAllowed: the presigned request was signed with
+	// the credentials of a role allowedRoles does not list.
+	ReasonCallerRoleNotAllowed = "CallerRoleNotAllowed"
 )
+
+// CAPANodesRole is the IAM role Cluster API Provider AWS gives worker
+// nodes by default (its instance profile of the same name); an example of
+// an allowedRoles entry.
+const CAPANodesRole = "nodes.cluster-api-provider-aws.sigs.k8s.io"
 
 // DefaultSTSHost is the global STS endpoint, always allowed by default.
 const DefaultSTSHost = "sts.amazonaws.com"
@@ -69,6 +77,15 @@ type VerifierConfig struct {
 	// Accounts are the AWS account IDs whose instances may register.
 	// Required.
 	Accounts []string `json:"accounts"`
+	// AllowedRoles are the IAM roles whose session may vouch for an
+	// instance: the role of the instance profile your nodes run with, by
+	// name ("nodes.cluster-api-provider-aws.sigs.k8s.io", CAPA's default)
+	// in any account of Accounts, or by ARN
+	// ("arn:aws:iam::111122223333:role/my-nodes", path allowed) for one
+	// account. Required: the STS second factor proves the instance only if
+	// the role is one that nothing but instances can assume, since anyone
+	// allowed to assume a role may name their session after any instance.
+	AllowedRoles []string `json:"allowedRoles"`
 	// STS configures the replay of the presigned request.
 	STS STSConfig `json:"sts,omitempty"`
 }
@@ -92,6 +109,7 @@ type httpDoer interface {
 type Verifier struct {
 	certs    map[string][]*x509.Certificate // region -> certificates
 	accounts map[string]bool
+	roles    []roleRef
 	hosts    []string
 	client   httpDoer
 	now      func() time.Time
@@ -125,6 +143,17 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	}
 	if len(cfg.Accounts) == 0 {
 		errs = append(errs, errors.New("accounts: at least one AWS account ID is required"))
+	}
+	for _, r := range cfg.AllowedRoles {
+		ref, err := parseRoleRef(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("allowedRoles: %w", err))
+			continue
+		}
+		v.roles = append(v.roles, ref)
+	}
+	if len(cfg.AllowedRoles) == 0 {
+		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: without it any role in the account could vouch for an instance", CAPANodesRole))
 	}
 	client, err := cfg.STS.TLS.HTTPClient(15 * time.Second)
 	if err != nil {
@@ -211,7 +240,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	if err != nil {
 		return nil, err
 	}
-	if err := checkCaller(caller, doc); err != nil {
+	if err := v.checkCaller(caller, doc); err != nil {
 		return nil, err
 	}
 	return &attestor.Result{Identity: &attestor.Identity{ProviderID: doc.ProviderID(), Stable: doc.Stable()}}, nil
@@ -421,9 +450,49 @@ func (v *Verifier) replay(ctx context.Context, u *url.URL, headers map[string]st
 	}
 }
 
-// checkCaller requires the STS caller to be the instance's role session:
-// arn:<partition>:sts::<account>:assumed-role/<role>/<instance ID>.
-func checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
+// roleRef is an allowedRoles entry: a role name, with the partition and
+// account of an ARN when it was given as one.
+type roleRef struct {
+	partition, account, name string
+}
+
+var roleNameRE = regexp.MustCompile(`^[\w+=,.@-]{1,64}$`)
+
+// parseRoleRef parses a role name or an IAM role ARN
+// (arn:<partition>:iam::<account>:role/<path/><name>).
+func parseRoleRef(s string) (roleRef, error) {
+	if !strings.HasPrefix(s, "arn:") {
+		if !roleNameRE.MatchString(s) {
+			return roleRef{}, fmt.Errorf("%q is neither an IAM role name nor a role ARN", s)
+		}
+		return roleRef{name: s}, nil
+	}
+	parts := strings.SplitN(s, ":", 6)
+	if len(parts) != 6 || parts[1] == "" || parts[2] != "iam" || parts[3] != "" || !accountRE.MatchString(parts[4]) || !strings.HasPrefix(parts[5], "role/") {
+		return roleRef{}, fmt.Errorf("%q is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)", s)
+	}
+	name := parts[5][strings.LastIndex(parts[5], "/")+1:]
+	if !roleNameRE.MatchString(name) {
+		return roleRef{}, fmt.Errorf("%q has an invalid role name", s)
+	}
+	return roleRef{partition: parts[1], account: parts[4], name: name}, nil
+}
+
+// allows reports whether the role session of role name in partition and
+// account matches r. An assumed-role ARN carries the role's name without
+// its path, so a path in the configured ARN is not compared.
+func (r roleRef) allows(partition, account, name string) bool {
+	if r.name != name {
+		return false
+	}
+	return r.account == "" || (r.partition == partition && r.account == account)
+}
+
+// checkCaller requires the STS caller to be the instance's role session,
+// arn:<partition>:sts::<account>:assumed-role/<role>/<instance ID>, of an
+// allowed role. The session name alone proves nothing: whoever may assume
+// a role chooses the session name.
+func (v *Verifier) checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
 	parts := strings.SplitN(ci.Arn, ":", 6)
 	if len(parts) != 6 || parts[0] != "arn" || parts[2] != "sts" {
 		return attestor.Deny(ReasonCallerMismatch, "STS caller %q is not an STS ARN", ci.Arn)
@@ -438,6 +507,16 @@ func checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
 	}
 	if parts[4] != doc.AccountID || ci.Account != doc.AccountID {
 		errs = append(errs, attestor.Deny(ReasonCallerMismatch, "STS caller account %s/%s is not the document's account %s", parts[4], ci.Account, doc.AccountID))
+	}
+	allowed := false
+	for _, r := range v.roles {
+		if r.allows(parts[1], parts[4], res[1]) {
+			allowed = true
+			break
+		}
+	}
+	if !allowed {
+		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed, "the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1], parts[4]))
 	}
 	return joinDenials(errs)
 }
