@@ -3,9 +3,14 @@ package aws
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -378,6 +383,9 @@ func TestNewVerifierValidates(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "accounts") || !strings.Contains(err.Error(), "allowedRoles") || !strings.Contains(err.Error(), CAPANodesRole) {
 		t.Fatalf("NewVerifier(empty) = %v, want errors naming accounts and allowedRoles (with CAPA's role as the example)", err)
 	}
+	if _, err := NewVerifier(VerifierConfig{ReplaceBuiltinCertificates: true, Accounts: []string{"111122223333"}, AllowedRoles: []string{"r"}}); err == nil || !strings.Contains(err.Error(), "replaceBuiltinCertificates") {
+		t.Fatalf("replaceBuiltinCertificates without certificatesDir = %v", err)
+	}
 	for _, bad := range []string{"", "role/x", "arn:aws:iam::12:role/x", "arn:aws:sts::111122223333:assumed-role/x/y", "arn:aws:iam::111122223333:user/x", "has space"} {
 		_, err := NewVerifier(VerifierConfig{Accounts: []string{"111122223333"}, AllowedRoles: []string{bad}})
 		if err == nil || !strings.Contains(err.Error(), "allowedRoles") {
@@ -462,7 +470,7 @@ func TestRealDocument(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "us-east-1.pem"), pem, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
+		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, ReplaceBuiltinCertificates: true, Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -554,5 +562,81 @@ func TestSignedDocumentReadOneWay(t *testing.T) {
 	f.emu.SetDocument(doc)
 	if _, err := f.att.Attest(context.Background(), &attestor.Request{NodeName: "node-a", ProviderID: f.providerID(), Binding: f.binding}); err == nil {
 		t.Fatal("the node half filed a document the signer refuses")
+	}
+}
+
+// TestRealDocumentWithNoConfiguration (issue 13.6): what we ship starts and
+// verifies a real 2026 identity document with nothing configured but the
+// allowlists: AWS's certificates are built in.
+func TestRealDocumentWithNoConfiguration(t *testing.T) {
+	doc, p7 := readReal(t)
+	v, err := NewVerifier(VerifierConfig{Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
+	if err != nil {
+		t.Fatalf("NewVerifier with no certificatesDir: %v", err)
+	}
+	v.now = func() time.Time { return time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC) }
+	iid, err := v.verifyDocument(doc, p7)
+	if err != nil {
+		t.Fatalf("real document rejected by the built-in certificates: %v", err)
+	}
+	if iid.ProviderID() != "aws:///ap-southeast-2a/i-0c5541936caf78c12" {
+		t.Fatalf("real document parsed as %+v", iid)
+	}
+	if len(v.certs) < 39 {
+		t.Fatalf("only %d regions built in", len(v.certs))
+	}
+}
+
+// TestBuiltinCertificatesMatchRealData: the compiled-in certificates are
+// byte for byte AWS's, as the shared real-data set holds them, and the
+// README next to them records each one's SHA-256.
+func TestBuiltinCertificatesMatchRealData(t *testing.T) {
+	dir := realdatapkg.Path(t, "aws", "region-certs", "rsa2048")
+	want, err := filepath.Glob(filepath.Join(dir, "*.pem"))
+	if err != nil || len(want) == 0 {
+		t.Fatalf("no real-data certificates in %s (%v)", dir, err)
+	}
+	builtin := BuiltinCertificates()
+	got, err := fs.Glob(builtin, "*.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d built-in certificates, %d in real data", len(got), len(want))
+	}
+	readme, err := fs.ReadFile(builtin, "README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		name := filepath.Base(w)
+		real, err := os.ReadFile(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := fs.ReadFile(builtin, name)
+		if err != nil {
+			t.Errorf("%s is not built in: %v", name, err)
+			continue
+		}
+		if !bytes.Equal(b, real) {
+			t.Errorf("built-in %s differs from %s", name, w)
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			t.Errorf("%s holds no PEM block", name)
+			continue
+		}
+		fileSum, derSum := sha256.Sum256(b), sha256.Sum256(blk.Bytes)
+		row := fmt.Sprintf("| `%s` |", strings.TrimSuffix(name, ".pem"))
+		line := ""
+		for _, l := range strings.Split(string(readme), "\n") {
+			if strings.HasPrefix(l, row) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, hex.EncodeToString(fileSum[:])) || !strings.Contains(line, hex.EncodeToString(derSum[:])) {
+			t.Errorf("README.md has no row for %s with its SHA-256 values %x, %x", name, fileSum, derSum)
+		}
 	}
 }

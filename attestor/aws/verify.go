@@ -71,9 +71,15 @@ var regionalSTSHost = regexp.MustCompile(`^sts\.[a-z]{2}(-[a-z]+)+-[0-9]+\.amazo
 // VerifierConfig configures the signer half.
 type VerifierConfig struct {
 	// CertificatesDir is a directory of <region>.pem files: AWS's public
-	// rsa2048 certificates for the instance identity document, trusted in
-	// addition to the built-in ones. The region is the file name.
+	// rsa2048 certificates for the instance identity document. They are
+	// trusted in addition to the built-in ones (certs/rsa2048, every
+	// region AWS publishes), unless ReplaceBuiltinCertificates is set. The
+	// region is the file name.
 	CertificatesDir string `json:"certificatesDir,omitempty"`
+	// ReplaceBuiltinCertificates makes CertificatesDir the only set of
+	// certificates trusted (for an air-gapped partition, or to trust fewer
+	// regions); it requires CertificatesDir.
+	ReplaceBuiltinCertificates bool `json:"replaceBuiltinCertificates,omitempty"`
 	// Accounts are the AWS account IDs whose instances may register.
 	// Required.
 	Accounts []string `json:"accounts"`
@@ -120,12 +126,13 @@ type Verifier struct {
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, now: time.Now}
 	var errs []error
-	sub, err := fs.Sub(builtinCerts, "certs/rsa2048")
-	if err == nil {
-		err = loadCerts(sub, v.certs)
+	if cfg.ReplaceBuiltinCertificates && cfg.CertificatesDir == "" {
+		errs = append(errs, errors.New("replaceBuiltinCertificates: set certificatesDir to the certificates that replace the built-in ones"))
 	}
-	if err != nil {
-		errs = append(errs, fmt.Errorf("built-in certificates: %w", err))
+	if !cfg.ReplaceBuiltinCertificates {
+		if err := loadCerts(BuiltinCertificates(), v.certs); err != nil {
+			errs = append(errs, fmt.Errorf("built-in certificates: %w", err))
+		}
 	}
 	if cfg.CertificatesDir != "" {
 		if err := loadCerts(os.DirFS(cfg.CertificatesDir), v.certs); err != nil {
@@ -164,6 +171,16 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		return nil, err
 	}
 	return v, nil
+}
+
+// BuiltinCertificates returns the compiled-in AWS rsa2048 certificates,
+// <region>.pem files (and their README with each one's source and SHA-256).
+func BuiltinCertificates() fs.FS {
+	sub, err := fs.Sub(builtinCerts, "certs/rsa2048")
+	if err != nil {
+		panic(err) // the embedded directory exists at build time
+	}
+	return sub
 }
 
 // loadCerts adds every <region>.pem of fsys to certs.
