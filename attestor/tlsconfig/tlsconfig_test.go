@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -131,5 +132,77 @@ func TestNoRedirects(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusFound {
 		t.Fatalf("redirect followed: %s", resp.Status)
+	}
+}
+
+// systemRootsHelperEnv marks the child process of
+// TestTrustedCAIsNotMergedWithSystemRoots.
+const systemRootsHelperEnv = "KA_TLSCONFIG_SYSTEM_ROOTS_HELPER"
+
+// TestTrustedCAIsNotMergedWithSystemRoots: an upstream whose certificate
+// chains to a system root is refused by a client configured with another
+// trustedCA. Go reads the system roots once per process, so the check runs
+// in a child process whose system roots (SSL_CERT_FILE) are a CA this test
+// made: a TLSConfig that merged trustedCA into the system pool would let
+// the child reach the server that CA signed.
+func TestTrustedCAIsNotMergedWithSystemRoots(t *testing.T) {
+	if os.Getenv(systemRootsHelperEnv) != "" {
+		t.Skip("run by the parent test")
+	}
+	sysCert := selfSigned(t)
+	sysSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	sysSrv.TLS = &tls.Config{Certificates: []tls.Certificate{sysCert}}
+	sysSrv.StartTLS()
+	defer sysSrv.Close()
+	own := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer own.Close()
+
+	dir := t.TempDir()
+	sysPEM := filepath.Join(dir, "system.pem")
+	ownPEM := filepath.Join(dir, "own.pem")
+	if err := os.WriteFile(sysPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: sysCert.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ownPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: own.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSystemRootsChild$", "-test.v")
+	cmd.Env = append(os.Environ(), systemRootsHelperEnv+"=1", "SSL_CERT_FILE="+sysPEM, "SSL_CERT_DIR="+dir+"/none",
+		"KA_SYSTEM_URL="+sysSrv.URL, "KA_OWN_URL="+own.URL, "KA_OWN_CA="+ownPEM)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestSystemRootsChild") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
+
+// TestSystemRootsChild runs only as TestTrustedCAIsNotMergedWithSystemRoots'
+// child process.
+func TestSystemRootsChild(t *testing.T) {
+	if os.Getenv(systemRootsHelperEnv) == "" {
+		t.Skip("run only as the child of TestTrustedCAIsNotMergedWithSystemRoots")
+	}
+	get := func(c *Config, url string) error {
+		client, err := c.HTTPClient(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	sysURL, ownURL := os.Getenv("KA_SYSTEM_URL"), os.Getenv("KA_OWN_URL")
+	// Premise: without trustedCA the client trusts the system roots, here
+	// the test's CA.
+	if err := get(nil, sysURL); err != nil {
+		t.Fatalf("the system roots (SSL_CERT_FILE) are not in use: %v", err)
+	}
+	withCA := &Config{TrustedCA: &CABundle{File: os.Getenv("KA_OWN_CA")}}
+	if err := get(withCA, ownURL); err != nil {
+		t.Fatalf("upstream signed by trustedCA: %v", err)
+	}
+	if err := get(withCA, sysURL); err == nil {
+		t.Fatal("a client with trustedCA still trusted a system root: the bundle was merged into the system roots instead of replacing them")
 	}
 }
