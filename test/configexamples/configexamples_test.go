@@ -27,8 +27,8 @@ import (
 // attestorConfig has the shape of the controller's --attestor-config file
 // (signer/app.AttestorConfig): the providers' own VerifierConfig types.
 type attestorConfig struct {
-	APIVersion string               `json:"apiVersion,omitempty"`
-	Kind       string               `json:"kind,omitempty"`
+	APIVersion string                `json:"apiVersion,omitempty"`
+	Kind       string                `json:"kind,omitempty"`
 	AWS        *aws.VerifierConfig   `json:"aws,omitempty"`
 	Azure      *azure.VerifierConfig `json:"azure,omitempty"`
 	GCP        *gcp.VerifierConfig   `json:"gcp,omitempty"`
