@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
@@ -384,4 +385,47 @@ func TestConformance(t *testing.T) {
 		BindingReason: ReasonAudienceMismatch,
 		WantStable:    "gcp:" + f.emu.Instance.InstanceID,
 	})
+}
+
+// TestJWKSCARotationWithoutRestart (issue 13.7): the JWKS's CA bundle,
+// given as a file, is read again when it changes: after the upstream
+// rotates its CA and the file is updated, the next verification that must
+// fetch the JWKS succeeds with the same verifier.
+func TestJWKSCARotationWithoutRestart(t *testing.T) {
+	f := newFixture(t)
+	caFile := filepath.Join(t.TempDir(), "jwks-ca.pem")
+	if err := os.WriteFile(caFile, f.emu.JWKSCAPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.JWKS.TLS = &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{File: caFile}}
+	v := f.verifier(t)
+	ctx := context.Background()
+	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
+		t.Fatalf("before rotation: %v", err)
+	}
+
+	// The upstream rotates its CA and its signing key, so the next token
+	// needs a JWKS fetch over a connection made with the new CA.
+	newCA := f.emu.RotateTLS(t)
+	f.emu.RotateKey(t)
+	later := time.Now().Add(time.Minute)
+	v.now = func() time.Time { return later }
+	f.binding = attestortest.NewBinding(t)
+	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
+	_, err := v.Verify(ctx, f.request(f.attest(t)))
+	if err == nil {
+		t.Fatal("the rotated JWKS server was trusted before the bundle changed")
+	}
+	if d, ok := attestor.AsDenial(err); ok {
+		t.Fatalf("an untrusted JWKS server was a denial (%v), want a transient error", d)
+	}
+
+	if err := os.WriteFile(caFile, newCA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
+	later = later.Add(time.Minute)
+	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
+		t.Fatalf("after the CA bundle file changed: %v", err)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -204,5 +205,75 @@ func TestSystemRootsChild(t *testing.T) {
 	}
 	if err := get(withCA, sysURL); err == nil {
 		t.Fatal("a client with trustedCA still trusted a system root: the bundle was merged into the system roots instead of replacing them")
+	}
+}
+
+// TestTrustedCAFileReloaded (issue 13.7): when an upstream rotates its CA
+// and the bundle file is updated, the next request trusts the new CA
+// without a new client; an unreadable or empty bundle keeps the last good
+// one.
+func TestTrustedCAFileReloaded(t *testing.T) {
+	var mu sync.Mutex
+	cert := selfSigned(t)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		c := cert
+		return &c, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	url := "https://" + ln.Addr().String()
+
+	file := filepath.Join(t.TempDir(), "ca.pem")
+	writeCA := func(c tls.Certificate) {
+		t.Helper()
+		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCA(cert)
+	client, err := (&Config{TrustedCA: &CABundle{File: file}}).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() error {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := get(); err != nil {
+		t.Fatalf("before rotation: %v", err)
+	}
+
+	rotated := selfSigned(t)
+	mu.Lock()
+	cert = rotated
+	mu.Unlock()
+	client.CloseIdleConnections()
+	if err := get(); err == nil {
+		t.Fatal("the rotated server was trusted before the bundle changed")
+	}
+	writeCA(rotated)
+	time.Sleep(ReloadInterval + 100*time.Millisecond)
+	if err := get(); err != nil {
+		t.Fatalf("after the bundle file changed: %v", err)
+	}
+
+	// A bundle that is briefly broken (a half-written file) keeps the last
+	// good one.
+	if err := os.WriteFile(file, []byte("not PEM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ReloadInterval + 100*time.Millisecond)
+	client.CloseIdleConnections()
+	if err := get(); err != nil {
+		t.Fatalf("a broken bundle replaced the last good one: %v", err)
 	}
 }
