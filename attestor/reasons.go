@@ -67,8 +67,25 @@ const (
 	// ReasonUnsupportedEvidenceVersion: the verifier does not accept the
 	// evidence version; the supported-versions annotation says which it does.
 	ReasonUnsupportedEvidenceVersion = "UnsupportedEvidenceVersion"
-	// ReasonMalformedEvidence: the evidence cannot be read.
+	// ReasonMalformedEvidence: the evidence cannot be read (not JSON, no
+	// "version", a value of the wrong type, bad base64, a structure of the
+	// provider's that does not parse).
 	ReasonMalformedEvidence = "MalformedEvidence"
+	// ReasonEvidenceTooLarge: the evidence is larger than MaxEvidenceSize.
+	ReasonEvidenceTooLarge = "EvidenceTooLarge"
+	// ReasonEvidenceInvalidUTF8: the evidence is not valid UTF-8.
+	ReasonEvidenceInvalidUTF8 = "EvidenceInvalidUTF8"
+	// ReasonEvidenceDuplicateKey: an object in the evidence names a member
+	// twice.
+	ReasonEvidenceDuplicateKey = "EvidenceDuplicateKey"
+	// ReasonEvidenceTrailingData: the evidence has data after its JSON value.
+	ReasonEvidenceTrailingData = "EvidenceTrailingData"
+	// ReasonEvidenceUnknownField: the evidence has a member its provider's
+	// evidence format does not define.
+	ReasonEvidenceUnknownField = "EvidenceUnknownField"
+	// ReasonEvidenceFieldCase: a member name of the evidence matches a
+	// field only when case is ignored ("ProviderID" for "providerID").
+	ReasonEvidenceFieldCase = "EvidenceFieldCaseMismatch"
 	// ReasonAttestedProviderIDMismatch: the evidence proves another provider
 	// ID than the CSR extension and the Machine carry.
 	ReasonAttestedProviderIDMismatch = "AttestedProviderIDMismatch"

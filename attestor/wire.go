@@ -5,14 +5,15 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
+	"reflect"
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	json "github.com/go-json-experiment/json"
 )
 
 // Wire contract constants. Other tools and older agents depend on them: do
@@ -157,9 +158,17 @@ func EncodeRequest(csrDER []byte, provider string, evidence Evidence) ([]byte, e
 }
 
 // RequestError is a spec.request that does not follow the wire contract.
-type RequestError struct{ Msg string }
+// When the evidence block breaks an evidence rule, Err is the *DenyError
+// with that rule's reason (see CheckEvidence), so that AsDenial finds it.
+type RequestError struct {
+	Msg string
+	Err error
+}
 
 func (e *RequestError) Error() string { return e.Msg }
+
+// Unwrap returns the evidence denial, if any.
+func (e *RequestError) Unwrap() error { return e.Err }
 
 func requestErrorf(format string, args ...any) error {
 	return &RequestError{Msg: fmt.Sprintf(format, args...)}
@@ -222,9 +231,9 @@ func ParseRequest(data []byte) (*AttestedRequest, error) {
 	if !ValidProviderName(provider) {
 		return nil, requestErrorf("invalid provider name %q in the provider block", provider)
 	}
-	version, err := EvidenceVersion(blocks[2].Bytes)
+	version, err := checkEvidence(blocks[2].Bytes)
 	if err != nil {
-		return nil, &RequestError{Msg: err.Error()}
+		return nil, &RequestError{Msg: err.Error(), Err: err}
 	}
 	return &AttestedRequest{
 		CSR:      csr,
@@ -237,47 +246,30 @@ func ParseRequest(data []byte) (*AttestedRequest, error) {
 
 var versionRE = regexp.MustCompile(`^v[0-9]+[a-z0-9]*$`)
 
-// EvidenceVersion returns the "version" field of an evidence document, which
-// must be a JSON object.
+// EvidenceVersion returns the "version" member of an evidence document
+// after CheckEvidence's rules; a failure is a *DenyError.
 func EvidenceVersion(evidence Evidence) (string, error) {
-	var head struct {
-		Version *string `json:"version"`
-	}
-	if !json.Valid(evidence) {
-		return "", errors.New("attestation data is not valid JSON")
-	}
-	if err := json.Unmarshal(evidence, &head); err != nil {
-		return "", fmt.Errorf("attestation data is not a JSON object: %w", err)
-	}
-	if head.Version == nil {
-		return "", errors.New(`attestation data has no "version" field`)
-	}
-	if !versionRE.MatchString(*head.Version) {
-		return "", fmt.Errorf("attestation data has an invalid version %q", *head.Version)
-	}
-	return *head.Version, nil
-}
-
-// DecodeEvidence decodes an evidence document into v, rejecting unknown
-// fields and trailing data.
-func DecodeEvidence(evidence Evidence, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(evidence))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("unable to decode attestation data: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("attestation data has trailing data")
-	}
-	return nil
+	return checkEvidence(evidence)
 }
 
 // Encode marshals an evidence document of the given version into an
-// Attestation without annotations.
+// Attestation without annotations. doc is a provider's evidence struct (not
+// a pointer); the result is read back through DecodeEvidence, so a node
+// never files evidence that the strict decoder refuses.
 func Encode(version string, doc any) (*Attestation, error) {
 	b, err := json.Marshal(doc)
 	if err != nil {
 		return nil, fmt.Errorf("unable to encode evidence: %w", err)
+	}
+	got, err := checkEvidence(b)
+	if err == nil {
+		err = DecodeEvidence(b, reflect.New(reflect.TypeOf(doc)).Interface())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("encoded evidence does not decode: %w", err)
+	}
+	if got != version {
+		return nil, fmt.Errorf("encoded evidence has version %q, want %q", got, version)
 	}
 	return &Attestation{Evidence: b, Version: version}, nil
 }

@@ -1,6 +1,24 @@
-// Package attestortest holds what every attestor's tests share: a binding
-// to a fresh CSR key, and the check that a verifier denied with a given
-// reason.
+// Package attestortest holds what every attestor's tests share: the
+// conformance suite every provider passes (Conformance, see Provider for
+// how to hook a provider in), a binding to a fresh CSR key, and the check
+// that a verifier denied with a given reason.
+//
+// A provider's test runs the suite against its emulator:
+//
+//	attestortest.Conformance(t, attestortest.Provider{
+//		Name:        aws.Name,
+//		NewAttestor: func(tb testing.TB) attestor.Attestor { return newNodeHalf(tb) },
+//		Verifier:    verifier,
+//		NodeName:    "node-a",
+//		ProviderID:  "aws:///eu-test-1a/i-0123456789abcdef0",
+//	})
+//
+// The suite plays the signer: it files each piece of evidence in a real
+// PKCS#10 request through the wire format, derives the binding from the
+// CSR's key, and answers a challenge through the node half when the
+// verifier sets one, so a two-round provider (TPM) needs nothing more than
+// its node half implementing attestor.Responder and, where the key must be
+// made by the TPM's host, Provider.NewKey.
 package attestortest
 
 import (

@@ -100,8 +100,8 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor
 		return nil, err
 	}
 	var iid InstanceIdentityDocument
-	if err := json.Unmarshal(doc, &iid); err != nil {
-		return nil, fmt.Errorf("unable to parse the instance identity document: %w", err)
+	if err := attestor.DecodeDocument(doc, &iid, "the instance identity document"); err != nil {
+		return nil, fmt.Errorf("IMDS returned an identity document the signer would refuse: %w", err)
 	}
 	sigB64, err := a.imdsGet(ctx, token, "/latest/dynamic/instance-identity/rsa2048")
 	if err != nil {

@@ -3,9 +3,14 @@ package aws
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -41,6 +46,7 @@ func newFixture(t *testing.T, inst awsemu.Instance) *fixture {
 		cfg: VerifierConfig{
 			CertificatesDir: emu.WriteCertDir(t),
 			Accounts:        []string{emu.Instance.AccountID},
+			AllowedRoles:    []string{emu.Instance.Role},
 			STS: STSConfig{
 				Hosts: []string{emu.STSHost},
 				TLS:   &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{PEM: emu.STSCAPEM}},
@@ -60,7 +66,7 @@ func (f *fixture) attest(t *testing.T) attestor.Evidence {
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	return ev
+	return ev.Evidence
 }
 
 func (f *fixture) verifier(t *testing.T) *Verifier {
@@ -271,13 +277,28 @@ func TestDenials(t *testing.T) {
 			},
 		},
 		{
+			// Issue 13.2: anyone who may assume some role in the account
+			// can name the session after the victim instance.
+			name: "session named after the instance, of another role", reason: ReasonCallerRoleNotAllowed,
+			setup: func(t *testing.T, f *fixture) {
+				id := f.emu.AddCredential("arn:aws:sts::" + f.emu.Instance.AccountID + ":assumed-role/ci-deployer/" + f.emu.Instance.InstanceID)
+				f.emu.UseCredential(id)
+			},
+		},
+		{
+			name: "allowed role named by an ARN of another account", reason: ReasonCallerRoleNotAllowed,
+			setup: func(t *testing.T, f *fixture) {
+				f.cfg.AllowedRoles = []string{"arn:aws:iam::999988887777:role/" + f.emu.Instance.Role}
+			},
+		},
+		{
 			name: "not an assumed role", reason: ReasonCallerMismatch,
 			setup: func(t *testing.T, f *fixture) {
 				f.emu.UseCredential(f.emu.AddCredential("arn:aws:iam::" + f.emu.Instance.AccountID + ":user/" + f.emu.Instance.InstanceID))
 			},
 		},
 		{
-			name: "unknown evidence field", reason: ReasonMalformedEvidence,
+			name: "unknown evidence field", reason: attestor.ReasonEvidenceUnknownField,
 			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
 				return attestor.Evidence(strings.Replace(string(ev), `{`, `{"extra":1,`, 1))
 			},
@@ -304,6 +325,39 @@ func TestDenials(t *testing.T) {
 	}
 }
 
+// TestAllowedRoles: a role is allowed by name in any allowed account, or
+// by ARN (with or without a path) in its own account.
+func TestAllowedRoles(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		allowed []string
+		ok      bool
+	}{
+		{"by name", []string{"node-role"}, true},
+		{"by ARN", []string{"arn:aws:iam::111122223333:role/node-role"}, true},
+		{"by ARN with a path", []string{"arn:aws:iam::111122223333:role/capa/node-role"}, true},
+		{"among others", []string{CAPANodesRole, "node-role"}, true},
+		{"another role", []string{CAPANodesRole}, false},
+		{"ARN in another partition", []string{"arn:aws-us-gov:iam::111122223333:role/node-role"}, false},
+		{"name differing in case", []string{"Node-Role"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, awsemu.Instance{})
+			f.cfg.AllowedRoles = tc.allowed
+			_, err := f.verifier(t).Verify(context.Background(), f.request(f.attest(t)))
+			if tc.ok && err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			if !tc.ok {
+				attestortest.WantDenial(t, err, ReasonCallerRoleNotAllowed)
+				if !strings.Contains(err.Error(), `"node-role"`) {
+					t.Fatalf("denial %v does not name the role", err)
+				}
+			}
+		})
+	}
+}
+
 func TestSTSUnreachableIsTransient(t *testing.T) {
 	f := newFixture(t, awsemu.Instance{})
 	ev := f.attest(t)
@@ -326,8 +380,17 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 func TestNewVerifierValidates(t *testing.T) {
 	_, err := NewVerifier(VerifierConfig{})
-	if err == nil || !strings.Contains(err.Error(), "certificatesDir") || !strings.Contains(err.Error(), "accounts") {
-		t.Fatalf("NewVerifier(empty) = %v, want errors naming certificatesDir and accounts", err)
+	if err == nil || !strings.Contains(err.Error(), "accounts") || !strings.Contains(err.Error(), "allowedRoles") || !strings.Contains(err.Error(), CAPANodesRole) {
+		t.Fatalf("NewVerifier(empty) = %v, want errors naming accounts and allowedRoles (with CAPA's role as the example)", err)
+	}
+	if _, err := NewVerifier(VerifierConfig{ReplaceBuiltinCertificates: true, Accounts: []string{"111122223333"}, AllowedRoles: []string{"r"}}); err == nil || !strings.Contains(err.Error(), "replaceBuiltinCertificates") {
+		t.Fatalf("replaceBuiltinCertificates without certificatesDir = %v", err)
+	}
+	for _, bad := range []string{"", "role/x", "arn:aws:iam::12:role/x", "arn:aws:sts::111122223333:assumed-role/x/y", "arn:aws:iam::111122223333:user/x", "has space"} {
+		_, err := NewVerifier(VerifierConfig{Accounts: []string{"111122223333"}, AllowedRoles: []string{bad}})
+		if err == nil || !strings.Contains(err.Error(), "allowedRoles") {
+			t.Errorf("NewVerifier(allowedRoles %q) = %v, want an allowedRoles error", bad, err)
+		}
 	}
 	_, err = NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"12"}})
 	if err == nil || !strings.Contains(err.Error(), "12-digit") {
@@ -363,7 +426,7 @@ func readReal(t *testing.T) (doc, p7 []byte) {
 // signature and AWS's published region certificates.
 func TestRealDocument(t *testing.T) {
 	doc, p7 := readReal(t)
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(t, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +470,7 @@ func TestRealDocument(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "us-east-1.pem"), pem, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, Accounts: []string{"189292791360"}})
+		v2, err := NewVerifier(VerifierConfig{CertificatesDir: dir, ReplaceBuiltinCertificates: true, Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -451,7 +514,7 @@ func FuzzVerifyEvidence(f *testing.F) {
 	seed, _ := json.Marshal(Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: PresignedRequest{URL: "https://sts.amazonaws.com/?Action=GetCallerIdentity", Headers: map[string]string{BindingHeader: "00"}}})
 	f.Add(seed)
 	f.Add([]byte(`{"version":"v1"}`))
-	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}})
+	v, err := NewVerifier(VerifierConfig{CertificatesDir: realdatapkg.Path(f, "aws", "region-certs", "rsa2048"), Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -464,4 +527,116 @@ func FuzzVerifyEvidence(f *testing.F) {
 			t.Fatalf("fuzzed evidence accepted: %+v", res)
 		}
 	})
+}
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      "node-a",
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonBindingMismatch,
+		WantStable:    "aws:" + f.emu.Instance.AccountID + ":" + f.emu.Instance.InstanceID,
+	})
+}
+
+// TestSignedDocumentReadOneWay: an identity document that encoding/json
+// would read as another instance (a case-folded second "instanceId") is
+// refused by the node half and denied by the verifier, even though its
+// signature is good.
+func TestSignedDocumentReadOneWay(t *testing.T) {
+	f := newFixture(t, awsemu.Instance{})
+	good := f.attest(t)
+	doc := bytes.Replace(f.emu.Document, []byte(`"instanceId"`), []byte(`"InstanceID": "i-0bbbbbbbbbbbbbbb0",
+  "instanceId"`), 1)
+	sig, err := f.emu.Sign(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := editEvidence(t, good, func(e *Evidence) { e.Document, e.RSA2048 = doc, sig })
+	_, err = f.verifier(t).Verify(context.Background(), f.request(ev))
+	attestortest.WantDenial(t, err, attestor.ReasonEvidenceFieldCase)
+
+	f.emu.SetDocument(doc)
+	if _, err := f.att.Attest(context.Background(), &attestor.Request{NodeName: "node-a", ProviderID: f.providerID(), Binding: f.binding}); err == nil {
+		t.Fatal("the node half filed a document the signer refuses")
+	}
+}
+
+// TestRealDocumentWithNoConfiguration (issue 13.6): what we ship starts and
+// verifies a real 2026 identity document with nothing configured but the
+// allowlists: AWS's certificates are built in.
+func TestRealDocumentWithNoConfiguration(t *testing.T) {
+	doc, p7 := readReal(t)
+	v, err := NewVerifier(VerifierConfig{Accounts: []string{"189292791360"}, AllowedRoles: []string{CAPANodesRole}})
+	if err != nil {
+		t.Fatalf("NewVerifier with no certificatesDir: %v", err)
+	}
+	v.now = func() time.Time { return time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC) }
+	iid, err := v.verifyDocument(doc, p7)
+	if err != nil {
+		t.Fatalf("real document rejected by the built-in certificates: %v", err)
+	}
+	if iid.ProviderID() != "aws:///ap-southeast-2a/i-0c5541936caf78c12" {
+		t.Fatalf("real document parsed as %+v", iid)
+	}
+	if len(v.certs) < 39 {
+		t.Fatalf("only %d regions built in", len(v.certs))
+	}
+}
+
+// TestBuiltinCertificatesMatchRealData: the compiled-in certificates are
+// byte for byte AWS's, as the shared real-data set holds them, and the
+// README next to them records each one's SHA-256.
+func TestBuiltinCertificatesMatchRealData(t *testing.T) {
+	dir := realdatapkg.Path(t, "aws", "region-certs", "rsa2048")
+	want, err := filepath.Glob(filepath.Join(dir, "*.pem"))
+	if err != nil || len(want) == 0 {
+		t.Fatalf("no real-data certificates in %s (%v)", dir, err)
+	}
+	builtin := BuiltinCertificates()
+	got, err := fs.Glob(builtin, "*.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d built-in certificates, %d in real data", len(got), len(want))
+	}
+	readme, err := fs.ReadFile(builtin, "README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		name := filepath.Base(w)
+		real, err := os.ReadFile(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := fs.ReadFile(builtin, name)
+		if err != nil {
+			t.Errorf("%s is not built in: %v", name, err)
+			continue
+		}
+		if !bytes.Equal(b, real) {
+			t.Errorf("built-in %s differs from %s", name, w)
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			t.Errorf("%s holds no PEM block", name)
+			continue
+		}
+		fileSum, derSum := sha256.Sum256(b), sha256.Sum256(blk.Bytes)
+		row := fmt.Sprintf("| `%s` |", strings.TrimSuffix(name, ".pem"))
+		line := ""
+		for _, l := range strings.Split(string(readme), "\n") {
+			if strings.HasPrefix(l, row) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, hex.EncodeToString(fileSum[:])) || !strings.Contains(line, hex.EncodeToString(derSum[:])) {
+			t.Errorf("README.md has no row for %s with its SHA-256 values %x, %x", name, fileSum, derSum)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/x509"
 	"embed"
-	"encoding/json"
 	"encoding/pem"
 	"encoding/xml"
 	"errors"
@@ -30,20 +29,28 @@ import (
 
 // Denial reasons of the AWS verifier.
 const (
-	ReasonMalformedEvidence  = "MalformedEvidence"
+	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
 	ReasonUntrustedSigner    = "UntrustedSigner"
 	ReasonInvalidSignature   = "InvalidSignature"
 	ReasonDocumentMismatch   = "DocumentMismatch"
 	ReasonRegionMismatch     = "RegionMismatch"
 	ReasonAccountNotAllowed  = "AccountNotAllowed"
-	ReasonProviderIDMismatch = "ProviderIDMismatch"
+	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
 	ReasonSTSHostNotAllowed  = "STSHostNotAllowed"
 	ReasonPresignInvalid     = "PresignInvalid"
 	ReasonPresignExpired     = "PresignExpired"
 	ReasonBindingMismatch    = "BindingMismatch"
 	ReasonSTSRejected        = "STSRejected"
 	ReasonCallerMismatch     = "CallerMismatch"
+	// ReasonCallerRoleNotAllowed: the presigned request was signed with
+	// the credentials of a role allowedRoles does not list.
+	ReasonCallerRoleNotAllowed = "CallerRoleNotAllowed"
 )
+
+// CAPANodesRole is the IAM role Cluster API Provider AWS gives worker
+// nodes by default (its instance profile of the same name); an example of
+// an allowedRoles entry.
+const CAPANodesRole = "nodes.cluster-api-provider-aws.sigs.k8s.io"
 
 // DefaultSTSHost is the global STS endpoint, always allowed by default.
 const DefaultSTSHost = "sts.amazonaws.com"
@@ -64,12 +71,27 @@ var regionalSTSHost = regexp.MustCompile(`^sts\.[a-z]{2}(-[a-z]+)+-[0-9]+\.amazo
 // VerifierConfig configures the signer half.
 type VerifierConfig struct {
 	// CertificatesDir is a directory of <region>.pem files: AWS's public
-	// rsa2048 certificates for the instance identity document, trusted in
-	// addition to the built-in ones. The region is the file name.
+	// rsa2048 certificates for the instance identity document. They are
+	// trusted in addition to the built-in ones (certs/rsa2048, every
+	// region AWS publishes), unless ReplaceBuiltinCertificates is set. The
+	// region is the file name.
 	CertificatesDir string `json:"certificatesDir,omitempty"`
+	// ReplaceBuiltinCertificates makes CertificatesDir the only set of
+	// certificates trusted (for an air-gapped partition, or to trust fewer
+	// regions); it requires CertificatesDir.
+	ReplaceBuiltinCertificates bool `json:"replaceBuiltinCertificates,omitempty"`
 	// Accounts are the AWS account IDs whose instances may register.
 	// Required.
 	Accounts []string `json:"accounts"`
+	// AllowedRoles are the IAM roles whose session may vouch for an
+	// instance: the role of the instance profile your nodes run with, by
+	// name ("nodes.cluster-api-provider-aws.sigs.k8s.io", CAPA's default)
+	// in any account of Accounts, or by ARN
+	// ("arn:aws:iam::111122223333:role/my-nodes", path allowed) for one
+	// account. Required: the STS second factor proves the instance only if
+	// the role is one that nothing but instances can assume, since anyone
+	// allowed to assume a role may name their session after any instance.
+	AllowedRoles []string `json:"allowedRoles"`
 	// STS configures the replay of the presigned request.
 	STS STSConfig `json:"sts,omitempty"`
 }
@@ -93,6 +115,7 @@ type httpDoer interface {
 type Verifier struct {
 	certs    map[string][]*x509.Certificate // region -> certificates
 	accounts map[string]bool
+	roles    []roleRef
 	hosts    []string
 	client   httpDoer
 	now      func() time.Time
@@ -103,12 +126,13 @@ type Verifier struct {
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, now: time.Now}
 	var errs []error
-	sub, err := fs.Sub(builtinCerts, "certs/rsa2048")
-	if err == nil {
-		err = loadCerts(sub, v.certs)
+	if cfg.ReplaceBuiltinCertificates && cfg.CertificatesDir == "" {
+		errs = append(errs, errors.New("replaceBuiltinCertificates: set certificatesDir to the certificates that replace the built-in ones"))
 	}
-	if err != nil {
-		errs = append(errs, fmt.Errorf("built-in certificates: %w", err))
+	if !cfg.ReplaceBuiltinCertificates {
+		if err := loadCerts(BuiltinCertificates(), v.certs); err != nil {
+			errs = append(errs, fmt.Errorf("built-in certificates: %w", err))
+		}
 	}
 	if cfg.CertificatesDir != "" {
 		if err := loadCerts(os.DirFS(cfg.CertificatesDir), v.certs); err != nil {
@@ -127,6 +151,17 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if len(cfg.Accounts) == 0 {
 		errs = append(errs, errors.New("accounts: at least one AWS account ID is required"))
 	}
+	for _, r := range cfg.AllowedRoles {
+		ref, err := parseRoleRef(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("allowedRoles: %w", err))
+			continue
+		}
+		v.roles = append(v.roles, ref)
+	}
+	if len(cfg.AllowedRoles) == 0 {
+		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: without it any role in the account could vouch for an instance", CAPANodesRole))
+	}
 	client, err := cfg.STS.TLS.HTTPClient(15 * time.Second)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("sts.tls: %w", err))
@@ -136,6 +171,16 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		return nil, err
 	}
 	return v, nil
+}
+
+// BuiltinCertificates returns the compiled-in AWS rsa2048 certificates,
+// <region>.pem files (and their README with each one's source and SHA-256).
+func BuiltinCertificates() fs.FS {
+	sub, err := fs.Sub(builtinCerts, "certs/rsa2048")
+	if err != nil {
+		panic(err) // the embedded directory exists at build time
+	}
+	return sub
 }
 
 // loadCerts adds every <region>.pem of fsys to certs.
@@ -184,10 +229,10 @@ func (v *Verifier) Versions() []string { return []string{VersionV1} }
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "evidence version %q is not %q", ev.Version, VersionV1)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	doc, err := v.verifyDocument(ev.Document, ev.RSA2048)
 	if err != nil {
@@ -212,7 +257,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	if err != nil {
 		return nil, err
 	}
-	if err := checkCaller(caller, doc); err != nil {
+	if err := v.checkCaller(caller, doc); err != nil {
 		return nil, err
 	}
 	return &attestor.Result{Identity: &attestor.Identity{ProviderID: doc.ProviderID(), Stable: doc.Stable()}}, nil
@@ -270,8 +315,8 @@ func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, e
 		return nil, attestor.Deny(ReasonDocumentMismatch, "the identity document differs from the content the rsa2048 signature covers")
 	}
 	var iid InstanceIdentityDocument
-	if err := json.Unmarshal(doc, &iid); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the identity document: %v", err)
+	if err := attestor.DecodeDocument(doc, &iid, "the identity document"); err != nil {
+		return nil, err
 	}
 	var missing []string
 	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone, "region": iid.Region} {
@@ -422,9 +467,49 @@ func (v *Verifier) replay(ctx context.Context, u *url.URL, headers map[string]st
 	}
 }
 
-// checkCaller requires the STS caller to be the instance's role session:
-// arn:<partition>:sts::<account>:assumed-role/<role>/<instance ID>.
-func checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
+// roleRef is an allowedRoles entry: a role name, with the partition and
+// account of an ARN when it was given as one.
+type roleRef struct {
+	partition, account, name string
+}
+
+var roleNameRE = regexp.MustCompile(`^[\w+=,.@-]{1,64}$`)
+
+// parseRoleRef parses a role name or an IAM role ARN
+// (arn:<partition>:iam::<account>:role/<path/><name>).
+func parseRoleRef(s string) (roleRef, error) {
+	if !strings.HasPrefix(s, "arn:") {
+		if !roleNameRE.MatchString(s) {
+			return roleRef{}, fmt.Errorf("%q is neither an IAM role name nor a role ARN", s)
+		}
+		return roleRef{name: s}, nil
+	}
+	parts := strings.SplitN(s, ":", 6)
+	if len(parts) != 6 || parts[1] == "" || parts[2] != "iam" || parts[3] != "" || !accountRE.MatchString(parts[4]) || !strings.HasPrefix(parts[5], "role/") {
+		return roleRef{}, fmt.Errorf("%q is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)", s)
+	}
+	name := parts[5][strings.LastIndex(parts[5], "/")+1:]
+	if !roleNameRE.MatchString(name) {
+		return roleRef{}, fmt.Errorf("%q has an invalid role name", s)
+	}
+	return roleRef{partition: parts[1], account: parts[4], name: name}, nil
+}
+
+// allows reports whether the role session of role name in partition and
+// account matches r. An assumed-role ARN carries the role's name without
+// its path, so a path in the configured ARN is not compared.
+func (r roleRef) allows(partition, account, name string) bool {
+	if r.name != name {
+		return false
+	}
+	return r.account == "" || (r.partition == partition && r.account == account)
+}
+
+// checkCaller requires the STS caller to be the instance's role session,
+// arn:<partition>:sts::<account>:assumed-role/<role>/<instance ID>, of an
+// allowed role. The session name alone proves nothing: whoever may assume
+// a role chooses the session name.
+func (v *Verifier) checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
 	parts := strings.SplitN(ci.Arn, ":", 6)
 	if len(parts) != 6 || parts[0] != "arn" || parts[2] != "sts" {
 		return attestor.Deny(ReasonCallerMismatch, "STS caller %q is not an STS ARN", ci.Arn)
@@ -439,6 +524,16 @@ func checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument) error {
 	}
 	if parts[4] != doc.AccountID || ci.Account != doc.AccountID {
 		errs = append(errs, attestor.Deny(ReasonCallerMismatch, "STS caller account %s/%s is not the document's account %s", parts[4], ci.Account, doc.AccountID))
+	}
+	allowed := false
+	for _, r := range v.roles {
+		if r.allows(parts[1], parts[4], res[1]) {
+			allowed = true
+			break
+		}
+	}
+	if !allowed {
+		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed, "the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1], parts[4]))
 	}
 	return joinDenials(errs)
 }

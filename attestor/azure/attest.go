@@ -2,7 +2,6 @@ package azure
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -70,8 +69,8 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor
 		Encoding  string `json:"encoding"`
 		Signature string `json:"signature"`
 	}
-	if err := json.Unmarshal(body, &doc); err != nil {
-		return nil, fmt.Errorf("unable to parse the attested document: %w", err)
+	if err := attestor.DecodeDocument(body, &doc, "the attested document"); err != nil {
+		return nil, fmt.Errorf("IMDS returned an attested document that does not parse: %w", err)
 	}
 	if doc.Encoding != "pkcs7" || doc.Signature == "" {
 		return nil, fmt.Errorf("the attested document has encoding %q and no usable signature", doc.Encoding)

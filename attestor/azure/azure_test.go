@@ -3,8 +3,13 @@ package azure
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
@@ -50,7 +55,7 @@ func (f *fixture) attest(t *testing.T) attestor.Evidence {
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	return ev
+	return ev.Evidence
 }
 
 func (f *fixture) verifier(t *testing.T) *Verifier {
@@ -158,7 +163,7 @@ func TestDenials(t *testing.T) {
 			f.cfg.Intermediates = nil
 			return f.attest(t)
 		}},
-		{"unknown evidence field", ReasonMalformedEvidence, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
+		{"unknown evidence field", attestor.ReasonEvidenceUnknownField, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
 			return attestor.Evidence(strings.Replace(string(f.attest(t)), "{", `{"x":1,`, 1))
 		}},
 	}
@@ -178,8 +183,11 @@ func TestDenials(t *testing.T) {
 
 func TestNewVerifierValidates(t *testing.T) {
 	_, err := NewVerifier(VerifierConfig{})
-	if err == nil || !strings.Contains(err.Error(), "roots") || !strings.Contains(err.Error(), "subscriptions") {
-		t.Fatalf("NewVerifier(empty) = %v, want errors naming roots and subscriptions", err)
+	if err == nil || strings.Contains(err.Error(), "roots") || !strings.Contains(err.Error(), "subscriptions") {
+		t.Fatalf("NewVerifier(empty) = %v, want an error naming subscriptions only (roots default to the built-in ones)", err)
+	}
+	if _, err := NewVerifier(VerifierConfig{Subscriptions: []string{"s"}}); err != nil {
+		t.Fatalf("NewVerifier(subscriptions only) = %v", err)
 	}
 }
 
@@ -228,7 +236,7 @@ func TestRealDocuments(t *testing.T) {
 				t.Fatal(err)
 			}
 			sig := string(raw)
-			doc, err := v.verifyDocument(sig, at)
+			doc, err := v.verifyDocument(context.Background(), sig, at)
 			if err != nil {
 				t.Fatalf("real document rejected: %v", err)
 			}
@@ -249,14 +257,14 @@ func TestRealDocuments(t *testing.T) {
 			}
 			bad := bytes.Clone(der)
 			bad[i] ^= 1
-			_, err = v.verifyDocument(base64.StdEncoding.EncodeToString(bad), at)
+			_, err = v.verifyDocument(context.Background(), base64.StdEncoding.EncodeToString(bad), at)
 			attestortest.WantDenial(t, err, ReasonInvalidSignature)
 
-			_, err = v.verifyDocument(sig, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			_, err = v.verifyDocument(context.Background(), sig, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			attestortest.WantDenial(t, err, ReasonUntrustedSigner)
 			if tc.signerName != "" {
 				v.signerNames = []string{DefaultSignerName}
-				_, err = v.verifyDocument(sig, at)
+				_, err = v.verifyDocument(context.Background(), sig, at)
 				attestortest.WantDenial(t, err, ReasonSignerNameNotAllowed)
 			}
 		})
@@ -277,4 +285,144 @@ func FuzzVerifyEvidence(f *testing.F) {
 			t.Fatalf("fuzzed evidence accepted: %+v", res)
 		}
 	})
+}
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t, nil)
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      "node-a",
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonNonceMismatch,
+		WantStable:    "azure:" + f.emu.VM.VMID,
+	})
+}
+
+// TestIssuingCAFetched: IMDS embeds only the signing certificate; the
+// verifier fetches the issuing CA it names, from allowed hosts only, keeps
+// it, and treats a failed fetch as transient.
+func TestIssuingCAFetched(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	host, fetches := f.emu.ServeIssuer(t)
+	f.cfg.Intermediates = nil
+
+	t.Run("fetched once and kept", func(t *testing.T) {
+		f.cfg.Issuers = IssuersConfig{Hosts: []string{host}}
+		v := f.verifier(t)
+		for i := 0; i < 2; i++ {
+			if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
+				t.Fatalf("Verify %d: %v", i, err)
+			}
+		}
+		if n := fetches(); n != 1 {
+			t.Fatalf("issuing CA fetched %d times, want 1", n)
+		}
+	})
+	t.Run("host not allowed", func(t *testing.T) {
+		f.cfg.Issuers = IssuersConfig{}
+		_, err := f.verifier(t).Verify(ctx, f.request(f.attest(t)))
+		attestortest.WantDenial(t, err, ReasonUntrustedSigner)
+	})
+	t.Run("fetching disabled", func(t *testing.T) {
+		f.cfg.Issuers = IssuersConfig{Disabled: true, Hosts: []string{host}}
+		_, err := f.verifier(t).Verify(ctx, f.request(f.attest(t)))
+		attestortest.WantDenial(t, err, ReasonUntrustedSigner)
+	})
+	t.Run("fetch failure is transient", func(t *testing.T) {
+		f.cfg.Issuers = IssuersConfig{Hosts: []string{host}}
+		v := f.verifier(t)
+		v.issuers.client = &http.Client{Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, errors.New("connection refused")
+		})}
+		_, err := v.Verify(ctx, f.request(f.attest(t)))
+		if err == nil {
+			t.Fatal("Verify accepted without the issuing CA")
+		}
+		if d, ok := attestor.AsDenial(err); ok {
+			t.Fatalf("an unreachable issuer was a denial (%v), want a transient error", d)
+		}
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestRealDocumentsWithBuiltinRoots (issue 13.6): with no roots and no
+// intermediates configured, real documents verify against the built-in
+// Microsoft roots, the issuing CA fetched from the URL the signing
+// certificate names (served here from the real-data copy of it).
+func TestRealDocumentsWithBuiltinRoots(t *testing.T) {
+	for _, tc := range []struct{ stem, issuer string }{
+		{"imds-attested-2026-eastus", "microsoft-tls-g2-rsa-ca-ocsp-02.pem"},
+		{"imds-attested-2024-eastus", "microsoft-azure-rsa-tls-issuing-ca-08.pem"},
+	} {
+		t.Run(tc.stem, func(t *testing.T) {
+			raw, err := os.ReadFile(realdatapkg.Path(t, "azure", tc.stem+".signature.b64"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			content, _ := os.ReadFile(realdatapkg.Path(t, "azure", tc.stem+".content.json"))
+			var want AttestedData
+			if err := json.Unmarshal(content, &want); err != nil {
+				t.Fatal(err)
+			}
+			created, _, _ := want.Window()
+			issuerPEM, err := os.ReadFile(realdatapkg.Path(t, "azure", tc.issuer))
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := NewVerifier(VerifierConfig{Subscriptions: []string{want.SubscriptionID}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var asked []string
+			v.issuers.client = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				asked = append(asked, r.URL.String())
+				return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(bytes.NewReader(issuerPEM)), Header: http.Header{}}, nil
+			})}
+			doc, err := v.verifyDocument(context.Background(), string(raw), created.Add(time.Minute))
+			if err != nil {
+				t.Fatalf("real document rejected with the built-in roots: %v", err)
+			}
+			if doc.VMID != want.VMID || len(asked) != 1 || !strings.Contains(asked[0], "microsoft.com/") {
+				t.Fatalf("doc %+v; issuer fetched from %q", doc, asked)
+			}
+		})
+	}
+}
+
+// TestBuiltinRootsMatchRealData: the compiled-in roots are byte for byte
+// the real-data copies, and the README records their SHA-256.
+func TestBuiltinRootsMatchRealData(t *testing.T) {
+	readme, err := fs.ReadFile(BuiltinRoots(), "README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, real := range map[string]string{
+		"digicert-global-root-g2.pem":   "digicert-global-root-g2.pem",
+		"microsoft-tls-rsa-root-g2.pem": "microsoft-tls-rsa-root-g2-selfsigned.pem",
+	} {
+		b, err := fs.ReadFile(BuiltinRoots(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(realdatapkg.Path(t, "azure", real))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b, want) {
+			t.Errorf("built-in %s differs from real data %s", name, real)
+		}
+		sum := sha256.Sum256(b)
+		if !strings.Contains(string(readme), hex.EncodeToString(sum[:])) {
+			t.Errorf("README.md does not record the SHA-256 of %s", name)
+		}
+	}
+	if names, _ := fs.Glob(BuiltinRoots(), "*.pem"); len(names) != 2 {
+		t.Errorf("built-in roots %v, want the two the README lists", names)
+	}
 }

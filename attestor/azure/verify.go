@@ -3,31 +3,38 @@ package azure
 import (
 	"context"
 	"crypto/x509"
+	"embed"
 	"encoding/base64"
-	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/smallstep/pkcs7"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 )
 
 // Denial reasons of the Azure verifier.
 const (
-	ReasonMalformedEvidence      = "MalformedEvidence"
+	ReasonMalformedEvidence      = attestor.ReasonMalformedEvidence
 	ReasonInvalidSignature       = "InvalidSignature"
 	ReasonUntrustedSigner        = "UntrustedSigner"
 	ReasonSignerNameNotAllowed   = "SignerNameNotAllowed"
 	ReasonNonceMismatch          = "NonceMismatch"
 	ReasonDocumentExpired        = "DocumentExpired"
 	ReasonSubscriptionNotAllowed = "SubscriptionNotAllowed"
-	ReasonProviderIDMismatch     = "ProviderIDMismatch"
+	ReasonProviderIDMismatch     = attestor.ReasonAttestedProviderIDMismatch
 )
 
 // DefaultSignerName is the name the attested document's signing
@@ -36,16 +43,30 @@ const DefaultSignerName = "metadata.azure.com"
 
 const clockSkew = 60 * time.Second
 
+// builtinRoots holds certs/roots/*.pem: Microsoft's public roots for the
+// attested document (see its README).
+//
+//go:embed certs/roots
+var builtinRoots embed.FS
+
+// DefaultIssuerHosts are the hosts the verifier fetches a signing
+// certificate's issuing CA from when IssuersConfig.Hosts is empty: where
+// Microsoft's and DigiCert's certificates point.
+var DefaultIssuerHosts = []string{"www.microsoft.com", "caissuers.microsoft.com", "cacerts.digicert.com"}
+
 // VerifierConfig configures the signer half.
 type VerifierConfig struct {
-	// Roots are PEM files of the CAs the signing certificate must chain to
-	// (Microsoft's: DigiCert Global Root G2 and Microsoft TLS RSA Root G2
-	// today). Required.
-	Roots []string `json:"roots"`
+	// Roots are PEM files of the CAs the signing certificate must chain to.
+	// Empty means the built-in roots (DigiCert Global Root G2 and
+	// Microsoft TLS RSA Root G2, certs/roots); when set they replace them.
+	Roots []string `json:"roots,omitempty"`
 	// Intermediates are PEM files of intermediate CAs. IMDS embeds only the
-	// signing certificate, so the issuing CAs (the "Microsoft Azure TLS
-	// Issuing CA" / "Microsoft TLS G2 RSA CA" family) must be listed here.
+	// signing certificate; the issuing CA it names is fetched (see Issuers)
+	// unless it is listed here.
 	Intermediates []string `json:"intermediates,omitempty"`
+	// Issuers configures fetching the issuing CA a signing certificate
+	// names (its Authority Information Access "CA Issuers" URL).
+	Issuers IssuersConfig `json:"issuers,omitempty"`
 	// SignerNames are the DNS names the signing certificate may carry (the
 	// name or a subdomain of it); DefaultSignerName when empty. Azure
 	// Government uses metadata.azure.us.
@@ -55,12 +76,45 @@ type VerifierConfig struct {
 	Subscriptions []string `json:"subscriptions"`
 }
 
+// IssuersConfig configures the issuing CA fetcher. A fetched CA is only
+// an intermediate: the chain must still end at a root, so a fetch can add
+// no trust; the host allowlist keeps the controller from fetching URLs an
+// attacker's certificate names.
+type IssuersConfig struct {
+	// Disabled turns fetching off: every issuing CA must then be in
+	// Intermediates.
+	Disabled bool `json:"disabled,omitempty"`
+	// Hosts are the hosts (host or host:port) a CA Issuers URL may name;
+	// DefaultIssuerHosts when empty.
+	Hosts []string `json:"hosts,omitempty"`
+	// TLS is the outbound TLS configuration for https CA Issuers URLs
+	// (Microsoft's are plain http: a CA certificate is checked by its
+	// signature, not by how it travelled).
+	TLS *tlsconfig.Config `json:"tls,omitempty"`
+}
+
+// httpDoer is the issuing CA client.
+type httpDoer interface {
+	Do(*http.Request) (*http.Response, error)
+}
+
 // Verifier is the signer half.
 type Verifier struct {
 	roots, intermediates *x509.CertPool
 	signerNames          []string
 	subscriptions        []string
 	now                  func() time.Time
+	issuers              *issuerCache // nil when fetching is disabled
+}
+
+// BuiltinRoots returns the compiled-in roots, PEM files (and their README
+// with each one's source and SHA-256).
+func BuiltinRoots() fs.FS {
+	sub, err := fs.Sub(builtinRoots, "certs/roots")
+	if err != nil {
+		panic(err) // the embedded directory exists at build time
+	}
+	return sub
 }
 
 // NewVerifier returns the signer half.
@@ -68,7 +122,24 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	v := &Verifier{roots: x509.NewCertPool(), intermediates: x509.NewCertPool(), signerNames: cfg.SignerNames, now: time.Now}
 	var errs []error
 	if len(cfg.Roots) == 0 {
-		errs = append(errs, errors.New("roots: at least one root CA file is required"))
+		names, _ := fs.Glob(BuiltinRoots(), "*.pem")
+		for _, n := range names {
+			data, err := fs.ReadFile(BuiltinRoots(), n)
+			if err != nil || !v.roots.AppendCertsFromPEM(data) {
+				errs = append(errs, fmt.Errorf("built-in root %s does not load", n))
+			}
+		}
+	}
+	if !cfg.Issuers.Disabled {
+		client, err := cfg.Issuers.TLS.HTTPClient(10 * time.Second)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("issuers.tls: %w", err))
+		}
+		hosts := cfg.Issuers.Hosts
+		if len(hosts) == 0 {
+			hosts = DefaultIssuerHosts
+		}
+		v.issuers = &issuerCache{client: client, hosts: hosts, certs: map[string]*x509.Certificate{}}
 	}
 	for _, f := range cfg.Roots {
 		if err := appendPEMFile(v.roots, f); err != nil {
@@ -116,13 +187,13 @@ var providerIDRE = regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceG
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "evidence version %q is not %q", ev.Version, VersionV1)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	now := v.now()
-	doc, err := v.verifyDocument(ev.Signature, now)
+	doc, err := v.verifyDocument(ctx, ev.Signature, now)
 	if err != nil {
 		return nil, err
 	}
@@ -160,8 +231,10 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 }
 
 // verifyDocument checks the PKCS#7 signature and the signing certificate's
-// chain and name at time at, and returns the signed content.
-func (v *Verifier) verifyDocument(signature string, at time.Time) (*AttestedData, error) {
+// chain and name at time at, and returns the signed content. Errors other
+// than a *DenyError (an issuing CA that could not be fetched) are
+// transient.
+func (v *Verifier) verifyDocument(ctx context.Context, signature string, at time.Time) (*AttestedData, error) {
 	der, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(signature), ""))
 	if err != nil || len(der) == 0 {
 		return nil, attestor.Deny(ReasonMalformedEvidence, "the attested document's signature is not base64")
@@ -186,7 +259,27 @@ func (v *Verifier) verifyDocument(signature string, at time.Time) (*AttestedData
 			inter.AddCert(c)
 		}
 	}
-	if _, err := signer.Verify(x509.VerifyOptions{Roots: v.roots, Intermediates: inter, CurrentTime: at, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	opts := x509.VerifyOptions{Roots: v.roots, Intermediates: inter, CurrentTime: at, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
+	_, err = signer.Verify(opts)
+	// IMDS embeds only the signing certificate: fetch the issuing CAs it
+	// (and each fetched CA) names, a few hops at most.
+	var unknown x509.UnknownAuthorityError
+	for next, hop := []*x509.Certificate{signer}, 0; err != nil && errors.As(err, &unknown) && v.issuers != nil && len(next) > 0 && hop < 3; hop++ {
+		var fetched []*x509.Certificate
+		for _, c := range next {
+			cs, ferr := v.issuers.fetch(ctx, c)
+			if ferr != nil {
+				return nil, ferr
+			}
+			fetched = append(fetched, cs...)
+		}
+		for _, c := range fetched {
+			inter.AddCert(c)
+		}
+		next = fetched
+		_, err = signer.Verify(opts)
+	}
+	if err != nil {
 		return nil, attestor.Deny(ReasonUntrustedSigner, "the attested document's signing certificate %q does not chain to a configured root: %v", signer.Subject.CommonName, err)
 	}
 	if !v.signerNameAllowed(signer) {
@@ -194,8 +287,8 @@ func (v *Verifier) verifyDocument(signature string, at time.Time) (*AttestedData
 			signer.Subject.CommonName, strings.Join(signer.DNSNames, ", "), strings.Join(v.signerNames, ", "))
 	}
 	var doc AttestedData
-	if err := json.Unmarshal(p7.Content, &doc); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the attested data: %v", err)
+	if err := attestor.DecodeDocument(p7.Content, &doc, "the attested data"); err != nil {
+		return nil, err
 	}
 	return &doc, nil
 }
@@ -228,4 +321,79 @@ func joinDenials(denials []error) error {
 		msgs[i] = d.Error()
 	}
 	return &attestor.DenyError{Reason: first.Reason, Message: strings.Join(msgs, "; ")}
+}
+
+// issuerCache fetches and keeps the issuing CAs that certificates name.
+type issuerCache struct {
+	client httpDoer
+	hosts  []string
+
+	mu    sync.Mutex
+	certs map[string]*x509.Certificate // URL -> CA certificate
+}
+
+// maxIssuers bounds the cache: Azure has a handful of issuing CAs.
+const maxIssuers = 64
+
+// fetch returns the CA certificates c's CA Issuers URLs name, from the
+// cache or fetched. A URL on a host not allowed is a denial; one that
+// cannot be fetched is a transient error.
+func (ic *issuerCache) fetch(ctx context.Context, c *x509.Certificate) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	var lastErr error
+	for _, raw := range c.IssuingCertificateURL {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !slices.Contains(ic.hosts, u.Host) {
+			lastErr = attestor.Deny(ReasonUntrustedSigner, "certificate %q names issuing CA URL %q, whose host is not one the verifier fetches from (issuers.hosts)", c.Subject.CommonName, raw)
+			continue
+		}
+		ic.mu.Lock()
+		ca, ok := ic.certs[raw]
+		ic.mu.Unlock()
+		if !ok {
+			if ca, err = ic.get(ctx, raw); err != nil {
+				lastErr = err
+				continue
+			}
+			ic.mu.Lock()
+			if len(ic.certs) >= maxIssuers {
+				clear(ic.certs)
+			}
+			ic.certs[raw] = ca
+			ic.mu.Unlock()
+		}
+		out = append(out, ca)
+		break // one URL per certificate is enough; the others are mirrors
+	}
+	if len(out) == 0 && lastErr != nil {
+		return nil, lastErr
+	}
+	return out, nil
+}
+
+func (ic *issuerCache) get(ctx context.Context, raw string) (*x509.Certificate, error) {
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, raw, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ic.client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("unable to fetch issuing CA %s: %w", raw, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("issuing CA %s: %s", raw, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("unable to read issuing CA %s: %w", raw, err)
+	}
+	if b, _ := pem.Decode(body); b != nil && b.Type == "CERTIFICATE" {
+		body = b.Bytes
+	}
+	ca, err := x509.ParseCertificate(body)
+	if err != nil || !ca.IsCA {
+		return nil, fmt.Errorf("issuing CA %s is not a CA certificate (%v)", raw, err)
+	}
+	return ca, nil
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
@@ -56,7 +57,7 @@ func (f *fixture) attest(t *testing.T) attestor.Evidence {
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	return ev
+	return ev.Evidence
 }
 
 func (f *fixture) verifier(t *testing.T) *Verifier {
@@ -224,7 +225,7 @@ func TestDenials(t *testing.T) {
 			tok, _ := j.CompactSerialize()
 			return tokenEvidence(t, tok)
 		}},
-		{"unknown evidence field", ReasonMalformedEvidence, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
+		{"unknown evidence field", attestor.ReasonEvidenceUnknownField, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			return attestor.Evidence(strings.Replace(string(f.attest(t)), "{", `{"extra":true,`, 1))
 		}},
 	}
@@ -372,3 +373,59 @@ func FuzzVerifyEvidence(f *testing.F) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestConformance(t *testing.T) {
+	f := newFixture(t)
+	attestortest.Conformance(t, attestortest.Provider{
+		Name:          Name,
+		NewAttestor:   func(testing.TB) attestor.Attestor { return f.att },
+		Verifier:      f.verifier(t),
+		NodeName:      f.emu.Instance.InstanceName,
+		ProviderID:    f.providerID(),
+		BindingReason: ReasonAudienceMismatch,
+		WantStable:    "gcp:" + f.emu.Instance.InstanceID,
+	})
+}
+
+// TestJWKSCARotationWithoutRestart (issue 13.7): the JWKS's CA bundle,
+// given as a file, is read again when it changes: after the upstream
+// rotates its CA and the file is updated, the next verification that must
+// fetch the JWKS succeeds with the same verifier.
+func TestJWKSCARotationWithoutRestart(t *testing.T) {
+	f := newFixture(t)
+	caFile := filepath.Join(t.TempDir(), "jwks-ca.pem")
+	if err := os.WriteFile(caFile, f.emu.JWKSCAPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.JWKS.TLS = &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{File: caFile}}
+	v := f.verifier(t)
+	ctx := context.Background()
+	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
+		t.Fatalf("before rotation: %v", err)
+	}
+
+	// The upstream rotates its CA and its signing key, so the next token
+	// needs a JWKS fetch over a connection made with the new CA.
+	newCA := f.emu.RotateTLS(t)
+	f.emu.RotateKey(t)
+	later := time.Now().Add(time.Minute)
+	v.now = func() time.Time { return later }
+	f.binding = attestortest.NewBinding(t)
+	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
+	_, err := v.Verify(ctx, f.request(f.attest(t)))
+	if err == nil {
+		t.Fatal("the rotated JWKS server was trusted before the bundle changed")
+	}
+	if d, ok := attestor.AsDenial(err); ok {
+		t.Fatalf("an untrusted JWKS server was a denial (%v), want a transient error", d)
+	}
+
+	if err := os.WriteFile(caFile, newCA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
+	later = later.Add(time.Minute)
+	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
+		t.Fatalf("after the CA bundle file changed: %v", err)
+	}
+}

@@ -2,7 +2,6 @@ package gcp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,7 +18,7 @@ import (
 
 // Denial reasons of the GCP verifier.
 const (
-	ReasonMalformedEvidence  = "MalformedEvidence"
+	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
 	ReasonUnknownKey         = "UnknownKey"
 	ReasonInvalidSignature   = "InvalidSignature"
 	ReasonIssuerMismatch     = "IssuerMismatch"
@@ -27,8 +26,8 @@ const (
 	ReasonTokenExpired       = "TokenExpired"
 	ReasonNotComputeEngine   = "NotComputeEngine"
 	ReasonProjectNotAllowed  = "ProjectNotAllowed"
-	ReasonNodeNameMismatch   = "NodeNameMismatch"
-	ReasonProviderIDMismatch = "ProviderIDMismatch"
+	ReasonNodeNameMismatch   = attestor.ReasonNodeNameMismatch
+	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
 	defaultJWKSRefresh       = time.Hour
 	defaultJWKSMinRefresh    = 30 * time.Second
 	clockSkew                = 30 * time.Second
@@ -111,10 +110,10 @@ func (v *Verifier) Versions() []string { return []string{VersionV1} }
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, err
 	}
 	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "evidence version %q is not %q", ev.Version, VersionV1)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	claims, err := v.verifyToken(ctx, ev.Token)
 	if err != nil {
@@ -173,8 +172,8 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 		return nil, attestor.Deny(ReasonInvalidSignature, "the identity token does not verify with key %q: %v", kid, err)
 	}
 	var claims Claims
-	if err := json.Unmarshal(payload, &claims); err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to decode the identity token claims: %v", err)
+	if err := attestor.DecodeDocument(payload, &claims, "the identity token claims"); err != nil {
+		return nil, err
 	}
 	if claims.Issuer != Issuer {
 		return nil, attestor.Deny(ReasonIssuerMismatch, "token issuer %q is not %s", claims.Issuer, Issuer)

@@ -55,10 +55,13 @@ func (Verifier) Versions() []string { return []string{VersionV1} }
 func (Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny("MalformedEvidence", "%v", err)
+		return nil, err
+	}
+	if ev.Version != VersionV1 {
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
 	}
 	if ev.ProviderID != in.ProviderID {
-		return nil, attestor.Deny("ProviderIDMismatch",
+		return nil, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch,
 			"evidence names provider ID %q but the CSR extension says %q", ev.ProviderID, in.ProviderID)
 	}
 	return &attestor.Result{Identity: &attestor.Identity{ProviderID: ev.ProviderID}}, nil

@@ -119,13 +119,13 @@ func (v *Verifier) Versions() []string { return slices.Clone(v.versions) }
 func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
 	var ev Evidence
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
-		return nil, attestor.Deny("MalformedEvidence", "%v", err)
+		return nil, err
 	}
 	if !slices.Contains(v.versions, ev.Version) {
-		return nil, attestor.Deny("UnsupportedEvidenceVersion", "evidence version %q is not one of %s", ev.Version, strings.Join(v.versions, ","))
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not one of %s", ev.Version, strings.Join(v.versions, ","))
 	}
 	if ev.ProviderID != in.ProviderID {
-		return nil, attestor.Deny("ProviderIDMismatch",
+		return nil, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch,
 			"evidence names provider ID %q but the CSR extension says %q", ev.ProviderID, in.ProviderID)
 	}
 	id := &attestor.Identity{ProviderID: ev.ProviderID}

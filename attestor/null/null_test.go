@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -35,7 +36,7 @@ func TestRoundTrip(t *testing.T) {
 		{name: "stable identity", stable: "machine-7", want: "v1", wantStable: "null:machine-7",
 			wantVersionsNode: []string{"v1"}, wantVersionsSigner: []string{"v1"}},
 		{name: "version the node cannot produce", node: []string{"v1"}, version: "v2", wantAttestErr: `cannot produce evidence version "v2"`},
-		{name: "version the signer does not accept", node: []string{"v2"}, signer: []string{"v1"}, want: "v2", wantDenial: "UnsupportedEvidenceVersion"},
+		{name: "version the signer does not accept", node: []string{"v2"}, signer: []string{"v1"}, want: "v2", wantDenial: attestor.ReasonUnsupportedEvidenceVersion},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := NewAttestor(tc.node, tc.stable)
@@ -62,11 +63,11 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := attestor.EvidenceVersion(ev)
+			got, err := attestor.EvidenceVersion(ev.Evidence)
 			if err != nil || got != tc.want {
 				t.Fatalf("evidence version %q (%v), want %q", got, err, tc.want)
 			}
-			res, err := v.Verify(ctx, &attestor.VerifyRequest{Evidence: ev, Version: got, Binding: binding, NodeName: "node-1", ProviderID: pid})
+			res, err := v.Verify(ctx, &attestor.VerifyRequest{Evidence: ev.Evidence, Version: got, Binding: binding, NodeName: "node-1", ProviderID: pid})
 			if tc.wantDenial != "" {
 				if d, ok := attestor.AsDenial(err); !ok || d.Reason != tc.wantDenial {
 					t.Fatalf("Verify = %v, want denial %s", err, tc.wantDenial)
@@ -95,10 +96,10 @@ func TestVerifyDenies(t *testing.T) {
 		evidence         string
 		reason           string
 	}{
-		{"other provider ID", "test:///b", string(good), "ProviderIDMismatch"},
-		{"not JSON", "test:///a", `{`, "MalformedEvidence"},
-		{"unknown field", "test:///a", `{"version":"v1","providerID":"test:///a","extra":1}`, "MalformedEvidence"},
-		{"trailing data", "test:///a", string(good) + `{}`, "MalformedEvidence"},
+		{"other provider ID", "test:///b", string(good), attestor.ReasonAttestedProviderIDMismatch},
+		{"not JSON", "test:///a", `{`, attestor.ReasonMalformedEvidence},
+		{"unknown field", "test:///a", `{"version":"v1","providerID":"test:///a","extra":1}`, attestor.ReasonEvidenceUnknownField},
+		{"trailing data", "test:///a", string(good) + `{}`, attestor.ReasonEvidenceTrailingData},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := v.Verify(ctx, &attestor.VerifyRequest{Evidence: attestor.Evidence(tc.evidence), Version: "v1", ProviderID: tc.providerID})
@@ -121,4 +122,26 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := (&Attestor{versions: []string{"v1"}}).Attest(context.Background(), &attestor.Request{}); err == nil {
 		t.Error("Attest without a provider ID succeeded")
 	}
+}
+
+func TestConformance(t *testing.T) {
+	v, err := NewVerifier(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attestortest.Conformance(t, attestortest.Provider{
+		Name: Name,
+		NewAttestor: func(tb testing.TB) attestor.Attestor {
+			a, err := NewAttestor(nil, "machine-1")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return a
+		},
+		Verifier:   v,
+		NodeName:   "node-1",
+		ProviderID: "test:///fleet/node-1",
+		Unbound:    true,
+		WantStable: "null:machine-1",
+	})
 }

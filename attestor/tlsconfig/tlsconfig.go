@@ -7,10 +7,13 @@
 // A Config has two knobs: TrustedCA, a PEM bundle that replaces (is not
 // merged with) the system roots when set, and SecurityProfile, which picks
 // the minimum TLS version and the TLS 1.2 cipher suites (Old, Intermediate,
-// Modern, or Custom), after the Mozilla server-side TLS profiles.
+// Modern, or Custom), after the Mozilla server-side TLS profiles. A
+// TrustedCA file is read again when it changes, so a rotated CA needs no
+// restart (docs/outbound-tls.md).
 package tlsconfig
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -18,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -231,6 +235,13 @@ func (c *Config) TLSConfig() (*tls.Config, error) {
 // with the TLS configuration, proxy from the environment, the given overall
 // timeout, and no redirects followed (a verifier must talk to the host it
 // checked, not wherever that host points).
+//
+// A trustedCA given as a file is read again when it changes (checked at
+// most every ReloadInterval, before a request), so a rotated CA bundle
+// takes effect without a restart; connections made with the old bundle are
+// closed once idle. A bundle that cannot be read or holds no certificate
+// leaves the last good one in use. The bundle must load when the client is
+// made.
 func (c *Config) HTTPClient(timeout time.Duration) (*http.Client, error) {
 	tc, err := c.TLSConfig()
 	if err != nil {
@@ -238,11 +249,73 @@ func (c *Config) HTTPClient(timeout time.Duration) (*http.Client, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tc
+	var rt http.RoundTripper = tr
+	if c != nil && c.TrustedCA != nil && c.TrustedCA.File != "" && len(c.TrustedCA.PEM) == 0 {
+		data, err := os.ReadFile(c.TrustedCA.File)
+		if err != nil {
+			return nil, fmt.Errorf("unable to read trusted CA bundle: %w", err)
+		}
+		rt = &reloadingTransport{file: c.TrustedCA.File, sum: sha256.Sum256(data), checked: time.Now(), current: tr}
+	}
 	return &http.Client{
-		Transport: tr,
+		Transport: rt,
 		Timeout:   timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
 	}, nil
+}
+
+// ReloadInterval is how often, at most, a client made by HTTPClient checks
+// its trustedCA file for changes.
+const ReloadInterval = time.Second
+
+// reloadingTransport is a transport whose roots follow a CA bundle file.
+type reloadingTransport struct {
+	file string
+
+	mu      sync.Mutex
+	sum     [sha256.Size]byte
+	checked time.Time
+	current *http.Transport
+}
+
+func (r *reloadingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.transport().RoundTrip(req)
+}
+
+// transport returns the transport for the bundle as it is now.
+func (r *reloadingTransport) transport() *http.Transport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.checked) < ReloadInterval {
+		return r.current
+	}
+	r.checked = time.Now()
+	data, err := os.ReadFile(r.file)
+	if err != nil {
+		return r.current // keep the last good bundle
+	}
+	sum := sha256.Sum256(data)
+	if sum == r.sum {
+		return r.current
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return r.current
+	}
+	next := r.current.Clone()
+	next.TLSClientConfig = r.current.TLSClientConfig.Clone()
+	next.TLSClientConfig.RootCAs = pool
+	r.current.CloseIdleConnections()
+	r.current, r.sum = next, sum
+	return next
+}
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach the
+// current transport.
+func (r *reloadingTransport) CloseIdleConnections() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.current.CloseIdleConnections()
 }

@@ -87,6 +87,14 @@ func New(t testing.TB, vm VM) *Emulator {
 // is empty, otherwise a TLS server leaf for dnsNames.
 func NewCA(t testing.TB, parent *CA, cn string, dnsNames []string) *CA {
 	t.Helper()
+	return NewCAWithIssuerURL(t, parent, cn, dnsNames, "")
+}
+
+// NewCAWithIssuerURL is NewCA with an Authority Information Access "CA
+// Issuers" URL naming where the issuer's certificate is published, as
+// Microsoft's IMDS signing certificates carry.
+func NewCAWithIssuerURL(t testing.TB, parent *CA, cn string, dnsNames []string, issuerURL string) *CA {
+	t.Helper()
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +105,9 @@ func NewCA(t testing.TB, parent *CA, cn string, dnsNames []string) *CA {
 		Subject:      pkix.Name{Country: []string{"US"}, Organization: []string{"Microsoft Corporation"}, CommonName: cn},
 		NotBefore:    time.Now().Add(-24 * time.Hour),
 		NotAfter:     time.Now().Add(365 * 24 * time.Hour),
+	}
+	if issuerURL != "" {
+		tmpl.IssuingCertificateURL = []string{issuerURL}
 	}
 	if len(dnsNames) == 0 {
 		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
@@ -128,6 +139,29 @@ func (c *CA) WriteFile(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// ServeIssuer makes the emulator's signing certificate name, in its
+// Authority Information Access, the issuing CA's certificate (DER) at a
+// new HTTP server on 127.0.0.1, as Microsoft publishes its issuing CAs.
+// It returns the server's host:port and a counter of fetches.
+func (e *Emulator) ServeIssuer(t testing.TB) (host string, fetches func() int) {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/pkix-cert")
+		_, _ = w.Write(e.Issuing.Cert.Raw)
+	}))
+	t.Cleanup(srv.Close)
+	signer := NewCAWithIssuerURL(t, e.Issuing, "metadata.azure.com", []string{e.VM.Region + ".metadata.azure.com", "metadata.azure.com"}, srv.URL+"/pkiops/certs/issuing.crt")
+	e.mu.Lock()
+	e.Signer = signer
+	e.mu.Unlock()
+	return srv.Listener.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
 // SetClock sets the clock documents are stamped with.
@@ -197,7 +231,10 @@ func (e *Emulator) serve(w http.ResponseWriter, r *http.Request) {
 	if nonce == "" {
 		nonce = e.now().UTC().Format("20060102-150405")
 	}
-	sig, err := Sign(e.Content(nonce), e.Signer)
+	e.mu.Lock()
+	signer := e.Signer
+	e.mu.Unlock()
+	sig, err := Sign(e.Content(nonce), signer)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

@@ -7,12 +7,19 @@
 package gcp
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -56,6 +63,7 @@ type Emulator struct {
 	key      *rsa.PrivateKey
 	kid      string
 	fetches  int
+	tlsCert  *tls.Certificate
 }
 
 // JWKSFetches returns how many times the JWKS was fetched.
@@ -89,11 +97,54 @@ func New(t testing.TB, inst Instance) *Emulator {
 	md := httptest.NewServer(http.HandlerFunc(e.serveMetadata))
 	t.Cleanup(md.Close)
 	e.MetadataURL = md.URL
-	jwks := httptest.NewTLSServer(http.HandlerFunc(e.serveJWKS))
-	t.Cleanup(jwks.Close)
-	e.JWKSURL = jwks.URL + "/oauth2/v3/certs"
-	e.JWKSCAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: jwks.Certificate().Raw})
+	e.RotateTLS(t)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.tlsCert, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks := &http.Server{Handler: http.HandlerFunc(e.serveJWKS)}
+	// Every fetch is a new TLS handshake, so a rotated certificate is
+	// presented to the very next client.
+	jwks.SetKeepAlivesEnabled(false)
+	go func() { _ = jwks.Serve(ln) }()
+	t.Cleanup(func() { _ = jwks.Close() })
+	e.JWKSURL = "https://" + ln.Addr().String() + "/oauth2/v3/certs"
 	return e
+}
+
+// RotateTLS gives the JWKS server a new self-signed certificate (for
+// 127.0.0.1), as a CA rotation of the upstream would, and returns its PEM,
+// also in JWKSCAPEM: clients that trust only the old one fail from the
+// next connection on.
+func (e *Emulator) RotateTLS(t testing.TB) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: "jwks emulator"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.tlsCert = &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	e.JWKSCAPEM = p
+	return p
 }
 
 // RotateKey replaces the signing key; the JWKS publishes only the new one.
