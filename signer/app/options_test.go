@@ -66,7 +66,7 @@ func TestOptionsFlagsAndValidateReportsEverything(t *testing.T) {
 func TestVerifiersTable(t *testing.T) {
 	o := NewOptions()
 	o.LeaderElectionNamespace = "capi-system"
-	v, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build())
+	v, key, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +77,9 @@ func TestVerifiersTable(t *testing.T) {
 	}
 	if len(v) != 2 {
 		t.Errorf("Verifiers() = %v", v)
+	}
+	if len(key) < 32 {
+		t.Errorf("Verifiers() challenge key is %d bytes, want the controller key", len(key))
 	}
 }
 

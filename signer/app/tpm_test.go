@@ -78,7 +78,7 @@ func TestTPMFlags(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build()); err != nil {
+	if _, _, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build()); err != nil {
 		t.Fatal(err)
 	}
 

@@ -216,11 +216,12 @@ func tpmIssuanceCommands(b *testing.B, ca *tpmtest.ManufacturerCA) *countingTPM 
 	if err != nil {
 		b.Fatal(err)
 	}
-	req := &attestor.Request{NodeName: nodeName, ProviderID: providerID, Binding: attestor.Binding(spki), SPKI: spki, Key: key}
-	csrs := map[string]*attestor.CSRRecord{}
-	verify := func(name string, ev attestor.Evidence) *attestor.Result {
+	req := &attestor.Request{NodeName: nodeName, ProviderID: providerID, Binding: attestor.Binding(spki), SPKI: spki}
+	// verify hands the verifier one request's evidence the way the signer's
+	// engine does; round is the challenged first request, for an answer.
+	verify := func(uid string, att *attestor.Attestation, round *attestor.Round) (*attestor.Result, *attestor.Round) {
 		b.Helper()
-		request, err := attestor.EncodeRequest(pkcs10, tpm.Name, ev)
+		request, err := attestor.EncodeRequest(pkcs10, tpm.Name, att.Evidence)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -228,46 +229,34 @@ func tpmIssuanceCommands(b *testing.B, ca *tpmtest.ManufacturerCA) *countingTPM 
 		if err != nil {
 			b.Fatal(err)
 		}
-		annotations, err := node.Annotations(ev)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if annotations == nil {
-			annotations = map[string]string{}
-		}
-		rec := &attestor.CSRRecord{Name: name, UID: "uid-" + name, Username: requester, SignerName: attestor.ClientSignerName(tpm.Name), Request: request, Annotations: annotations}
-		csrs[name] = rec
 		res, err := verifier.Verify(ctx, &attestor.VerifyRequest{
 			Evidence: parsed.Evidence, Version: parsed.Version, Binding: attestor.Binding(parsed.CSR.RawSubjectPublicKeyInfo),
-			CSR: parsed.CSR, NodeName: nodeName, ProviderID: providerID,
-			CSRName: rec.Name, CSRUID: rec.UID, Username: rec.Username, Annotations: rec.Annotations,
-			LookupCSR: func(_ context.Context, name string) (*attestor.CSRRecord, error) {
-				if r, ok := csrs[name]; ok {
-					return r, nil
-				}
-				return nil, fmt.Errorf("csr %s: %w", name, attestor.ErrCSRNotFound)
-			},
+			CSR: parsed.CSR, NodeName: nodeName, ProviderID: providerID, UID: uid,
+			Annotations: att.Annotations, Answered: round,
 		})
 		if err != nil {
-			b.Fatalf("verify %s: %v", name, err)
+			b.Fatalf("verify %s: %v", uid, err)
 		}
-		return res
+		return res, &attestor.Round{Name: "csr-1", UID: uid, CSR: parsed.CSR, Evidence: parsed.Evidence, Version: parsed.Version, Annotations: att.Annotations}
 	}
 
-	ev, err := node.Attest(ctx, req)
+	att, err := node.Attest(ctx, req)
 	if err != nil {
 		b.Fatal(err)
 	}
-	res := verify("csr-1", ev)
-	if len(res.Challenge) == 0 {
+	res, first := verify("uid-csr-1", att, nil)
+	if res.Challenge == nil {
 		b.Fatal("CSR #1 was not challenged")
 	}
-	csrs["csr-1"].Annotations[attestor.AnnotationChallenge] = string(res.Challenge)
-	ev, err = node.Respond(ctx, req, &attestor.Challenge{CSRName: "csr-1", CSRUID: "uid-csr-1", Data: res.Challenge})
+	first.Challenge = res.Challenge
+	answer, err := node.Respond(ctx, req, &attestor.Challenge{CSRName: "csr-1", CSRUID: "uid-csr-1", Data: res.Challenge.Data})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if res := verify("csr-2", ev); res.Identity == nil {
+	if res, _ := verify("uid-csr-2", answer, nil); res.Answers != "csr-1" {
+		b.Fatalf("CSR #2 answers %q, want csr-1", res.Answers)
+	}
+	if res, _ := verify("uid-csr-2", answer, first); res.Identity == nil {
 		b.Fatal("CSR #2 proved no identity")
 	}
 	return counter

@@ -207,7 +207,7 @@ func newFakeNode(t *testing.T, env *scenario.Env, name string, seed int64, ca *t
 	if n.pkcs10, err = csr.PKCS10(n.key, name, n.providerID); err != nil {
 		t.Fatal(err)
 	}
-	n.req = &attestor.Request{NodeName: name, ProviderID: n.providerID, Binding: attestor.Binding(spki), SPKI: spki, Key: n.key}
+	n.req = &attestor.Request{NodeName: name, ProviderID: n.providerID, Binding: attestor.Binding(spki), SPKI: spki}
 	return n
 }
 
@@ -224,17 +224,13 @@ func bootstrapClient(t *testing.T, env *scenario.Env, kubeconfig string) kuberne
 	return cs
 }
 
-func (n *fakeNode) file(t *testing.T, client kubernetes.Interface, name string, ev attestor.Evidence) {
+func (n *fakeNode) file(t *testing.T, client kubernetes.Interface, name string, att *attestor.Attestation) {
 	t.Helper()
-	request, err := attestor.EncodeRequest(n.pkcs10, tpm.Name, ev)
+	request, err := attestor.EncodeRequest(n.pkcs10, tpm.Name, att.Evidence)
 	if err != nil {
 		t.Fatal(err)
 	}
-	annotations, err := n.att.Annotations(ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := csr.Object(name, attestor.ClientSignerName(tpm.Name), request, nil, annotations)
+	obj := csr.Object(name, attestor.ClientSignerName(tpm.Name), request, nil, att.Annotations)
 	if _, err := client.CertificatesV1().CertificateSigningRequests().Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

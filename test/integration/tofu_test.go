@@ -11,7 +11,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -35,7 +34,7 @@ func TestTrustOnFirstUse(t *testing.T) {
 	m1, m2, m3, m4 := machine("m1"), machine("m2"), machine("m3"), machine("m4")
 	store := func() *tofu.Store { return &tofu.Store{Client: mgmt.Client, Reader: mgmt.Client} }
 	denied := func(err error) string {
-		r, _, ok := checks.Denial(err)
+		r, _, ok := attestor.Denial(err)
 		if !ok && err != nil {
 			t.Fatalf("transient error: %v", err)
 		}
