@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/bits"
 	"os"
 	"slices"
 	"time"
@@ -382,6 +383,10 @@ func (s *session) quote(ak *key, binding []byte, sel tpm2.TPMLPCRSelection) (*qu
 		if err != nil {
 			return nil, err
 		}
+		if want := countPCRs(sel); len(values) != want {
+			// A TPM quotes an unallocated bank as an empty selection.
+			return nil, fmt.Errorf("the TPM quoted %d of the %d selected PCRs (is the PCR bank allocated?)", len(values), want)
+		}
 		digest, err := pcrDigest(q.PCRSelect, values, crypto.SHA256)
 		if err != nil {
 			return nil, fmt.Errorf("the TPM's PCR values do not match its quote: %w", err)
@@ -391,6 +396,17 @@ func (s *session) quote(ak *key, binding []byte, sel tpm2.TPMLPCRSelection) (*qu
 		}
 	}
 	return nil, fmt.Errorf("the quoted PCRs changed between the quote and reading them, %d times", quoteAttempts)
+}
+
+// countPCRs counts the PCRs sel selects.
+func countPCRs(sel tpm2.TPMLPCRSelection) int {
+	n := 0
+	for _, s := range sel.PCRSelections {
+		for _, b := range s.PCRSelect {
+			n += bits.OnesCount8(b)
+		}
+	}
+	return n
 }
 
 // readPCRs reads every PCR of sel. TPM2_PCR_Read returns at most eight
