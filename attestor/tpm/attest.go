@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/bits"
 	"os"
 	"slices"
 	"time"
@@ -38,23 +39,24 @@ const (
 var DefaultPCRs = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 
 // AttestorConfig configures the node half. The zero value is the default.
+// Its JSON form is meant for the node's configuration file.
 type AttestorConfig struct {
 	// EndorsementKeys lists EK kinds to try first; by default the first
 	// with a certificate in the order RSA 2048, ECC P-256, ECC P-384 (and
 	// the RSA EK where none has one).
-	EndorsementKeys []EKKind
+	EndorsementKeys []EKKind `json:"endorsementKeys,omitempty"`
 	// PCRBank is the PCR bank the quote covers: sha1, sha256, sha384 or
 	// sha512. Default DefaultPCRBank.
-	PCRBank string
+	PCRBank string `json:"pcrBank,omitempty"`
 	// PCRs are the PCR numbers (0-23) the quote covers. Default
 	// DefaultPCRs.
-	PCRs []int
+	PCRs []int `json:"pcrs,omitempty"`
 	// EventLogPath is the measured-boot event log attached to the evidence.
 	// Default DefaultEventLogPath; a missing file means the host has no log
 	// and none is attached.
-	EventLogPath string
+	EventLogPath string `json:"eventLogPath,omitempty"`
 	// NoEventLog attaches no event log even where the host has one.
-	NoEventLog bool
+	NoEventLog bool `json:"noEventLog,omitempty"`
 }
 
 // Attestor is the node half of the TPM attestor. It keeps no state: the EK
@@ -270,7 +272,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	if req.Version != "" && req.Version != VersionV2 {
 		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
 	}
-	if _, err := checkRequest(req); err != nil {
+	if err := checkRequest(req); err != nil {
 		return nil, err
 	}
 	eventLog, err := a.readEventLog()
@@ -382,6 +384,10 @@ func (s *session) quote(ak *key, binding []byte, sel tpm2.TPMLPCRSelection) (*qu
 		if err != nil {
 			return nil, err
 		}
+		if want := countPCRs(sel); len(values) != want {
+			// A TPM quotes an unallocated bank as an empty selection.
+			return nil, fmt.Errorf("the TPM quoted %d of the %d selected PCRs (is the PCR bank allocated?)", len(values), want)
+		}
 		digest, err := pcrDigest(q.PCRSelect, values, crypto.SHA256)
 		if err != nil {
 			return nil, fmt.Errorf("the TPM's PCR values do not match its quote: %w", err)
@@ -391,6 +397,17 @@ func (s *session) quote(ak *key, binding []byte, sel tpm2.TPMLPCRSelection) (*qu
 		}
 	}
 	return nil, fmt.Errorf("the quoted PCRs changed between the quote and reading them, %d times", quoteAttempts)
+}
+
+// countPCRs counts the PCRs sel selects.
+func countPCRs(sel tpm2.TPMLPCRSelection) int {
+	n := 0
+	for _, s := range sel.PCRSelections {
+		for _, b := range s.PCRSelect {
+			n += bits.OnesCount8(b)
+		}
+	}
+	return n
 }
 
 // readPCRs reads every PCR of sel. TPM2_PCR_Read returns at most eight
@@ -450,7 +467,7 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	if req.Version != "" && req.Version != VersionV2 {
 		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
 	}
-	if _, err := checkRequest(req); err != nil {
+	if err := checkRequest(req); err != nil {
 		return nil, err
 	}
 	if ch == nil || ch.CSRName == "" || ch.CSRUID == "" {
@@ -514,20 +531,18 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	return &attestor.Attestation{Evidence: ev, Version: VersionV2}, nil
 }
 
-// checkRequest returns the CSR public key of req, which must match the
-// binding.
-func checkRequest(req *attestor.Request) (any, error) {
+// checkRequest requires req to carry the CSR's public key and its binding.
+func checkRequest(req *attestor.Request) error {
 	if len(req.SPKI) == 0 {
-		return nil, errors.New("tpm attestor needs the CSR's public key (Request.SPKI)")
+		return errors.New("tpm attestor needs the CSR's public key (Request.SPKI)")
 	}
 	if !bytesEqual(attestor.Binding(req.SPKI), req.Binding) {
-		return nil, errors.New("request binding is not the binding of its SPKI")
+		return errors.New("request binding is not the binding of its SPKI")
 	}
-	k, err := x509.ParsePKIXPublicKey(req.SPKI)
-	if err != nil {
-		return nil, fmt.Errorf("unable to parse the CSR public key: %w", err)
+	if _, err := x509.ParsePKIXPublicKey(req.SPKI); err != nil {
+		return fmt.Errorf("unable to parse the CSR public key: %w", err)
 	}
-	return k, nil
+	return nil
 }
 
 // openedSession is a session on a TPM the Attestor opened.

@@ -124,7 +124,6 @@ func TestSimulatorQuoteConfig(t *testing.T) {
 	if err := os.WriteFile(logPath, eventLog, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ekB64 := ""
 	for _, c := range []struct {
 		name    string
 		cfg     AttestorConfig
@@ -154,10 +153,11 @@ func TestSimulatorQuoteConfig(t *testing.T) {
 			if len(ev.Attestation.PCRs) != c.pcrs || !bytes.Equal(ev.Attestation.EventLog, c.wantLog) {
 				t.Fatalf("evidence has %d PCR values and event log %q; want %d and %q", len(ev.Attestation.PCRs), ev.Attestation.EventLog, c.pcrs, c.wantLog)
 			}
-			ekB64 = att.Annotations[attestor.AnnotationEndorsementKey]
+			ekB64 := att.Annotations[attestor.AnnotationEndorsementKey]
 			roundTrip(t, node, newTestVerifier(t, VerifierConfig{}), map[string]string{attestor.AnnotationEndorsementKey: ekB64})
 		})
 	}
+
 }
 
 // TestSimulatorInfrastructureEK covers a TPM without an EK certificate whose

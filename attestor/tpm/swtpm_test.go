@@ -1,17 +1,20 @@
 package tpm
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/tpm2/transport"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 )
 
@@ -113,6 +116,17 @@ func TestSwtpmRoundTrip(t *testing.T) {
 				t.Errorf("stable identity %s, want the %s EK's %s", id.Stable, kind, StableIdentity(spki))
 			}
 		})
+	}
+
+	// swtpm-provision.sh allocates the SHA-256 bank only: quoting another
+	// is an error on the node, not a quote of nothing.
+	node, err := New(func() (transport.TPMCloser, error) { return device.Open(addr) }, AttestorConfig{PCRBank: "sha384"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, csr := csrFor(t, newKey(t), testNode, testProviderID)
+	if _, err := node.Attest(context.Background(), &attestor.Request{Binding: attestor.Binding(csr.RawSubjectPublicKeyInfo), SPKI: csr.RawSubjectPublicKeyInfo}); err == nil || !strings.Contains(err.Error(), "allocated") {
+		t.Errorf("quoting an unallocated bank gave %v, want an error", err)
 	}
 
 	probe, err = device.Open(addr)

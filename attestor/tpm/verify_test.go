@@ -713,3 +713,33 @@ func TestNewAttestorValidates(t *testing.T) {
 		t.Errorf("default selection %+v, event log %q; want SHA-256 PCRs 0-9 and %s", sel, a.eventLog, DefaultEventLogPath)
 	}
 }
+
+// TestLargestEvidenceFits: v2 evidence with the largest event log the node
+// attaches still fits in a CSR's spec.request, and verifies.
+func TestLargestEvidenceFits(t *testing.T) {
+	soft := newSoftTPM(t)
+	roots, inters := soft.ca.Pools()
+	key := newKey(t)
+	a := soft.quote(t, key)
+	a.EventLog = make([]byte, maxEventLog)
+	if _, err := rand.Read(a.EventLog); err != nil {
+		t.Fatal(err)
+	}
+	// The longest PCR list a node sends: 24 SHA-512 PCRs.
+	csrDER, _ := csrFor(t, key, testNode, testProviderID)
+	ev := evidenceOf(t, VersionV2, a, nil)
+	for i := range 24 {
+		a.PCRs = append(a.PCRs, PCRValue{Bank: "sha512", Index: i, Digest: make([]byte, 64)})
+	}
+	if _, err := attestor.EncodeRequest(csrDER, Name, evidenceOf(t, VersionV2, a, nil)); err != nil {
+		t.Fatalf("the largest evidence does not fit: %v", err)
+	}
+	e := newEngine(newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters}), nil)
+	if _, err := e.verify(t, e.file(t, "csr-1", csrDER, ev, nil)); err != nil {
+		t.Fatal(err)
+	}
+	a.EventLog = append(a.EventLog, 0)
+	if _, err := DecodeEvidence(evidenceOf(t, VersionV2, a, nil)); err == nil {
+		t.Fatal("an event log over the bound was accepted")
+	}
+}
