@@ -89,6 +89,7 @@ func TestCloudVerifiersFromFile(t *testing.T) {
 kind: AttestorConfig
 aws:
   accounts: ["111122223333"]
+  allowedRoles: ["` + a.Instance.Role + `"]
   certificatesDir: ` + certs + `
   sts:
     tls:

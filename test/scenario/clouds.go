@@ -53,6 +53,7 @@ func StartClouds(tb testing.TB, gcpNode string) *Clouds {
 kind: AttestorConfig
 aws:
   accounts: [%q]
+  allowedRoles: [%q]
   certificatesDir: %s
   sts:
     hosts: [%q]
@@ -70,7 +71,7 @@ gcp:
     tls:
       trustedCA:
         file: %s
-`, c.AWS.Instance.AccountID, filepath.Join(dir, "aws-certs"), c.AWS.STSHost, write("sts-ca.pem", c.AWS.STSCAPEM),
+`, c.AWS.Instance.AccountID, c.AWS.Instance.Role, filepath.Join(dir, "aws-certs"), c.AWS.STSHost, write("sts-ca.pem", c.AWS.STSCAPEM),
 		write("azure-root.pem", c.Azure.Root.PEM), write("azure-issuing.pem", c.Azure.Issuing.PEM), c.Azure.VM.SubscriptionID,
 		c.GCP.Instance.ProjectID, c.GCP.JWKSURL, write("jwks-ca.pem", c.GCP.JWKSCAPEM))
 	c.AttestorConfig = write("attestors.yaml", []byte(cfg))
