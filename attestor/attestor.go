@@ -129,6 +129,11 @@ type VerifyRequest struct {
 	// Answered is set when the evidence answers a challenge: the first
 	// round, as the signer found it (see Result.Answers).
 	Answered *Round
+	// Policy is the Cluster's policy document for this provider (YAML or
+	// JSON, provider-defined: the TPM boot-state policy), nil when the
+	// Cluster sets none. A verifier that cannot parse it returns a
+	// transient error (the operator fixes it), never a denial.
+	Policy []byte
 }
 
 // Round is an earlier, challenged request, as the signer found it. The

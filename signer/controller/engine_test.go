@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"k8s.io/apimachinery/pkg/api/equality"
 	k8stesting "k8s.io/client-go/testing"
 	"net"
@@ -123,7 +124,7 @@ type rig struct {
 	kind   string
 }
 
-func newRig(t *testing.T, serving bool) *rig {
+func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 	t.Helper()
 	caCert, caKey, err := issue.NewCA("test CA", time.Now(), 24*time.Hour)
 	if err != nil {
@@ -141,7 +142,7 @@ func newRig(t *testing.T, serving bool) *rig {
 		Client:    &issue.Signer{CA: loaded, MaxLifetime: time.Hour},
 		Serving:   &issue.Signer{CA: loaded, MaxLifetime: time.Hour, Serving: true},
 	}
-	c, err := New(Config{
+	cfg := Config{
 		Cluster: "ns/c",
 		Client:  cs,
 		Engine: engine.Config{
@@ -151,7 +152,13 @@ func newRig(t *testing.T, serving bool) *rig {
 			ChallengeKey: []byte(strings.Repeat("k", 32)),
 			Now:          clk.fn(),
 		},
-	})
+		MinRetry: time.Millisecond,
+		MaxRetry: time.Millisecond,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +180,12 @@ func newRig(t *testing.T, serving bool) *rig {
 // file creates a CSR with evidence ev for key material req.
 func (r *rig) file(name string, req signertest.Request, ev challengeEvidence) *certificatesv1.CertificateSigningRequest {
 	r.t.Helper()
+	return r.fileWith(name, req, ev, nil)
+}
+
+// fileWith is file with an edit of the object before it is created.
+func (r *rig) fileWith(name string, req signertest.Request, ev challengeEvidence, edit func(*certificatesv1.CertificateSigningRequest)) *certificatesv1.CertificateSigningRequest {
+	r.t.Helper()
 	b, err := json.Marshal(ev)
 	if err != nil {
 		r.t.Fatal(err)
@@ -193,6 +206,9 @@ func (r *rig) file(name string, req signertest.Request, ev challengeEvidence) *c
 		req.DNSNames = []string{"node-1.example"}
 	}
 	csr.Spec.Request, _ = req.Build(r.t)
+	if edit != nil {
+		edit(csr)
+	}
 	if _, err := r.cs.CertificatesV1().CertificateSigningRequests().Create(r.ctx, csr, metav1.CreateOptions{}); err != nil {
 		r.t.Fatal(err)
 	}
@@ -333,4 +349,122 @@ func mustSPKI(t *testing.T, key crypto.Signer) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// flaky is a verifier whose upstream is down.
+type flaky struct{ calls int }
+
+func (*flaky) Versions() []string { return []string{"v1"} }
+func (f *flaky) Verify(context.Context, *attestor.VerifyRequest) (*attestor.Result, error) {
+	f.calls++
+	return nil, errors.New("upstream unavailable")
+}
+
+// TestForgedChallenge: a request filed with a challenge annotation of its
+// own (an expiry in the year 9999) is denied at once, without a verifier
+// call and without waiting on the forged expiry; and authorization comes
+// before the challenge guard.
+func TestForgedChallenge(t *testing.T) {
+	forged := `{"version":"v1","credentialBlob":"AA==","encryptedSecret":"AA==","expires":"9999-12-31T23:59:59Z"}`
+	for _, tc := range []struct {
+		name       string
+		authorized []string
+		seal       string
+		want       string
+	}{
+		{"unsealed", []string{"fake"}, "", attestor.ReasonMalformedChallenge},
+		{"sealed by someone else", []string{"fake"}, "v1.253402300799.AAAA", attestor.ReasonMalformedChallenge},
+		{"not authorized", nil, "", attestor.ReasonAttestorNotAuthorized},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, false, func(c *Config) { c.Engine.Authorized = tc.authorized })
+			req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+			r.fileWith("forged", req, challengeEvidence{Version: "v1", ProviderID: pid}, func(c *certificatesv1.CertificateSigningRequest) {
+				c.Annotations = map[string]string{attestor.AnnotationChallenge: forged}
+				if tc.seal != "" {
+					c.Annotations[attestor.AnnotationChallengeSeal] = tc.seal
+				}
+			})
+			after, err := r.sync("forged")
+			if err != nil || after != 0 {
+				t.Fatalf("sync = %v, %v; want a decision now", after, err)
+			}
+			if got := cond(r.get("forged")); got != "Denied/"+tc.want {
+				t.Errorf("forged challenge: %s, want Denied/%s", got, tc.want)
+			}
+			if r.v.calls != 0 {
+				t.Errorf("the verifier was called %d times", r.v.calls)
+			}
+		})
+	}
+}
+
+// TestServingRules: a client-only provider's serving signer is refused,
+// and a bootstrap identity never gets a serving certificate.
+func TestServingRules(t *testing.T) {
+	t.Run("client-only provider", func(t *testing.T) {
+		r := newRig(t, true, func(c *Config) {
+			c.Engine.Profiles = engine.Profiles(engine.ProfileSet{
+				Verifiers:  map[string]attestor.Verifier{"fake": &challenger{now: time.Now, ttl: time.Minute}},
+				ClientOnly: []string{"fake"},
+				Client:     c.Engine.Profiles[0].Signer,
+				Serving:    c.Engine.Profiles[1].Signer,
+			})
+		})
+		r.file("serving", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid})
+		if _, err := r.sync("serving"); err != nil {
+			t.Fatal(err)
+		}
+		if got := cond(r.get("serving")); got != "Denied/"+attestor.ReasonSignerNotServed {
+			t.Errorf("serving request to a client-only provider: %s", got)
+		}
+	})
+	t.Run("bootstrap requester", func(t *testing.T) {
+		r := newRig(t, true)
+		r.fileWith("serving", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid}, func(c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Username, c.Spec.Groups = "system:bootstrap:abcdef", []string{"system:bootstrappers"}
+		})
+		if _, err := r.sync("serving"); err != nil {
+			t.Fatal(err)
+		}
+		if got := cond(r.get("serving")); got != "Denied/"+attestor.ReasonRequesterNotAllowed {
+			t.Errorf("serving request by a bootstrap token: %s", got)
+		}
+		if r.v.calls != 0 {
+			t.Errorf("the verifier was called %d times", r.v.calls)
+		}
+	})
+}
+
+// TestUndecidable: a request whose verification keeps failing transiently
+// is retried, never denied for it, until MaxTries; then it is denied with
+// a reason of its own, and the work it caused is bounded by MaxTries.
+func TestUndecidable(t *testing.T) {
+	down := &flaky{}
+	r := newRig(t, false, func(c *Config) {
+		c.MaxTries = 4
+		for _, p := range c.Engine.Profiles {
+			if p.Verifier != nil {
+				p.Verifier = down
+			}
+		}
+	})
+	r.file("stuck", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid})
+	r.c.queue.Add(key{signer: r.signer, name: "stuck"})
+	r.sync("stuck") // let the informer catch up; counts as the first try
+	r.c.queue.AddRateLimited(key{signer: r.signer, name: "stuck"})
+	deadline := time.Now().Add(10 * time.Second)
+	for cond(r.get("stuck")) == "pending" && time.Now().Before(deadline) {
+		if r.c.queue.Len() == 0 {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		r.c.processNext(r.ctx)
+	}
+	if got := cond(r.get("stuck")); got != "Denied/"+attestor.ReasonUndecidable {
+		t.Fatalf("stuck request: %s, want Denied/%s", got, attestor.ReasonUndecidable)
+	}
+	if down.calls > 5 {
+		t.Errorf("the verifier was called %d times for one request, want at most MaxTries+1", down.calls)
+	}
 }
