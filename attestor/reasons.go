@@ -137,6 +137,10 @@ const (
 	// ReasonMachineIdentityMismatch: trust on first use bound another
 	// identity to this Machine.
 	ReasonMachineIdentityMismatch = "MachineIdentityMismatch"
+	// ReasonNodeAlreadyJoined: a bootstrap identity asked an attestor that
+	// registers a node once (insecure) for a node that has joined; the
+	// node renews with its own identity.
+	ReasonNodeAlreadyJoined = "NodeAlreadyJoined"
 	// ReasonNodeNotAllowed: standalone mode has no allowlist entry for the
 	// node.
 	ReasonNodeNotAllowed = "NodeNotAllowed"

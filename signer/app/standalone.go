@@ -21,6 +21,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
@@ -175,8 +176,9 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 			Client:  cs,
 			Engine: engine.Config{
 				Profiles: engine.Profiles(engine.ProfileSet{
-					Verifiers: verifiers,
-					Client:    &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
+					Verifiers:  verifiers,
+					ClientOnly: []string{insecure.Name},
+					Client:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
 				}),
 				Authorized:   o.AuthorizedAttestors,
 				Machines:     &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},

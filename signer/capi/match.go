@@ -206,7 +206,8 @@ func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine
 
 // toMachine is what the engine needs to know about a Machine.
 func toMachine(m *clusterv1.Machine) *engine.Machine {
-	out := &engine.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID, Annotations: maps.Clone(m.Annotations)}
+	out := &engine.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ProviderID: m.Spec.ProviderID, Annotations: maps.Clone(m.Annotations),
+		Joined: m.Status.NodeRef.IsDefined()}
 	for _, a := range m.Status.Addresses {
 		switch a.Type {
 		case clusterv1.MachineHostName, clusterv1.MachineInternalDNS, clusterv1.MachineExternalDNS:

@@ -468,3 +468,59 @@ func TestUndecidable(t *testing.T) {
 		t.Errorf("the verifier was called %d times for one request, want at most MaxTries+1", down.calls)
 	}
 }
+
+// TestInsecureJoinsOnce: an attestor that registers a node once (insecure)
+// issues to a bootstrap token only while the Machine's node has not
+// joined, for a worker and a control-plane Machine alike; the node's own
+// renewal still passes.
+func TestInsecureJoinsOnce(t *testing.T) {
+	for _, name := range []string{"worker", "control-plane"} {
+		t.Run(name, func(t *testing.T) {
+			joined := *theMachine
+			joined.Name, joined.Joined = name, true
+			r := newRig(t, false, func(c *Config) {
+				c.Engine.Machines = fixedMachine{&joined}
+				for _, p := range c.Engine.Profiles {
+					if p.Verifier != nil {
+						p.Verifier, p.JoinOnce = plain{}, true
+					}
+				}
+			})
+			req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+			r.file("again", req, challengeEvidence{Version: "v1", ProviderID: pid})
+			if _, err := r.sync("again"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("again")); got != "Denied/"+attestor.ReasonNodeAlreadyJoined {
+				t.Errorf("bootstrap token for a joined node: %s, want Denied/%s", got, attestor.ReasonNodeAlreadyJoined)
+			}
+			r.fileWith("renewal", req, challengeEvidence{Version: "v1", ProviderID: pid}, func(c *certificatesv1.CertificateSigningRequest) {
+				c.Spec.Username, c.Spec.Groups = "system:node:node-1", []string{"system:nodes"}
+			})
+			if _, err := r.sync("renewal"); err != nil {
+				t.Fatal(err)
+			}
+			if got := cond(r.get("renewal")); got != "issued" && !strings.HasPrefix(got, "Approved/") {
+				t.Errorf("the node's own renewal: %s, want issued", got)
+			}
+			if len(r.get("renewal").Status.Certificate) == 0 {
+				t.Errorf("the node's own renewal was not issued")
+			}
+		})
+	}
+}
+
+// plain proves what the evidence claims, in one round.
+type plain struct{}
+
+func (plain) Versions() []string { return []string{"v1"} }
+func (plain) Verify(_ context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
+	return &attestor.Result{Identity: &attestor.Identity{ProviderID: in.ProviderID}}, nil
+}
+
+type fixedMachine struct{ m *engine.Machine }
+
+func (f fixedMachine) MatchMachine(context.Context, string, string) (*engine.Machine, error) {
+	return f.m, nil
+}
+func (f fixedMachine) ForNode(context.Context, string) (*engine.Machine, error) { return f.m, nil }

@@ -101,6 +101,10 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return dd
 	}
 	d.Machine = m
+	if p.JoinOnce && m.Joined && !checked.Renewal {
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonNodeAlreadyJoined, Message: fmt.Sprintf(
+			"node %q of Machine %s has joined already; attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)", checked.NodeName, m, p.Provider)})
+	}
 
 	if p.Verifier == nil {
 		d.Outcome = Approve

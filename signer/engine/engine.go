@@ -47,6 +47,9 @@ type Machine struct {
 	// them.
 	DNSNames []string
 	IPs      []net.IP
+	// Joined is true once the Machine's node has joined (status.nodeRef
+	// is set).
+	Joined bool
 	// Identity, when set, pins the attested stable identity: evidence that
 	// proves another one is denied (standalone allowlist entries).
 	Identity string
@@ -106,6 +109,10 @@ type Profile struct {
 	// Signer signs approved requests; nil means approve only (another
 	// signer, kube-controller-manager, issues).
 	Signer CertificateSigner
+	// JoinOnce issues to a bootstrap identity only for a Machine whose node
+	// has not joined: the attestor proves nothing a second registration
+	// could be told apart by (insecure). The node's own renewals pass.
+	JoinOnce bool
 	// Refused, when set, denies every request to this signer name with
 	// reason SignerNotServed and this explanation.
 	Refused string

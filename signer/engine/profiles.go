@@ -16,7 +16,8 @@ type ProfileSet struct {
 	// Verifiers are the providers the controller knows, by name.
 	Verifiers map[string]attestor.Verifier
 	// ClientOnly names the providers that may issue client certificates
-	// only (insecure: it proves nothing a serving certificate could rest on).
+	// only, and register each node once (insecure: it proves nothing a
+	// serving certificate or a second registration could rest on).
 	ClientOnly []string
 	// Client signs client certificates (the cluster's client CA).
 	Client CertificateSigner
@@ -33,7 +34,8 @@ func Profiles(s ProfileSet) []*Profile {
 	var out []*Profile
 	for _, p := range slices.Sorted(maps.Keys(s.Verifiers)) {
 		v := s.Verifiers[p]
-		out = append(out, &Profile{SignerName: attestor.ClientSignerName(p), Kind: checks.Client, Provider: p, Verifier: v, Signer: s.Client})
+		out = append(out, &Profile{SignerName: attestor.ClientSignerName(p), Kind: checks.Client, Provider: p, Verifier: v, Signer: s.Client,
+			JoinOnce: slices.Contains(s.ClientOnly, p)})
 		if s.Serving == nil {
 			continue
 		}
