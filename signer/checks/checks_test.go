@@ -247,7 +247,6 @@ func TestCheckResult(t *testing.T) {
 	}
 }
 
-
 // corruptSignature flips a bit in the last byte of the PKCS#10 block (the
 // signature) and re-encodes spec.request.
 func corruptSignature(t *testing.T, request []byte) []byte {
