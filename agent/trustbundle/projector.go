@@ -12,13 +12,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -36,28 +32,8 @@ const (
 
 // versions lists the ClusterTrustBundle versions this package reads,
 // preferred first. Their fields (spec.signerName, spec.trustBundle) are the
-// same in all of them, so objects are read unstructured.
+// same in all of them.
 func versions() []string { return []string{"v1", "v1beta1", "v1alpha1"} }
-
-// DiscoverResource returns the ClusterTrustBundle resource the server
-// serves, preferring certificates.k8s.io/v1, then v1beta1, then v1alpha1.
-func DiscoverResource(d discovery.DiscoveryInterface) (schema.GroupVersionResource, error) {
-	var errs []error
-	for _, v := range versions() {
-		gv := schema.GroupVersion{Group: Group, Version: v}
-		list, err := d.ServerResourcesForGroupVersion(gv.String())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", gv, err))
-			continue
-		}
-		for _, r := range list.APIResources {
-			if r.Name == Resource {
-				return gv.WithResource(Resource), nil
-			}
-		}
-	}
-	return schema.GroupVersionResource{}, fmt.Errorf("the API server serves no ClusterTrustBundle API (tried %s in %s): %w", strings.Join(versions(), ", "), Group, errors.Join(errs...))
-}
 
 // Metrics receives what projections do; agent/metrics implements it. A
 // projection is named by its Key (its path).
@@ -93,8 +69,9 @@ type Status struct {
 
 // Projector keeps one projection current.
 type Projector struct {
-	// Client reads Resource.
-	Client   dynamic.Interface
+	// Config reaches the API server; Resource is the ClusterTrustBundle
+	// version it serves (see Discover).
+	Config   *rest.Config
 	Resource schema.GroupVersionResource
 	// Projection is what to select and where to write it.
 	Projection config.TrustBundleProjection
@@ -138,12 +115,11 @@ func ListOptions(pr config.TrustBundleProjection) (metav1.ListOptions, error) {
 
 // matches checks the selection again on the client: the projection must
 // never take in an object it did not ask for.
-func matches(pr config.TrustBundleProjection, sel labels.Selector, o *unstructured.Unstructured) bool {
+func matches(pr config.TrustBundleProjection, sel labels.Selector, o *clusterTrustBundle) bool {
 	if pr.Name != "" {
-		return o.GetName() == pr.Name
+		return o.Name == pr.Name
 	}
-	signer, _, _ := unstructured.NestedString(o.Object, "spec", "signerName")
-	return signer == pr.SignerName && sel.Matches(labels.Set(o.GetLabels()))
+	return o.Spec.SignerName == pr.SignerName && sel.Matches(labels.Set(o.Labels))
 }
 
 // Run watches the selected objects and keeps the file current until ctx is
@@ -160,23 +136,13 @@ func (p *Projector) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	p.writer = NewWriter(pr.Path)
-	p.status = Status{Projection: pr.Key(), Resource: p.Resource.GroupVersion().String(), Stale: true, Reason: "not read from the API server yet"}
-	if current, err := p.writer.Read(); err != nil {
-		p.status.Reason = err.Error()
-	} else if current != nil {
-		p.status.Certificates = Count(current)
-		if fi, err := os.Stat(p.writer.Path()); err == nil {
-			p.status.LastUpdate = fi.ModTime()
-		}
+	client, err := newClient(p.Config, p.Resource.GroupVersion())
+	if err != nil {
+		return err
 	}
-	if err := p.writer.Cleanup(); err != nil {
-		p.status.Reason = err.Error()
-	}
-	p.publish(nil)
+	p.start()
 
-	informer := dynamicinformer.NewFilteredDynamicInformer(p.Client, p.Resource, "", 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.FieldSelector, o.LabelSelector = opts.FieldSelector, opts.LabelSelector }).Informer()
+	informer := cache.NewSharedIndexInformer(listWatch(client, opts), &clusterTrustBundle{}, 0, cache.Indexers{})
 	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		// Only explains a projection not read yet: after a first sync the
 		// file stays right while the informer reconnects.
@@ -218,15 +184,35 @@ func (p *Projector) Run(ctx context.Context) error {
 		}
 		objects := map[string]string{}
 		for _, item := range informer.GetStore().List() {
-			o, ok := item.(*unstructured.Unstructured)
+			o, ok := item.(*clusterTrustBundle)
 			if !ok || !matches(pr, sel, o) {
 				continue
 			}
-			tb, _, _ := unstructured.NestedString(o.Object, "spec", "trustBundle")
-			objects[o.GetName()] = tb
+			objects[o.Name] = o.Spec.TrustBundle
 		}
 		p.sync(ctx, objects)
 	}
+}
+
+// start reads what the projection's directory holds from an earlier run,
+// cleans up after an interrupted write and publishes the initial status:
+// stale until the first sync.
+func (p *Projector) start() {
+	pr := p.Projection
+	p.writer = NewWriter(pr.Path)
+	p.status = Status{Projection: pr.Key(), Resource: p.Resource.GroupVersion().String(), Stale: true, Reason: "not read from the API server yet"}
+	if current, err := p.writer.Read(); err != nil {
+		p.status.Reason = err.Error()
+	} else if current != nil {
+		p.status.Certificates = Count(current)
+		if fi, err := os.Stat(p.writer.Path()); err == nil {
+			p.status.LastUpdate = fi.ModTime()
+		}
+	}
+	if err := p.writer.Cleanup(); err != nil {
+		p.status.Reason = err.Error()
+	}
+	p.publish(nil)
 }
 
 // sync writes the bundle of objects, or keeps the last good content.
@@ -336,21 +322,14 @@ func (m *Manager) Run(ctx context.Context) error {
 	if len(m.Projections) == 0 {
 		return nil
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(m.Config)
-	if err != nil {
-		return fmt.Errorf("unable to create discovery client: %w", err)
-	}
-	client, err := dynamic.NewForConfig(m.Config)
-	if err != nil {
-		return fmt.Errorf("unable to create client: %w", err)
-	}
 	retryMax := m.RetryMax
 	if retryMax == 0 {
 		retryMax = time.Minute
 	}
 	var gvr schema.GroupVersionResource
+	var err error
 	for wait := time.Second; ; wait = min(2*wait, retryMax) {
-		if gvr, err = DiscoverResource(dc); err == nil {
+		if gvr, err = Discover(ctx, m.Config); err == nil {
 			break
 		}
 		for _, pr := range m.Projections {
@@ -370,7 +349,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(m.Projections))
 	for i, pr := range m.Projections {
-		p := &Projector{Client: client, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus}
+		p := &Projector{Config: m.Config, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus}
 		wg.Go(func() { errs[i] = p.Run(ctx) })
 	}
 	wg.Wait()
