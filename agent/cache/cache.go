@@ -25,14 +25,13 @@ import (
 
 	"github.com/gofrs/flock"
 
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 )
 
 const (
-	// CurrentFile holds a header line (see agent/fastpath), the current
+	// CurrentFile holds a header line (see Header), the current
 	// certificate chain and its key.
-	CurrentFile = fastpath.CurrentFile
+	CurrentFile = "kubelet-client-current.pem"
 	// PendingKeyFile holds the key of a CSR that was filed but not yet
 	// answered, so that a retry finds the same CSR.
 	PendingKeyFile = "kubelet-client-pending.key"
@@ -95,7 +94,7 @@ func (d Dir) Load() (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unable to read cached credential: %w", err)
 	}
-	h, body, err := fastpath.Split(data)
+	h, body, err := SplitHeader(data)
 	if err != nil {
 		return nil, fmt.Errorf("cached credential is corrupt: %w", err)
 	}
@@ -155,7 +154,7 @@ func ParseCredential(data []byte) (*Credential, error) {
 
 // Store replaces the current credential atomically (0600). It refuses a
 // certificate that does not parse, is not a node's, or whose key does not
-// match, so that what it writes can be trusted by the fast path.
+// match, so that Fresh can trust what it wrote.
 func (d Dir) Store(certPEM, keyPEM []byte) error {
 	body := append(append([]byte{}, certPEM...), keyPEM...)
 	cred, err := ParseCredential(body)
@@ -169,7 +168,7 @@ func (d Dir) Store(certPEM, keyPEM []byte) error {
 	if err := d.Ensure(); err != nil {
 		return err
 	}
-	h := fastpath.Header{
+	h := Header{
 		Node:       node,
 		NotBefore:  cred.Leaf.NotBefore,
 		RenewBy:    rotation.RenewBy(cred.Leaf),

@@ -17,8 +17,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 )
 
 func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
@@ -93,7 +91,7 @@ func TestLoadRejectsCorruptOrMismatched(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := Dir{Path: t.TempDir()}
 			// A valid header and digest: the content itself must be rejected.
-			h := fastpath.Header{Node: "n1", NotBefore: time.Now(), RenewBy: time.Now().Add(time.Hour), Expiration: time.Now().Add(time.Hour)}
+			h := Header{Node: "n1", NotBefore: time.Now(), RenewBy: time.Now().Add(time.Hour), Expiration: time.Now().Add(time.Hour)}
 			data := append(h.Encode(body), body...)
 			if err := os.WriteFile(filepath.Join(d.Path, CurrentFile), data, 0o600); err != nil {
 				t.Fatal(err)

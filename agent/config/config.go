@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
@@ -31,8 +30,8 @@ const (
 
 // Defaults.
 const (
-	DefaultPath                = fastpath.DefaultConfigPath
-	DefaultCacheDir            = fastpath.DefaultCacheDir
+	DefaultPath                = "/etc/kubelet-authenticator/config.yaml"
+	DefaultCacheDir            = "/var/lib/kubelet-authenticator"
 	DefaultBootstrapKubeconfig = "/etc/kubernetes/bootstrap-kubelet.conf"
 	DefaultRequestTimeout      = 5 * time.Minute
 	DefaultAttestor            = "tpm"

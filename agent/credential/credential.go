@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -408,7 +407,43 @@ func ExecInfo(env string) (*clientauthv1.ExecCredential, error) {
 }
 
 // Marshal returns the ExecCredential JSON for cred, in the apiVersion kubelet
-// asked with ("" means v1); the same bytes the launcher's cached path prints.
+// asked with ("" means v1).
 func Marshal(apiVersion string, cred *cache.Credential, expires time.Time) ([]byte, error) {
-	return fastpath.MarshalExecCredential(apiVersion, expires, cred.CertPEM, cred.KeyPEM)
+	return MarshalPEM(apiVersion, cred.CertPEM, cred.KeyPEM, expires)
+}
+
+// MarshalPEM returns the ExecCredential JSON (and a newline) the plugin
+// prints for a PEM certificate chain and key, in the apiVersion kubelet
+// asked with ("" means v1). client-go reuses the credential until expires.
+func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([]byte, error) {
+	if apiVersion == "" {
+		apiVersion = "client.authentication.k8s.io/v1"
+	}
+	out, err := json.Marshal(execCredential{
+		APIVersion: apiVersion,
+		Kind:       "ExecCredential",
+		Status: execCredentialStatus{
+			ExpirationTimestamp:   expires.UTC().Format(time.RFC3339),
+			ClientCertificateData: string(certPEM),
+			ClientKeyData:         string(keyPEM),
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
+
+// execCredential is what the plugin prints: the status part of
+// client.authentication.k8s.io ExecCredential, the same in v1 and v1beta1.
+type execCredential struct {
+	APIVersion string               `json:"apiVersion"`
+	Kind       string               `json:"kind"`
+	Status     execCredentialStatus `json:"status"`
+}
+
+type execCredentialStatus struct {
+	ExpirationTimestamp   string `json:"expirationTimestamp"`
+	ClientCertificateData string `json:"clientCertificateData"`
+	ClientKeyData         string `json:"clientKeyData"`
 }
