@@ -343,10 +343,12 @@ func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name strin
 	return "", annotation, false
 }
 
-// restConfig returns the client configuration for filing the CSR: the
-// cluster from KUBERNETES_EXEC_INFO when provided, else from the bootstrap
-// kubeconfig; authenticated as the node with current when there is one (a
-// renewal), else with the bootstrap credential.
+// restConfig returns the client configuration for filing the CSR. A
+// renewal (current set) authenticates as the node with current, to the
+// cluster from KUBERNETES_EXEC_INFO when provided, else the bootstrap
+// kubeconfig's. The bootstrap credential goes only to the bootstrap
+// kubeconfig's server, verified with its CA: whoever can set the cluster
+// kubelet's kubeconfig names must not collect the bootstrap token.
 func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 	var boot *rest.Config
 	bootErr := error(nil)
@@ -356,28 +358,31 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 		bootErr = fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", s.Config.BootstrapKubeconfig, err)
 	}
 	cfg := &rest.Config{}
-	switch {
-	case s.Cluster != nil && s.Cluster.Server != "":
-		cfg.Host = s.Cluster.Server
-		cfg.TLSClientConfig.CAData = s.Cluster.CertificateAuthorityData
-		cfg.TLSClientConfig.ServerName = s.Cluster.TLSServerName
-		cfg.TLSClientConfig.Insecure = s.Cluster.InsecureSkipTLSVerify
-		if s.Cluster.ProxyURL != "" {
-			return nil, errors.New("cluster proxy-url is not supported")
-		}
-	case boot != nil:
+	if boot != nil {
 		cfg.Host = boot.Host
 		cfg.TLSClientConfig = rest.TLSClientConfig{CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}
-	default:
-		return nil, fmt.Errorf("no cluster to talk to: KUBERNETES_EXEC_INFO has none and %w", bootErr)
 	}
 	if current != nil {
+		switch {
+		case s.Cluster != nil && s.Cluster.Server != "":
+			if s.Cluster.ProxyURL != "" {
+				return nil, errors.New("cluster proxy-url is not supported")
+			}
+			cfg.Host = s.Cluster.Server
+			cfg.TLSClientConfig = rest.TLSClientConfig{CAData: s.Cluster.CertificateAuthorityData, ServerName: s.Cluster.TLSServerName, Insecure: s.Cluster.InsecureSkipTLSVerify}
+		case boot == nil:
+			return nil, fmt.Errorf("no cluster to talk to: KUBERNETES_EXEC_INFO has none and %w", bootErr)
+		}
 		cfg.TLSClientConfig.CertData = current.CertPEM
 		cfg.TLSClientConfig.KeyData = current.KeyPEM
 		return cfg, nil
 	}
 	if boot == nil {
 		return nil, bootErr
+	}
+	if s.Cluster != nil && s.Cluster.Server != "" && s.Cluster.Server != boot.Host {
+		s.logf("bootstrapping with %s's server %s, not %s from KUBERNETES_EXEC_INFO: the bootstrap credential goes only to its own server",
+			s.Config.BootstrapKubeconfig, boot.Host, s.Cluster.Server)
 	}
 	cfg.BearerToken = boot.BearerToken
 	cfg.BearerTokenFile = boot.BearerTokenFile

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"maps"
 	"math/big"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +25,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -390,5 +393,37 @@ func TestFailedRenewalKeepsCertificate(t *testing.T) {
 				t.Errorf("the cached credential changed after a failed renewal (%v)", err)
 			}
 		})
+	}
+}
+
+// TestBootstrapTokenOnlyToItsServer: KUBERNETES_EXEC_INFO names the cluster
+// of kubelet's kubeconfig, which may differ from the bootstrap
+// kubeconfig's; the bootstrap token is sent only to the bootstrap
+// kubeconfig's server (with its CA), so a server named in the exec info,
+// even one the plugin is told not to verify, receives nothing.
+func TestBootstrapTokenOnlyToItsServer(t *testing.T) {
+	cp := startControlPlane(t)
+	startSigner(t, cp, func(*certificatesv1.CertificateSigningRequest, *attestor.AttestedRequest, testEvidence) decision {
+		return decision{sign: true}
+	})
+	var mu sync.Mutex
+	var got []string
+	other := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" Authorization="+r.Header.Get("Authorization"))
+		mu.Unlock()
+		http.Error(w, "not here", http.StatusForbidden)
+	}))
+	t.Cleanup(other.Close)
+
+	src := newSource(t, cp, &testAttestor{versions: []string{"v1"}})
+	src.Cluster = &clientauthv1.Cluster{Server: other.URL, InsecureSkipTLSVerify: true}
+	if _, _, err := src.Get(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) > 0 {
+		t.Fatalf("the exec info's server received %q", got)
 	}
 }
