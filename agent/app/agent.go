@@ -240,6 +240,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	a.mu.Lock()
 	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
 	a.mu.Unlock()
+	a.cleanUp(ctx, cfg)
 	a.record(func(s *status.State) {
 		s.PID, s.Started, s.MetricsAddress = os.Getpid(), a.started, a.metricsAddr
 		s.TrustBundles = nil
@@ -342,6 +343,35 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		})
 	}
 	wg.Wait()
+}
+
+// cleanUp removes what an earlier run left behind: temporary files of a
+// writer that died in the cache directory (under the cache lock), and the
+// files of trust bundle projections the recorded state has and cfg no
+// longer does.
+func (a *agent) cleanUp(ctx context.Context, cfg *config.NodeConfig) {
+	dir := cache.Dir{Path: cfg.CacheDir}
+	lctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout.Duration)
+	if unlock, err := dir.Lock(lctx); err != nil {
+		a.log.Error(err, "not cleaning up the cache directory")
+	} else {
+		if err := dir.RemoveTemp(); err != nil {
+			a.log.Error(err, "unable to clean up the cache directory")
+		}
+		unlock()
+	}
+	cancel()
+	prev, err := status.LoadState(cfg.CacheDir)
+	if err != nil || prev == nil {
+		return
+	}
+	var paths []string
+	for _, s := range prev.TrustBundles {
+		paths = append(paths, s.Projection)
+	}
+	if err := trustbundle.RemoveStale(paths, cfg.TrustBundles); err != nil {
+		a.log.Error(err, "unable to remove a former trust bundle projection")
+	}
 }
 
 // bundleStatus records a projection's status and logs what changed.

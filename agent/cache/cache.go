@@ -239,7 +239,7 @@ func parseECKey(data []byte) (*ecdsa.PrivateKey, error) {
 // the new, never a partial file.
 func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempMarker+"*")
 	if err != nil {
 		return fmt.Errorf("unable to write %s: %w", path, err)
 	}
@@ -272,4 +272,31 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 		_ = d.Close()
 	}
 	return nil
+}
+
+// tempMarker is in the name of every temporary file WriteFileAtomic
+// creates: "." + base + ".tmp-" + random.
+const tempMarker = ".tmp-"
+
+// RemoveTemp removes temporary files a crashed writer left in the cache
+// directory (WriteFileAtomic's, which start with a dot and carry
+// ".tmp-"). Only the agent calls it, at start, holding the lock, so that
+// no writer's file in progress is taken away.
+func (d Dir) RemoveTemp() error {
+	entries, err := os.ReadDir(d.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unable to clean up cache directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && strings.HasPrefix(n, ".") && strings.Contains(n, tempMarker) {
+			if err := os.Remove(filepath.Join(d.Path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,5 +182,42 @@ func TestLockIsExclusive(t *testing.T) {
 	defer cancel()
 	if _, err := d.Lock(ctx); err == nil {
 		t.Fatal("second lock taken while held")
+	}
+}
+
+// TestRemoveTemp: the temporary files of a writer that died between create
+// and rename are removed at start; the credential, the pending key and the
+// lock are not.
+func TestRemoveTemp(t *testing.T) {
+	d := Dir{Path: t.TempDir()}
+	cert, key := selfSigned(t)
+	if err := d.Store(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err := d.StorePendingKey(k); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := d.Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	for _, n := range []string{"." + CurrentFile + ".tmp-123", "." + PendingKeyFile + ".tmp-456", ".state.json.tmp-789"} {
+		if err := os.WriteFile(filepath.Join(d.Path, n), []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.RemoveTemp(); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(d.Path)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	if want := []string{LockFile, CurrentFile, PendingKeyFile}; !slices.Equal(names, want) {
+		t.Fatalf("after RemoveTemp: %q, want %q", names, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +29,12 @@ const (
 	Resource = "clustertrustbundles"
 	// DefaultCommandTimeout bounds a post-update command.
 	DefaultCommandTimeout = 30 * time.Second
+	// DefaultRetryInitial and DefaultRetryMax bound the backoff after a
+	// failed write; DefaultResyncPeriod is how often a projection is
+	// written again from what the watch holds, without a change.
+	DefaultRetryInitial = time.Second
+	DefaultRetryMax     = 5 * time.Minute
+	DefaultResyncPeriod = 10 * time.Minute
 )
 
 // versions lists the ClusterTrustBundle versions this package reads,
@@ -83,6 +90,10 @@ type Projector struct {
 	// CommandTimeout bounds the post-update command; 0 means
 	// DefaultCommandTimeout.
 	CommandTimeout time.Duration
+	// RetryInitial and RetryMax bound the backoff after a failed write;
+	// ResyncPeriod is how often the file is checked against its source
+	// without a change. 0 means the defaults.
+	RetryInitial, RetryMax, ResyncPeriod time.Duration
 
 	writer     *Writer
 	commandErr string // of the last post-update command; Run's goroutine only
@@ -176,12 +187,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		return nil
 	}
 	poke()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-trigger:
-		}
+	p.loop(ctx, trigger, func() map[string]string {
 		objects := map[string]string{}
 		for _, item := range informer.GetStore().List() {
 			o, ok := item.(*clusterTrustBundle)
@@ -190,7 +196,47 @@ func (p *Projector) Run(ctx context.Context) error {
 			}
 			objects[o.Name] = o.Spec.TrustBundle
 		}
-		p.sync(ctx, objects)
+		return objects
+	})
+	return nil
+}
+
+// loop syncs the selected objects (from selected) on every trigger, after
+// a failed write with exponential backoff (RetryInitial to RetryMax), and
+// every ResyncPeriod, so that a file changed or removed behind the agent's
+// back is put back without waiting for the next change of its source.
+func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string) {
+	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
+	if retryInitial <= 0 {
+		retryInitial = DefaultRetryInitial
+	}
+	if retryMax <= 0 {
+		retryMax = DefaultRetryMax
+	}
+	if resyncPeriod <= 0 {
+		resyncPeriod = DefaultResyncPeriod
+	}
+	resync := time.NewTicker(resyncPeriod)
+	defer resync.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-trigger:
+		case <-retry.C:
+		case <-resync.C:
+		}
+		if err := p.sync(ctx, selected()); err != nil {
+			backoff = min(max(2*backoff, retryInitial), retryMax)
+			retry.Reset(backoff)
+			continue
+		}
+		backoff = 0
+		retry.Stop()
 	}
 }
 
@@ -215,8 +261,10 @@ func (p *Projector) start() {
 	p.publish(nil)
 }
 
-// sync writes the bundle of objects, or keeps the last good content.
-func (p *Projector) sync(ctx context.Context, objects map[string]string) {
+// sync writes the bundle of objects, or keeps the last good content. It
+// returns the error of a failed write (worth retrying); a source that is
+// missing or invalid is not an error here, its next change triggers a sync.
+func (p *Projector) sync(ctx context.Context, objects map[string]string) error {
 	sources := make([]string, 0, len(objects))
 	for n := range objects {
 		sources = append(sources, n)
@@ -234,13 +282,13 @@ func (p *Projector) sync(ctx context.Context, objects map[string]string) {
 			reason = "invalid trust bundle, keeping the last good content: " + reason
 		}
 		p.publish(func(s *Status) { s.Stale, s.Reason = true, reason })
-		return
+		return nil
 	}
 	changed, err := p.writer.Write(b.PEM)
 	now := p.now()
 	if err != nil {
 		p.publish(func(s *Status) { s.Stale, s.Reason = true, err.Error() })
-		return
+		return err
 	}
 	if changed {
 		if p.Metrics != nil {
@@ -257,6 +305,7 @@ func (p *Projector) sync(ctx context.Context, objects map[string]string) {
 			s.LastUpdate = now
 		}
 	})
+	return nil
 }
 
 // runCommand runs the post-update command. It is not cut short by ctx (a
@@ -353,5 +402,25 @@ func (m *Manager) Run(ctx context.Context) error {
 		wg.Go(func() { errs[i] = p.Run(ctx) })
 	}
 	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// RemoveStale removes the files of projections at previous paths that
+// current no longer has (see Writer.Remove). A directory that a current
+// projection uses is left alone, whatever its file name.
+func RemoveStale(previous []string, current []config.TrustBundleProjection) error {
+	inUse := map[string]bool{}
+	for _, pr := range current {
+		inUse[filepath.Dir(filepath.Clean(pr.Path))] = true
+	}
+	var errs []error
+	for _, path := range previous {
+		if path == "" || !filepath.IsAbs(path) || inUse[filepath.Dir(filepath.Clean(path))] {
+			continue
+		}
+		if err := NewWriter(filepath.Clean(path)).Remove(); err != nil {
+			errs = append(errs, fmt.Errorf("unable to remove the former projection %s: %w", path, err))
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -278,3 +278,38 @@ func syncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// Remove takes away what the Writer put in its directory: the consumers'
+// symlink (only if it still points into ..data), the ..data link and the
+// timestamped directories, and leftovers of an interrupted write. Other
+// files, and the directory itself, are left alone: they are not the
+// agent's. It is for a projection removed from the configuration.
+func (w *Writer) Remove() error {
+	var errs []error
+	remove := func(path string) {
+		if err := os.RemoveAll(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if t, err := os.Readlink(w.Path()); err == nil && t == filepath.Join(DataDirName, w.File) {
+		remove(w.Path())
+	}
+	for _, link := range []string{DataDirName, newDataDirName, "." + w.File + ".link-tmp"} {
+		if fi, err := os.Lstat(filepath.Join(w.Dir, link)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			remove(filepath.Join(w.Dir, link))
+		}
+	}
+	entries, err := os.ReadDir(w.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errors.Join(errs...)
+	}
+	if err != nil {
+		return fmt.Errorf("unable to clean up %s: %w", w.Dir, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && isTimestamped(e.Name()) {
+			remove(filepath.Join(w.Dir, e.Name()))
+		}
+	}
+	return errors.Join(errs...)
+}
