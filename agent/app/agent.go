@@ -17,7 +17,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
 
@@ -326,10 +325,21 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 				return
 			case <-haveCert:
 			}
-			restCfg, err := nodeRESTConfig(cfg, dialer)
-			if err != nil {
-				log.Error(err, "unable to project trust bundles")
-				return
+			var restCfg *rest.Config
+			for wait := time.Second; ; wait = max(time.Second, min(2*wait, cfg.Agent.RenewalRetryMax.Duration)) {
+				var err error
+				if restCfg, err = nodeRESTConfig(cfg, dialer); err == nil {
+					break
+				}
+				log.Error(err, "unable to project trust bundles yet", "retryIn", wait)
+				for _, pr := range cfg.TrustBundles {
+					a.metrics.Stale(pr.Key(), true)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
 			}
 			mgr := &trustbundle.Manager{
 				Config:      restCfg,
@@ -401,28 +411,20 @@ func (a *agent) bundleStatus(s trustbundle.Status, certLine string) {
 	}
 }
 
-// nodeRESTConfig reaches the cluster of the bootstrap kubeconfig (server and
-// CA only) as the node, with the cached client certificate, re-read when it
-// changes; dialer lets the renewal close connections that present the old one.
+// nodeRESTConfig reaches the node's cluster (credential.ClusterConfig:
+// the bootstrap kubeconfig's server and CA, or the ones recorded at
+// issuance once that file is gone) as the node, with the cached client
+// certificate, re-read when it changes; dialer lets the renewal close
+// connections that present the old one.
 func nodeRESTConfig(cfg *config.NodeConfig, dialer *connrotation.Dialer) (*rest.Config, error) {
-	data, err := os.ReadFile(cfg.BootstrapKubeconfig)
+	c, err := credential.ClusterConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("unable to read the cluster from the bootstrap kubeconfig: %w", err)
-	}
-	boot, err := clientcmd.RESTConfigFromKubeConfig(data)
-	if err != nil {
-		return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", cfg.BootstrapKubeconfig, err)
+		return nil, err
 	}
 	credFile := filepath.Join(cfg.CacheDir, cache.CurrentFile)
-	return &rest.Config{
-		Host: boot.Host,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure,
-			CertFile: credFile, KeyFile: credFile,
-		},
-		UserAgent: "kubelet-authenticator-agent",
-		Dial:      dialer.DialContext,
-		QPS:       5,
-		Burst:     10,
-	}, nil
+	c.TLSClientConfig.CertFile, c.TLSClientConfig.KeyFile = credFile, credFile
+	c.UserAgent = "kubelet-authenticator-agent"
+	c.Dial = dialer.DialContext
+	c.QPS, c.Burst = 5, 10
+	return c, nil
 }

@@ -14,6 +14,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -299,4 +300,47 @@ func (d Dir) RemoveTemp() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ClusterFile records the cluster the current credential was obtained
+// from, so that the node keeps finding it when the bootstrap kubeconfig is
+// gone (operators delete it once the node has joined).
+const ClusterFile = "cluster.json"
+
+// Cluster is where the node's API server is and how to verify it.
+type Cluster struct {
+	Server     string `json:"server"`
+	CAData     []byte `json:"certificateAuthorityData,omitempty"`
+	ServerName string `json:"tlsServerName,omitempty"`
+}
+
+// StoreCluster records c (0600).
+func (d Dir) StoreCluster(c Cluster) error {
+	if c.Server == "" {
+		return errors.New("refusing to record a cluster without a server")
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if err := d.Ensure(); err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(d.Path, ClusterFile), append(data, '\n'), 0o600)
+}
+
+// LoadCluster returns the recorded cluster, or ErrNotFound.
+func (d Dir) LoadCluster() (*Cluster, error) {
+	data, err := os.ReadFile(filepath.Join(d.Path, ClusterFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the recorded cluster: %w", err)
+	}
+	var c Cluster
+	if err := json.Unmarshal(data, &c); err != nil || c.Server == "" {
+		return nil, fmt.Errorf("the recorded cluster %s is corrupt", filepath.Join(d.Path, ClusterFile))
+	}
+	return &c, nil
 }

@@ -427,3 +427,35 @@ func TestBootstrapTokenOnlyToItsServer(t *testing.T) {
 		t.Fatalf("the exec info's server received %q", got)
 	}
 }
+
+// TestRenewalWithoutBootstrapKubeconfig: operators delete the bootstrap
+// kubeconfig once the node has joined; renewals, which authenticate as the
+// node, keep reaching the cluster recorded when the certificate was issued.
+func TestRenewalWithoutBootstrapKubeconfig(t *testing.T) {
+	cp := startControlPlane(t)
+	startSigner(t, cp, func(*certificatesv1.CertificateSigningRequest, *attestor.AttestedRequest, testEvidence) decision {
+		return decision{sign: true}
+	})
+	src := newSource(t, cp, &testAttestor{versions: []string{"v1"}})
+	first, _, err := src.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(src.Config.BootstrapKubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ClusterConfig(src.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Host != cp.URL || !bytes.Equal(c.CAData, cp.CACertPEM) || c.BearerToken != "" {
+		t.Errorf("recorded cluster %s (CA %t, token %t), want %s with the cluster CA and no credential", c.Host, bytes.Equal(c.CAData, cp.CACertPEM), c.BearerToken != "", cp.URL)
+	}
+	second, _, err := src.Renew(context.Background())
+	if err != nil {
+		t.Fatalf("renewal as the node without the bootstrap kubeconfig: %v", err)
+	}
+	if second.Leaf.SerialNumber.Cmp(first.Leaf.SerialNumber) == 0 {
+		t.Error("Renew returned the old certificate")
+	}
+}

@@ -27,6 +27,7 @@ type family struct {
 	label            string    // the one label of a vector, "" for a single series
 	buckets          []float64 // histograms only
 	fn               func() float64
+	fnVec            func() map[string]float64 // by label value, read when scraped
 
 	mu     sync.Mutex
 	series map[string]*series // by label value ("" for a single series)
@@ -99,6 +100,18 @@ func (f *family) write(w *bufio.Writer) {
 	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", f.name, escapeHelp(f.help), f.name, f.kind)
 	if f.fn != nil {
 		fmt.Fprintf(w, "%s %s\n", f.name, formatFloat(f.fn()))
+		return
+	}
+	if f.fnVec != nil {
+		byLabel := f.fnVec()
+		values := make([]string, 0, len(byLabel))
+		for v := range byLabel {
+			values = append(values, v)
+		}
+		slices.Sort(values)
+		for _, v := range values {
+			fmt.Fprintf(w, "%s{%s=\"%s\"} %s\n", f.name, f.label, escapeLabel(v), formatFloat(byLabel[v]))
+		}
 		return
 	}
 	f.mu.Lock()

@@ -32,15 +32,17 @@ type Metrics struct {
 	bundleStale     *family
 	bundleUpdated   *family
 	bundleCerts     *family
+	bundleSynced    *family
 
 	mu       sync.Mutex
 	notAfter time.Time
+	synced   map[string]time.Time // by projection
 	now      func() time.Time
 }
 
 // New returns the agent's metrics, with the process and Go runtime ones.
 func New() *Metrics {
-	m := &Metrics{now: time.Now}
+	m := &Metrics{now: time.Now, synced: map[string]time.Time{}}
 	m.expiration = newFamily(namespace+"client_certificate_expiration_timestamp_seconds",
 		"NotAfter of the current kubelet client certificate, in Unix seconds.", "gauge", "")
 	m.expiration.with("")
@@ -62,8 +64,13 @@ func New() *Metrics {
 		"When a projected trust bundle file last changed, in Unix seconds.", "gauge", "path")
 	m.bundleCerts = newFamily(namespace+"trust_bundle_certificates",
 		"Certificates in a projected trust bundle file.", "gauge", "path")
+	m.bundleSynced = newFamily(namespace+"trust_bundle_last_sync_timestamp_seconds",
+		"When a projected trust bundle file was last confirmed to match its source, in Unix seconds.", "gauge", "path")
+	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
+		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
+	syncAge.fnVec = m.syncAges
 	m.families = append([]*family{m.expiration, ttl, m.renewals, m.renewalDuration, m.attestation,
-		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts}, processFamilies(time.Now())...)
+		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, syncAge}, processFamilies(time.Now())...)
 	for _, r := range []string{"success", "failure"} {
 		m.renewals.with(r)
 	}
@@ -112,6 +119,25 @@ func (m *Metrics) Updated(projection string, certificates int, at time.Time) {
 	m.bundleUpdates.with(projection).Inc()
 	m.bundleUpdated.with(projection).Set(float64(at.UnixNano()) / 1e9)
 	m.bundleCerts.with(projection).Set(float64(certificates))
+}
+
+// Synced implements trustbundle.Metrics.
+func (m *Metrics) Synced(projection string, at time.Time) {
+	m.bundleSynced.with(projection).Set(float64(at.UnixNano()) / 1e9)
+	m.mu.Lock()
+	m.synced[projection] = at
+	m.mu.Unlock()
+}
+
+func (m *Metrics) syncAges() map[string]float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	out := make(map[string]float64, len(m.synced))
+	for p, at := range m.synced {
+		out[p] = now.Sub(at).Seconds()
+	}
+	return out
 }
 
 // Stale implements trustbundle.Metrics.

@@ -30,6 +30,7 @@ func TestExposition(t *testing.T) {
 	path := "/etc/kubernetes/trust-bundles/\"odd\"\\dir/ca.crt"
 	m.Updated(path, 3, time.Unix(1_800_000_000, 0))
 	m.Stale(path, true)
+	m.Synced(path, time.Now().Add(-time.Minute))
 
 	rec := httptest.NewRecorder()
 	m.Handler(func() error { return nil }).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -96,6 +97,9 @@ func TestExposition(t *testing.T) {
 	}
 	if v := value("kubelet_authenticator_trust_bundle_last_update_timestamp_seconds", "path", path).GetGauge().GetValue(); v != 1_800_000_000 {
 		t.Errorf("last update = %v", v)
+	}
+	if age := value("kubelet_authenticator_trust_bundle_sync_age_seconds", "path", path).GetGauge().GetValue(); age < 60 || age > 70 {
+		t.Errorf("sync age %v, want about 60", age)
 	}
 	for _, name := range []string{"process_resident_memory_bytes", "process_start_time_seconds", "go_goroutines"} {
 		if v := value(name, "", "").GetGauge().GetValue(); v <= 0 {

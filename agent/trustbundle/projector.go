@@ -50,6 +50,9 @@ type Metrics interface {
 	// Stale is called with whether a projection is stale: its file keeps
 	// content its source no longer provides, or has not been confirmed yet.
 	Stale(projection string, stale bool)
+	// Synced is called when a projection's file was confirmed to match its
+	// source (changed or not).
+	Synced(projection string, at time.Time)
 }
 
 // Status is the state of one projection.
@@ -187,25 +190,45 @@ func (p *Projector) Run(ctx context.Context) error {
 		return nil
 	}
 	poke()
-	p.loop(ctx, trigger, func() map[string]string {
+	selected := func(items []*clusterTrustBundle) map[string]string {
 		objects := map[string]string{}
-		for _, item := range informer.GetStore().List() {
-			o, ok := item.(*clusterTrustBundle)
-			if !ok || !matches(pr, sel, o) {
-				continue
+		for _, o := range items {
+			if matches(pr, sel, o) {
+				objects[o.Name] = o.Spec.TrustBundle
 			}
-			objects[o.Name] = o.Spec.TrustBundle
 		}
 		return objects
+	}
+	p.loop(ctx, trigger, func() map[string]string {
+		var items []*clusterTrustBundle
+		for _, item := range informer.GetStore().List() {
+			if o, ok := item.(*clusterTrustBundle); ok {
+				items = append(items, o)
+			}
+		}
+		return selected(items)
+	}, func(ctx context.Context) (map[string]string, error) {
+		list := &clusterTrustBundleList{}
+		if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
+			return nil, err
+		}
+		items := make([]*clusterTrustBundle, len(list.Items))
+		for i := range list.Items {
+			items[i] = &list.Items[i]
+		}
+		return selected(items), nil
 	})
 	return nil
 }
 
-// loop syncs the selected objects (from selected) on every trigger, after
-// a failed write with exponential backoff (RetryInitial to RetryMax), and
-// every ResyncPeriod, so that a file changed or removed behind the agent's
-// back is put back without waiting for the next change of its source.
-func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string) {
+// loop syncs the selected objects (from selected, what the watch holds) on
+// every trigger and, after a failed write, with exponential backoff
+// (RetryInitial to RetryMax). Every ResyncPeriod it reads the objects from
+// the API server (confirm) and syncs those: a file changed or removed
+// behind the agent's back is put back, and LastSync says when the content
+// was last confirmed by the server, not merely by a watch that may have
+// lost it.
+func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string, confirm func(context.Context) (map[string]string, error)) {
 	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
 	if retryInitial <= 0 {
 		retryInitial = DefaultRetryInitial
@@ -223,14 +246,25 @@ func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected 
 	defer retry.Stop()
 	backoff := time.Duration(0)
 	for {
+		objects := map[string]string(nil)
 		select {
 		case <-ctx.Done():
 			return
 		case <-trigger:
 		case <-retry.C:
 		case <-resync.C:
+			var err error
+			if objects, err = confirm(ctx); err != nil {
+				p.publish(func(s *Status) {
+					s.Reason = fmt.Sprintf("unable to confirm with the API server (last sync %s): %v", lastSync(s.LastSync), err)
+				})
+				continue
+			}
 		}
-		if err := p.sync(ctx, selected()); err != nil {
+		if objects == nil {
+			objects = selected()
+		}
+		if err := p.sync(ctx, objects); err != nil {
 			backoff = min(max(2*backoff, retryInitial), retryMax)
 			retry.Reset(backoff)
 			continue
@@ -261,6 +295,13 @@ func (p *Projector) start() {
 	p.publish(nil)
 }
 
+func lastSync(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
 // sync writes the bundle of objects, or keeps the last good content. It
 // returns the error of a failed write (worth retrying); a source that is
 // missing or invalid is not an error here, its next change triggers a sync.
@@ -289,6 +330,9 @@ func (p *Projector) sync(ctx context.Context, objects map[string]string) error {
 	if err != nil {
 		p.publish(func(s *Status) { s.Stale, s.Reason = true, err.Error() })
 		return err
+	}
+	if p.Metrics != nil {
+		p.Metrics.Synced(p.Projection.Key(), now)
 	}
 	if changed {
 		if p.Metrics != nil {

@@ -35,7 +35,9 @@ func TestFailedWriteIsRetried(t *testing.T) {
 	trigger <- struct{}{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); p.loop(ctx, trigger, func() map[string]string { return objects }) }()
+	list := func() map[string]string { return objects }
+	confirm := func(context.Context) (map[string]string, error) { return objects, nil }
+	go func() { defer close(done); p.loop(ctx, trigger, list, confirm) }()
 	t.Cleanup(func() { cancel(); <-done })
 
 	waitFor(t, "the failed write reported", func() bool { s := log.get(path); return s.Stale && s.Reason != "" && s.LastSync.IsZero() })
