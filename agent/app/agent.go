@@ -344,6 +344,8 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			mgr := &trustbundle.Manager{
 				Config:      restCfg,
 				Projections: cfg.TrustBundles,
+				MaxBundles:  cfg.Agent.MaxTrustBundles,
+				MaxBytes:    cfg.Agent.MaxTrustBundleBytes,
 				Metrics:     a.metrics,
 				OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, getCertLine()) },
 			}

@@ -40,6 +40,8 @@ const (
 	DefaultMetricsBindAddress  = "127.0.0.1:10279"
 	DefaultRenewalRetryInitial = 10 * time.Second
 	DefaultRenewalRetryMax     = 5 * time.Minute
+	DefaultMaxTrustBundles     = 100
+	DefaultMaxTrustBundleBytes = 1 << 20
 )
 
 // Duration is a time.Duration written as a Go duration string ("5m").
@@ -119,6 +121,12 @@ type AgentConfig struct {
 	// Defaults: 10s and 5m.
 	RenewalRetryInitial Duration `json:"renewalRetryInitial,omitempty"`
 	RenewalRetryMax     Duration `json:"renewalRetryMax,omitempty"`
+	// MaxTrustBundles and MaxTrustBundleBytes cap what one projection
+	// takes in: how many ClusterTrustBundles it selects and the sum of
+	// their spec.trustBundle sizes. Over either, the projection keeps its
+	// last good content and reports why. Defaults: 100 and 1 MiB.
+	MaxTrustBundles     int   `json:"maxTrustBundles,omitempty"`
+	MaxTrustBundleBytes int64 `json:"maxTrustBundleBytes,omitempty"`
 }
 
 // TrustBundleProjection selects ClusterTrustBundle objects and names the
@@ -229,6 +237,12 @@ func (c *NodeConfig) Default() {
 	if c.Agent.MetricsBindAddress == "" {
 		c.Agent.MetricsBindAddress = DefaultMetricsBindAddress
 	}
+	if c.Agent.MaxTrustBundles == 0 {
+		c.Agent.MaxTrustBundles = DefaultMaxTrustBundles
+	}
+	if c.Agent.MaxTrustBundleBytes == 0 {
+		c.Agent.MaxTrustBundleBytes = DefaultMaxTrustBundleBytes
+	}
 	if c.Agent.RenewalRetryInitial.Duration == 0 {
 		c.Agent.RenewalRetryInitial.Duration = DefaultRenewalRetryInitial
 	}
@@ -290,6 +304,9 @@ func (a AgentConfig) validate() []error {
 	}
 	if a.RenewalRetryInitial.Duration < 0 || a.RenewalRetryMax.Duration < 0 {
 		errs = append(errs, errors.New("agent.renewalRetryInitial and agent.renewalRetryMax must not be negative"))
+	}
+	if a.MaxTrustBundles < 0 || a.MaxTrustBundleBytes < 0 {
+		errs = append(errs, errors.New("agent.maxTrustBundles and agent.maxTrustBundleBytes must not be negative"))
 	}
 	if a.RenewalRetryMax.Duration != 0 && a.RenewalRetryMax.Duration < a.RenewalRetryInitial.Duration {
 		errs = append(errs, errors.New("agent.renewalRetryMax must not be less than agent.renewalRetryInitial"))

@@ -93,6 +93,10 @@ type Projector struct {
 	// CommandTimeout bounds the post-update command; 0 means
 	// DefaultCommandTimeout.
 	CommandTimeout time.Duration
+	// MaxBundles and MaxBytes cap the selected ClusterTrustBundles and the
+	// sum of their spec.trustBundle sizes; 0 means no cap.
+	MaxBundles int
+	MaxBytes   int64
 	// RetryInitial and RetryMax bound the backoff after a failed write;
 	// ResyncPeriod is how often the file is checked against its source
 	// without a change. 0 means the defaults.
@@ -295,6 +299,17 @@ func (p *Projector) start() {
 	p.publish(nil)
 }
 
+// overLimit says how a selection exceeds the caps, or "" when it does not.
+func overLimit(n int, size int64, maxBundles int, maxBytes int64) string {
+	switch {
+	case maxBundles > 0 && n > maxBundles:
+		return fmt.Sprintf("refusing %d ClusterTrustBundles: over the limit of %d (agent.maxTrustBundles)", n, maxBundles)
+	case maxBytes > 0 && size > maxBytes:
+		return fmt.Sprintf("refusing %d bytes of trust bundles: over the limit of %d (agent.maxTrustBundleBytes)", size, maxBytes)
+	}
+	return ""
+}
+
 func lastSync(t time.Time) string {
 	if t.IsZero() {
 		return "never"
@@ -306,6 +321,14 @@ func lastSync(t time.Time) string {
 // returns the error of a failed write (worth retrying); a source that is
 // missing or invalid is not an error here, its next change triggers a sync.
 func (p *Projector) sync(ctx context.Context, objects map[string]string) error {
+	size := int64(0)
+	for _, tb := range objects {
+		size += int64(len(tb))
+	}
+	if over := overLimit(len(objects), size, p.MaxBundles, p.MaxBytes); over != "" {
+		p.publish(func(s *Status) { s.Stale, s.Reason = true, over+"; keeping the last good content" })
+		return nil
+	}
 	sources := make([]string, 0, len(objects))
 	for n := range objects {
 		sources = append(sources, n)
@@ -407,6 +430,9 @@ type Manager struct {
 	OnStatus func(Status)
 	// RetryMax caps the wait between discovery attempts; 0 means a minute.
 	RetryMax time.Duration
+	// MaxBundles and MaxBytes are every Projector's caps.
+	MaxBundles int
+	MaxBytes   int64
 }
 
 // Run discovers the ClusterTrustBundle API (retrying until the server
@@ -442,7 +468,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(m.Projections))
 	for i, pr := range m.Projections {
-		p := &Projector{Config: m.Config, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus}
+		p := &Projector{Config: m.Config, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus, MaxBundles: m.MaxBundles, MaxBytes: m.MaxBytes}
 		wg.Go(func() { errs[i] = p.Run(ctx) })
 	}
 	wg.Wait()

@@ -1,9 +1,11 @@
 package trustbundle
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +97,46 @@ func TestRemoveStale(t *testing.T) {
 		if _, err := os.ReadFile(p); err != nil {
 			t.Errorf("%s: %v", p, err)
 		}
+	}
+}
+
+// TestLimits: a selection over the number or size cap is refused whole: the
+// last good content stays, the projection is stale and says which limit;
+// back under the cap, it is written.
+func TestLimits(t *testing.T) {
+	a, b, c := newCAPEM(t, "a"), newCAPEM(t, "b"), newCAPEM(t, "c")
+	for name, tc := range map[string]struct {
+		maxBundles int
+		maxBytes   int64
+		want       string
+	}{
+		"count": {maxBundles: 2, want: "agent.maxTrustBundles"},
+		"bytes": {maxBytes: int64(len(a) + len(b)), want: "agent.maxTrustBundleBytes"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "sel", "ca.crt")
+			var log statusLog
+			p := &Projector{Projection: config.TrustBundleProjection{SignerName: "example.com/x", Path: path}, OnStatus: log.set,
+				MaxBundles: tc.maxBundles, MaxBytes: tc.maxBytes}
+			p.start()
+			ctx := context.Background()
+			if err := p.sync(ctx, map[string]string{"a": a, "b": b}); err != nil {
+				t.Fatal(err)
+			}
+			good, _ := os.ReadFile(path)
+			if s := log.get(path); !current(s) || s.Certificates != 2 {
+				t.Fatalf("under the cap: %+v", s)
+			}
+			if err := p.sync(ctx, map[string]string{"a": a, "b": b, "c": c}); err != nil {
+				t.Fatal(err)
+			}
+			s := log.get(path)
+			if !s.Stale || !strings.Contains(s.Reason, tc.want) {
+				t.Errorf("over the cap: %+v, want stale naming %s", s, tc.want)
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, good) {
+				t.Error("an over-limit selection changed the file")
+			}
+		})
 	}
 }
