@@ -182,14 +182,12 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	repo := repoRoot(t)
 	work := t.TempDir()
 
-	// Release builds (no build tags) of the two node binaries, with the
-	// flags go test uses, so that they come mostly from the build cache.
+	// A release build (no build tags) of the node binary, with the flags go
+	// test uses, so that it comes mostly from the build cache.
 	bin := filepath.Join(work, "bin")
-	for _, name := range []string{"kubelet-authenticator", "kubelet-authenticator-core"} {
-		t0 := time.Now()
-		run(t, repo, nil, tl["go"], "build", "-o", filepath.Join(bin, name), "./cmd/"+name)
-		t.Logf("built %s in %s", name, time.Since(t0).Round(time.Second))
-	}
+	t0 := time.Now()
+	run(t, repo, nil, tl["go"], "build", "-o", filepath.Join(bin, "kubelet-authenticator"), "./cmd/kubelet-authenticator")
+	t.Logf("built kubelet-authenticator in %s", time.Since(t0).Round(time.Second))
 
 	tarball := rootfsTarball(t, tl["mmdebstrap"])
 	root := filepath.Join(work, "rootfs")
@@ -218,7 +216,6 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	}
 	args := []string{"-i", inventory, filepath.Join(repo, "images/ansible/kubelet-authenticator.yml"),
 		"-e", "kubelet_authenticator_binary_src=" + filepath.Join(bin, "kubelet-authenticator"),
-		"-e", "kubelet_authenticator_core_binary_src=" + filepath.Join(bin, "kubelet-authenticator-core"),
 		"-e", "kubelet_authenticator_write_config=true",
 		"-e", "kubelet_authenticator_attestor=aws",
 		"-e", "kubelet_authenticator_request_timeout=3m",
@@ -237,7 +234,6 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	t.Run("files and modes", func(t *testing.T) {
 		want := map[string]os.FileMode{
 			"usr/local/bin/kubelet-authenticator":                                0o755,
-			"usr/local/bin/kubelet-authenticator-core":                           0o755,
 			"usr/local/libexec/kubelet-authenticator/prepare-kubelet":            0o755,
 			"etc/systemd/system/kubelet-authenticator.service":                   0o644,
 			"etc/systemd/system/kubelet.service.d/10-kubelet-authenticator.conf": 0o644,
@@ -333,7 +329,6 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	})
 
 	t.Run("binaries run in the image", func(t *testing.T) {
-		// The launcher finds its core through /proc/self/exe.
 		proc := filepath.Join(root, "proc")
 		run(t, "", nil, tl["mount"], "-t", "proc", "proc", proc)
 		defer exec.Command(tl["umount"], "-l", proc).Run()

@@ -189,7 +189,7 @@ func unitSettings(t *testing.T, path string) map[string][]string {
 // TestUnitSettings pins what the node relies on, which an exposure score
 // alone would not notice going: the TPM stays reachable, the cache stays
 // writable, systemd knows when the agent is ready and alive, and the agent
-// comes before kubelet.
+// comes before kubelet, and its memory and task count are bounded.
 func TestUnitSettings(t *testing.T) {
 	s := unitSettings(t, unitName)
 	want := map[string]string{
@@ -208,6 +208,8 @@ func TestUnitSettings(t *testing.T) {
 		"Service.StateDirectory":          "kubelet-authenticator",
 		"Service.StateDirectoryMode":      "0700",
 		"Install.WantedBy":                "multi-user.target kubelet.service",
+		"Service.MemoryMax":               "256M",
+		"Service.TasksMax":                "128",
 	}
 	for k, v := range want {
 		if got := s[k]; !slices.Contains(got, v) {

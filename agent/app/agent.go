@@ -17,7 +17,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
 
@@ -240,6 +239,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	a.mu.Lock()
 	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
 	a.mu.Unlock()
+	a.cleanUp(ctx, cfg)
 	a.record(func(s *status.State) {
 		s.PID, s.Started, s.MetricsAddress = os.Getpid(), a.started, a.metricsAddr
 		s.TrustBundles = nil
@@ -325,14 +325,27 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 				return
 			case <-haveCert:
 			}
-			restCfg, err := nodeRESTConfig(cfg, dialer)
-			if err != nil {
-				log.Error(err, "unable to project trust bundles")
-				return
+			var restCfg *rest.Config
+			for wait := time.Second; ; wait = max(time.Second, min(2*wait, cfg.Agent.RenewalRetryMax.Duration)) {
+				var err error
+				if restCfg, err = nodeRESTConfig(cfg, dialer); err == nil {
+					break
+				}
+				log.Error(err, "unable to project trust bundles yet", "retryIn", wait)
+				for _, pr := range cfg.TrustBundles {
+					a.metrics.Stale(pr.Key(), true)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
 			}
 			mgr := &trustbundle.Manager{
 				Config:      restCfg,
 				Projections: cfg.TrustBundles,
+				MaxBundles:  cfg.Agent.MaxTrustBundles,
+				MaxBytes:    cfg.Agent.MaxTrustBundleBytes,
 				Metrics:     a.metrics,
 				OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, getCertLine()) },
 			}
@@ -342,6 +355,35 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		})
 	}
 	wg.Wait()
+}
+
+// cleanUp removes what an earlier run left behind: temporary files of a
+// writer that died in the cache directory (under the cache lock), and the
+// files of trust bundle projections the recorded state has and cfg no
+// longer does.
+func (a *agent) cleanUp(ctx context.Context, cfg *config.NodeConfig) {
+	dir := cache.Dir{Path: cfg.CacheDir}
+	lctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout.Duration)
+	if unlock, err := dir.Lock(lctx); err != nil {
+		a.log.Error(err, "not cleaning up the cache directory")
+	} else {
+		if err := dir.RemoveTemp(); err != nil {
+			a.log.Error(err, "unable to clean up the cache directory")
+		}
+		unlock()
+	}
+	cancel()
+	prev, err := status.LoadState(cfg.CacheDir)
+	if err != nil || prev == nil {
+		return
+	}
+	var paths []string
+	for _, s := range prev.TrustBundles {
+		paths = append(paths, s.Projection)
+	}
+	if err := trustbundle.RemoveStale(paths, cfg.TrustBundles); err != nil {
+		a.log.Error(err, "unable to remove a former trust bundle projection")
+	}
 }
 
 // bundleStatus records a projection's status and logs what changed.
@@ -371,28 +413,20 @@ func (a *agent) bundleStatus(s trustbundle.Status, certLine string) {
 	}
 }
 
-// nodeRESTConfig reaches the cluster of the bootstrap kubeconfig (server and
-// CA only) as the node, with the cached client certificate, re-read when it
-// changes; dialer lets the renewal close connections that present the old one.
+// nodeRESTConfig reaches the node's cluster (credential.ClusterConfig:
+// the bootstrap kubeconfig's server and CA, or the ones recorded at
+// issuance once that file is gone) as the node, with the cached client
+// certificate, re-read when it changes; dialer lets the renewal close
+// connections that present the old one.
 func nodeRESTConfig(cfg *config.NodeConfig, dialer *connrotation.Dialer) (*rest.Config, error) {
-	data, err := os.ReadFile(cfg.BootstrapKubeconfig)
+	c, err := credential.ClusterConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("unable to read the cluster from the bootstrap kubeconfig: %w", err)
-	}
-	boot, err := clientcmd.RESTConfigFromKubeConfig(data)
-	if err != nil {
-		return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", cfg.BootstrapKubeconfig, err)
+		return nil, err
 	}
 	credFile := filepath.Join(cfg.CacheDir, cache.CurrentFile)
-	return &rest.Config{
-		Host: boot.Host,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure,
-			CertFile: credFile, KeyFile: credFile,
-		},
-		UserAgent: "kubelet-authenticator-agent",
-		Dial:      dialer.DialContext,
-		QPS:       5,
-		Burst:     10,
-	}, nil
+	c.TLSClientConfig.CertFile, c.TLSClientConfig.KeyFile = credFile, credFile
+	c.UserAgent = "kubelet-authenticator-agent"
+	c.Dial = dialer.DialContext
+	c.QPS, c.Burst = 5, 10
+	return c, nil
 }

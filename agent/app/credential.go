@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
-	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 )
 
 func newCredentialCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -46,30 +46,38 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
+			apiVersion := ""
+			if info != nil {
+				apiVersion = info.APIVersion
+			}
+			// The path kubelet takes most: a fresh cached certificate,
+			// answered from the cache file's header; no X.509 parsing, no
+			// attestor, no lock, no network.
+			if certPEM, keyPEM, expires, ok := (cache.Dir{Path: cfg.CacheDir}).Fresh(cfg.NodeName, time.Now()); ok {
+				out, err := credential.MarshalPEM(apiVersion, certPEM, keyPEM, expires)
+				if err != nil {
+					return err
+				}
+				_, err = stdout.Write(out)
+				return err
+			}
 			src := &credential.Source{Config: cfg}
 			if verbose {
 				src.Logf = func(format string, args ...any) {
 					fmt.Fprintf(stderr, "kubelet-authenticator: "+format+"\n", args...)
 				}
 			}
-			apiVersion := ""
 			if info != nil {
-				apiVersion = info.APIVersion
 				src.Cluster = info.Spec.Cluster
 			}
-			// The path kubelet takes most: a fresh cached certificate, no
-			// attestor, no lock, no network.
-			cred, fresh := src.Cached()
-			expires := time.Time{}
-			if fresh {
-				expires = rotation.Expiration(cred.Leaf)
-			} else {
-				if src.Attestor, err = newAttestor(cfg); err != nil {
-					return err
-				}
-				if cred, expires, err = src.Get(cmd.Context()); err != nil {
-					return err
-				}
+			if src.Attestor, err = newAttestor(cfg); err != nil {
+				return err
+			}
+			// Get looks at the cache again, under the lock, and renews only
+			// if it must.
+			cred, expires, err := src.Get(cmd.Context())
+			if err != nil {
+				return err
 			}
 			out, err := credential.Marshal(apiVersion, cred, expires)
 			if err != nil {

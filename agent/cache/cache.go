@@ -14,6 +14,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -25,14 +26,13 @@ import (
 
 	"github.com/gofrs/flock"
 
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 )
 
 const (
-	// CurrentFile holds a header line (see agent/fastpath), the current
+	// CurrentFile holds a header line (see Header), the current
 	// certificate chain and its key.
-	CurrentFile = fastpath.CurrentFile
+	CurrentFile = "kubelet-client-current.pem"
 	// PendingKeyFile holds the key of a CSR that was filed but not yet
 	// answered, so that a retry finds the same CSR.
 	PendingKeyFile = "kubelet-client-pending.key"
@@ -95,7 +95,7 @@ func (d Dir) Load() (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unable to read cached credential: %w", err)
 	}
-	h, body, err := fastpath.Split(data)
+	h, body, err := SplitHeader(data)
 	if err != nil {
 		return nil, fmt.Errorf("cached credential is corrupt: %w", err)
 	}
@@ -155,7 +155,7 @@ func ParseCredential(data []byte) (*Credential, error) {
 
 // Store replaces the current credential atomically (0600). It refuses a
 // certificate that does not parse, is not a node's, or whose key does not
-// match, so that what it writes can be trusted by the fast path.
+// match, so that Fresh can trust what it wrote.
 func (d Dir) Store(certPEM, keyPEM []byte) error {
 	body := append(append([]byte{}, certPEM...), keyPEM...)
 	cred, err := ParseCredential(body)
@@ -169,7 +169,7 @@ func (d Dir) Store(certPEM, keyPEM []byte) error {
 	if err := d.Ensure(); err != nil {
 		return err
 	}
-	h := fastpath.Header{
+	h := Header{
 		Node:       node,
 		NotBefore:  cred.Leaf.NotBefore,
 		RenewBy:    rotation.RenewBy(cred.Leaf),
@@ -240,7 +240,7 @@ func parseECKey(data []byte) (*ecdsa.PrivateKey, error) {
 // the new, never a partial file.
 func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempMarker+"*")
 	if err != nil {
 		return fmt.Errorf("unable to write %s: %w", path, err)
 	}
@@ -273,4 +273,74 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 		_ = d.Close()
 	}
 	return nil
+}
+
+// tempMarker is in the name of every temporary file WriteFileAtomic
+// creates: "." + base + ".tmp-" + random.
+const tempMarker = ".tmp-"
+
+// RemoveTemp removes temporary files a crashed writer left in the cache
+// directory (WriteFileAtomic's, which start with a dot and carry
+// ".tmp-"). Only the agent calls it, at start, holding the lock, so that
+// no writer's file in progress is taken away.
+func (d Dir) RemoveTemp() error {
+	entries, err := os.ReadDir(d.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unable to clean up cache directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && strings.HasPrefix(n, ".") && strings.Contains(n, tempMarker) {
+			if err := os.Remove(filepath.Join(d.Path, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ClusterFile records the cluster the current credential was obtained
+// from, so that the node keeps finding it when the bootstrap kubeconfig is
+// gone (operators delete it once the node has joined).
+const ClusterFile = "cluster.json"
+
+// Cluster is where the node's API server is and how to verify it.
+type Cluster struct {
+	Server     string `json:"server"`
+	CAData     []byte `json:"certificateAuthorityData,omitempty"`
+	ServerName string `json:"tlsServerName,omitempty"`
+}
+
+// StoreCluster records c (0600).
+func (d Dir) StoreCluster(c Cluster) error {
+	if c.Server == "" {
+		return errors.New("refusing to record a cluster without a server")
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if err := d.Ensure(); err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(d.Path, ClusterFile), append(data, '\n'), 0o600)
+}
+
+// LoadCluster returns the recorded cluster, or ErrNotFound.
+func (d Dir) LoadCluster() (*Cluster, error) {
+	data, err := os.ReadFile(filepath.Join(d.Path, ClusterFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the recorded cluster: %w", err)
+	}
+	var c Cluster
+	if err := json.Unmarshal(data, &c); err != nil || c.Server == "" {
+		return nil, fmt.Errorf("the recorded cluster %s is corrupt", filepath.Join(d.Path, ClusterFile))
+	}
+	return &c, nil
 }

@@ -12,13 +12,12 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 )
 
 func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
@@ -93,7 +92,7 @@ func TestLoadRejectsCorruptOrMismatched(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := Dir{Path: t.TempDir()}
 			// A valid header and digest: the content itself must be rejected.
-			h := fastpath.Header{Node: "n1", NotBefore: time.Now(), RenewBy: time.Now().Add(time.Hour), Expiration: time.Now().Add(time.Hour)}
+			h := Header{Node: "n1", NotBefore: time.Now(), RenewBy: time.Now().Add(time.Hour), Expiration: time.Now().Add(time.Hour)}
 			data := append(h.Encode(body), body...)
 			if err := os.WriteFile(filepath.Join(d.Path, CurrentFile), data, 0o600); err != nil {
 				t.Fatal(err)
@@ -183,5 +182,42 @@ func TestLockIsExclusive(t *testing.T) {
 	defer cancel()
 	if _, err := d.Lock(ctx); err == nil {
 		t.Fatal("second lock taken while held")
+	}
+}
+
+// TestRemoveTemp: the temporary files of a writer that died between create
+// and rename are removed at start; the credential, the pending key and the
+// lock are not.
+func TestRemoveTemp(t *testing.T) {
+	d := Dir{Path: t.TempDir()}
+	cert, key := selfSigned(t)
+	if err := d.Store(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err := d.StorePendingKey(k); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := d.Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	for _, n := range []string{"." + CurrentFile + ".tmp-123", "." + PendingKeyFile + ".tmp-456", ".state.json.tmp-789"} {
+		if err := os.WriteFile(filepath.Join(d.Path, n), []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.RemoveTemp(); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(d.Path)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	if want := []string{LockFile, CurrentFile, PendingKeyFile}; !slices.Equal(names, want) {
+		t.Fatalf("after RemoveTemp: %q, want %q", names, want)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
@@ -31,8 +30,8 @@ const (
 
 // Defaults.
 const (
-	DefaultPath                = fastpath.DefaultConfigPath
-	DefaultCacheDir            = fastpath.DefaultCacheDir
+	DefaultPath                = "/etc/kubelet-authenticator/config.yaml"
+	DefaultCacheDir            = "/var/lib/kubelet-authenticator"
 	DefaultBootstrapKubeconfig = "/etc/kubernetes/bootstrap-kubelet.conf"
 	DefaultRequestTimeout      = 5 * time.Minute
 	DefaultAttestor            = "tpm"
@@ -41,6 +40,8 @@ const (
 	DefaultMetricsBindAddress  = "127.0.0.1:10279"
 	DefaultRenewalRetryInitial = 10 * time.Second
 	DefaultRenewalRetryMax     = 5 * time.Minute
+	DefaultMaxTrustBundles     = 100
+	DefaultMaxTrustBundleBytes = 1 << 20
 )
 
 // Duration is a time.Duration written as a Go duration string ("5m").
@@ -120,6 +121,12 @@ type AgentConfig struct {
 	// Defaults: 10s and 5m.
 	RenewalRetryInitial Duration `json:"renewalRetryInitial,omitempty"`
 	RenewalRetryMax     Duration `json:"renewalRetryMax,omitempty"`
+	// MaxTrustBundles and MaxTrustBundleBytes cap what one projection
+	// takes in: how many ClusterTrustBundles it selects and the sum of
+	// their spec.trustBundle sizes. Over either, the projection keeps its
+	// last good content and reports why. Defaults: 100 and 1 MiB.
+	MaxTrustBundles     int   `json:"maxTrustBundles,omitempty"`
+	MaxTrustBundleBytes int64 `json:"maxTrustBundleBytes,omitempty"`
 }
 
 // TrustBundleProjection selects ClusterTrustBundle objects and names the
@@ -230,6 +237,12 @@ func (c *NodeConfig) Default() {
 	if c.Agent.MetricsBindAddress == "" {
 		c.Agent.MetricsBindAddress = DefaultMetricsBindAddress
 	}
+	if c.Agent.MaxTrustBundles == 0 {
+		c.Agent.MaxTrustBundles = DefaultMaxTrustBundles
+	}
+	if c.Agent.MaxTrustBundleBytes == 0 {
+		c.Agent.MaxTrustBundleBytes = DefaultMaxTrustBundleBytes
+	}
 	if c.Agent.RenewalRetryInitial.Duration == 0 {
 		c.Agent.RenewalRetryInitial.Duration = DefaultRenewalRetryInitial
 	}
@@ -291,6 +304,9 @@ func (a AgentConfig) validate() []error {
 	}
 	if a.RenewalRetryInitial.Duration < 0 || a.RenewalRetryMax.Duration < 0 {
 		errs = append(errs, errors.New("agent.renewalRetryInitial and agent.renewalRetryMax must not be negative"))
+	}
+	if a.MaxTrustBundles < 0 || a.MaxTrustBundleBytes < 0 {
+		errs = append(errs, errors.New("agent.maxTrustBundles and agent.maxTrustBundleBytes must not be negative"))
 	}
 	if a.RenewalRetryMax.Duration != 0 && a.RenewalRetryMax.Duration < a.RenewalRetryInitial.Duration {
 		errs = append(errs, errors.New("agent.renewalRetryMax must not be less than agent.renewalRetryInitial"))

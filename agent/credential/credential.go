@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
-	"sigs.k8s.io/kubelet-authenticator/agent/fastpath"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -240,6 +239,7 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 		if err := dir.Store(certPEM, keyPEM); err != nil {
 			return nil, err
 		}
+		s.recordCluster(restCfg)
 		if err := dir.ClearPendingKey(); err != nil {
 			s.logf("%v", err)
 		}
@@ -335,50 +335,96 @@ func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name strin
 	return "", annotation, false
 }
 
-// restConfig returns the client configuration for filing the CSR: the
-// cluster from KUBERNETES_EXEC_INFO when provided, else from the bootstrap
-// kubeconfig; authenticated as the node with current when there is one (a
-// renewal), else with the bootstrap credential.
+// restConfig returns the client configuration for filing the CSR. A
+// renewal (current set) authenticates as the node with current, to the
+// cluster from KUBERNETES_EXEC_INFO when provided, else to ClusterConfig's.
+// The bootstrap credential goes only to the bootstrap kubeconfig's server,
+// verified with its CA: whoever can set the cluster kubelet's kubeconfig
+// names must not collect the bootstrap token.
 func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
-	var boot *rest.Config
-	bootErr := error(nil)
-	if data, err := os.ReadFile(s.Config.BootstrapKubeconfig); err != nil {
-		bootErr = fmt.Errorf("unable to read bootstrap kubeconfig: %w", err)
-	} else if boot, err = clientcmd.RESTConfigFromKubeConfig(data); err != nil {
-		bootErr = fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", s.Config.BootstrapKubeconfig, err)
-	}
-	cfg := &rest.Config{}
-	switch {
-	case s.Cluster != nil && s.Cluster.Server != "":
-		cfg.Host = s.Cluster.Server
-		cfg.TLSClientConfig.CAData = s.Cluster.CertificateAuthorityData
-		cfg.TLSClientConfig.ServerName = s.Cluster.TLSServerName
-		cfg.TLSClientConfig.Insecure = s.Cluster.InsecureSkipTLSVerify
-		if s.Cluster.ProxyURL != "" {
-			return nil, errors.New("cluster proxy-url is not supported")
-		}
-	case boot != nil:
-		cfg.Host = boot.Host
-		cfg.TLSClientConfig = rest.TLSClientConfig{CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}
-	default:
-		return nil, fmt.Errorf("no cluster to talk to: KUBERNETES_EXEC_INFO has none and %w", bootErr)
-	}
 	if current != nil {
+		var cfg *rest.Config
+		if c := s.Cluster; c != nil && c.Server != "" {
+			if c.ProxyURL != "" {
+				return nil, errors.New("cluster proxy-url is not supported")
+			}
+			cfg = &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{
+				CAData: c.CertificateAuthorityData, ServerName: c.TLSServerName, Insecure: c.InsecureSkipTLSVerify}}
+		} else {
+			var err error
+			if cfg, err = ClusterConfig(s.Config); err != nil {
+				return nil, err
+			}
+		}
 		cfg.TLSClientConfig.CertData = current.CertPEM
 		cfg.TLSClientConfig.KeyData = current.KeyPEM
 		return cfg, nil
 	}
-	if boot == nil {
-		return nil, bootErr
+	data, err := os.ReadFile(s.Config.BootstrapKubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read bootstrap kubeconfig: %w", err)
 	}
-	cfg.BearerToken = boot.BearerToken
-	cfg.BearerTokenFile = boot.BearerTokenFile
-	cfg.TLSClientConfig.CertData, cfg.TLSClientConfig.KeyData = boot.CertData, boot.KeyData
-	cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile = boot.CertFile, boot.KeyFile
+	boot, err := clientcmd.RESTConfigFromKubeConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", s.Config.BootstrapKubeconfig, err)
+	}
+	if s.Cluster != nil && s.Cluster.Server != "" && s.Cluster.Server != boot.Host {
+		s.logf("bootstrapping with %s's server %s, not %s from KUBERNETES_EXEC_INFO: the bootstrap credential goes only to its own server",
+			s.Config.BootstrapKubeconfig, boot.Host, s.Cluster.Server)
+	}
+	cfg := &rest.Config{
+		Host:            boot.Host,
+		BearerToken:     boot.BearerToken,
+		BearerTokenFile: boot.BearerTokenFile,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure,
+			CertData: boot.CertData, KeyData: boot.KeyData, CertFile: boot.CertFile, KeyFile: boot.KeyFile,
+		},
+	}
 	if cfg.BearerToken == "" && cfg.BearerTokenFile == "" && len(cfg.CertData) == 0 && cfg.CertFile == "" {
 		return nil, fmt.Errorf("bootstrap kubeconfig %s has no credential", s.Config.BootstrapKubeconfig)
 	}
 	return cfg, nil
+}
+
+// recordCluster keeps the server and CA a credential was obtained from in
+// the cache directory (see ClusterConfig). A failure is only logged: the
+// bootstrap kubeconfig still names the cluster.
+func (s *Source) recordCluster(restCfg *rest.Config) {
+	ca := restCfg.CAData
+	if len(ca) == 0 && restCfg.CAFile != "" {
+		data, err := os.ReadFile(restCfg.CAFile)
+		if err != nil {
+			s.logf("not recording the cluster: %v", err)
+			return
+		}
+		ca = data
+	}
+	if err := s.dir().StoreCluster(cache.Cluster{Server: restCfg.Host, CAData: ca, ServerName: restCfg.ServerName}); err != nil {
+		s.logf("not recording the cluster: %v", err)
+	}
+}
+
+// ClusterConfig returns where the node reaches its cluster as itself
+// (server and CA, no credential): the bootstrap kubeconfig's cluster while
+// that file exists, else the one recorded when the current credential was
+// obtained, so that the agent keeps working after operators delete the
+// bootstrap kubeconfig.
+func ClusterConfig(cfg *config.NodeConfig) (*rest.Config, error) {
+	data, err := os.ReadFile(cfg.BootstrapKubeconfig)
+	if err == nil {
+		boot, err := clientcmd.RESTConfigFromKubeConfig(data)
+		if err != nil {
+			return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", cfg.BootstrapKubeconfig, err)
+		}
+		return &rest.Config{Host: boot.Host, TLSClientConfig: rest.TLSClientConfig{
+			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}}, nil
+	}
+	c, cerr := cache.Dir{Path: cfg.CacheDir}.LoadCluster()
+	if cerr != nil {
+		return nil, fmt.Errorf("no cluster to talk to: the bootstrap kubeconfig is unreadable (%v) and none was recorded: %w", err, cerr)
+	}
+	return &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{CAData: c.CAData, ServerName: c.ServerName}}, nil
 }
 
 // ExecInfo parses KUBERNETES_EXEC_INFO. An empty value yields nil.
@@ -399,7 +445,43 @@ func ExecInfo(env string) (*clientauthv1.ExecCredential, error) {
 }
 
 // Marshal returns the ExecCredential JSON for cred, in the apiVersion kubelet
-// asked with ("" means v1); the same bytes the launcher's cached path prints.
+// asked with ("" means v1).
 func Marshal(apiVersion string, cred *cache.Credential, expires time.Time) ([]byte, error) {
-	return fastpath.MarshalExecCredential(apiVersion, expires, cred.CertPEM, cred.KeyPEM)
+	return MarshalPEM(apiVersion, cred.CertPEM, cred.KeyPEM, expires)
+}
+
+// MarshalPEM returns the ExecCredential JSON (and a newline) the plugin
+// prints for a PEM certificate chain and key, in the apiVersion kubelet
+// asked with ("" means v1). client-go reuses the credential until expires.
+func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([]byte, error) {
+	if apiVersion == "" {
+		apiVersion = "client.authentication.k8s.io/v1"
+	}
+	out, err := json.Marshal(execCredential{
+		APIVersion: apiVersion,
+		Kind:       "ExecCredential",
+		Status: execCredentialStatus{
+			ExpirationTimestamp:   expires.UTC().Format(time.RFC3339),
+			ClientCertificateData: string(certPEM),
+			ClientKeyData:         string(keyPEM),
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}
+
+// execCredential is what the plugin prints: the status part of
+// client.authentication.k8s.io ExecCredential, the same in v1 and v1beta1.
+type execCredential struct {
+	APIVersion string               `json:"apiVersion"`
+	Kind       string               `json:"kind"`
+	Status     execCredentialStatus `json:"status"`
+}
+
+type execCredentialStatus struct {
+	ExpirationTimestamp   string `json:"expirationTimestamp"`
+	ClientCertificateData string `json:"clientCertificateData"`
+	ClientKeyData         string `json:"clientKeyData"`
 }

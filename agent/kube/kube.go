@@ -24,11 +24,13 @@ func CertificatesClient(cfg *rest.Config) (*rest.RESTClient, *runtime.Scheme, er
 	}
 	gv := certificatesv1.SchemeGroupVersion
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	c, err := restClientFor(cfg, scheme, gv)
+	c, err := RESTClientFor(cfg, scheme, gv)
 	return c, scheme, err
 }
 
-func restClientFor(cfg *rest.Config, scheme *runtime.Scheme, gv schema.GroupVersion) (*rest.RESTClient, error) {
+// RESTClientFor returns a JSON REST client for gv whose objects are decoded
+// with scheme (which must know gv's types and metav1's).
+func RESTClientFor(cfg *rest.Config, scheme *runtime.Scheme, gv schema.GroupVersion) (*rest.RESTClient, error) {
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &gv
 	c.APIPath = "/apis"
@@ -36,6 +38,8 @@ func restClientFor(cfg *rest.Config, scheme *runtime.Scheme, gv schema.GroupVers
 		c.APIPath = "/api"
 	}
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	c.ContentType = runtime.ContentTypeJSON
+	c.AcceptContentTypes = runtime.ContentTypeJSON
 	if c.UserAgent == "" {
 		c.UserAgent = "kubelet-authenticator"
 	}

@@ -1,92 +1,78 @@
 // Package metrics holds the agent's Prometheus metrics and its localhost
 // HTTP server (/metrics, /healthz). It implements the small metric
-// interfaces of agent/daemon and agent/trustbundle, which do not import
-// Prometheus themselves.
+// interfaces of agent/daemon and agent/trustbundle, which know nothing of
+// the exposition format, and writes the text format itself (see
+// exposition.go for why it does not link client_golang).
 package metrics
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"sigs.k8s.io/kubelet-authenticator/agent/daemon"
 )
 
-const namespace = "kubelet_authenticator"
+const namespace = "kubelet_authenticator_"
 
 // Metrics is the agent's registry.
 type Metrics struct {
-	Registry *prometheus.Registry
+	families []*family
 
-	expiration      prometheus.Gauge
-	renewals        *prometheus.CounterVec
-	renewalDuration prometheus.Histogram
-	attestation     *prometheus.HistogramVec
-	bundleUpdates   *prometheus.CounterVec
-	bundleStale     *prometheus.GaugeVec
-	bundleUpdated   *prometheus.GaugeVec
-	bundleCerts     *prometheus.GaugeVec
+	expiration      *family
+	renewals        *family
+	renewalDuration *family
+	attestation     *family
+	bundleUpdates   *family
+	bundleStale     *family
+	bundleUpdated   *family
+	bundleCerts     *family
+	bundleSynced    *family
 
 	mu       sync.Mutex
 	notAfter time.Time
+	synced   map[string]time.Time // by projection
 	now      func() time.Time
 }
 
-// New registers the agent's metrics (and the Go and process collectors) in
-// a new registry.
+// New returns the agent's metrics, with the process and Go runtime ones.
 func New() *Metrics {
-	m := &Metrics{Registry: prometheus.NewRegistry(), now: time.Now}
-	m.expiration = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "client_certificate_expiration_timestamp_seconds",
-		Help: "NotAfter of the current kubelet client certificate, in Unix seconds.",
-	})
-	ttl := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "client_certificate_ttl_seconds",
-		Help: "Seconds until the current kubelet client certificate expires (negative once expired; 0 when there is none).",
-	}, m.ttl)
-	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace, Name: "client_certificate_renewals_total",
-		Help: "Client certificate renewal attempts by the agent, by result (success, failure).",
-	}, []string{"result"})
-	m.renewalDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: namespace, Name: "client_certificate_renewal_duration_seconds",
-		Help:    "Duration of a renewal attempt: attestation, CSR, signing and storing.",
-		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
-	})
-	m.attestation = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: namespace, Name: "attestation_duration_seconds",
-		Help:    "Duration of producing attestation evidence (and answering a challenge), by result.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	}, []string{"result"})
-	m.bundleUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace, Name: "trust_bundle_updates_total",
-		Help: "Times a projected trust bundle file was rewritten, by projection path.",
-	}, []string{"path"})
-	m.bundleStale = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "trust_bundle_stale",
-		Help: "1 when a projected trust bundle keeps content its source no longer provides (gone, invalid, unreadable or not read yet), else 0.",
-	}, []string{"path"})
-	m.bundleUpdated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "trust_bundle_last_update_timestamp_seconds",
-		Help: "When a projected trust bundle file last changed, in Unix seconds.",
-	}, []string{"path"})
-	m.bundleCerts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "trust_bundle_certificates",
-		Help: "Certificates in a projected trust bundle file.",
-	}, []string{"path"})
-	m.Registry.MustRegister(m.expiration, ttl, m.renewals, m.renewalDuration, m.attestation,
-		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{now: time.Now, synced: map[string]time.Time{}}
+	m.expiration = newFamily(namespace+"client_certificate_expiration_timestamp_seconds",
+		"NotAfter of the current kubelet client certificate, in Unix seconds.", "gauge", "")
+	m.expiration.with("")
+	ttl := newFamily(namespace+"client_certificate_ttl_seconds",
+		"Seconds until the current kubelet client certificate expires (negative once expired; 0 when there is none).", "gauge", "")
+	ttl.fn = m.ttl
+	m.renewals = newFamily(namespace+"client_certificate_renewals_total",
+		"Client certificate renewal attempts by the agent, by result (success, failure).", "counter", "result")
+	m.renewalDuration = newFamily(namespace+"client_certificate_renewal_duration_seconds",
+		"Duration of a renewal attempt: attestation, CSR, signing and storing.", "histogram", "", exponentialBuckets(0.01, 2, 14)...)
+	m.renewalDuration.with("")
+	m.attestation = newFamily(namespace+"attestation_duration_seconds",
+		"Duration of producing attestation evidence (and answering a challenge), by result.", "histogram", "result", exponentialBuckets(0.001, 2, 15)...)
+	m.bundleUpdates = newFamily(namespace+"trust_bundle_updates_total",
+		"Times a projected trust bundle file was rewritten, by projection path.", "counter", "path")
+	m.bundleStale = newFamily(namespace+"trust_bundle_stale",
+		"1 when a projected trust bundle keeps content its source no longer provides (gone, invalid, unreadable or not read yet), else 0.", "gauge", "path")
+	m.bundleUpdated = newFamily(namespace+"trust_bundle_last_update_timestamp_seconds",
+		"When a projected trust bundle file last changed, in Unix seconds.", "gauge", "path")
+	m.bundleCerts = newFamily(namespace+"trust_bundle_certificates",
+		"Certificates in a projected trust bundle file.", "gauge", "path")
+	m.bundleSynced = newFamily(namespace+"trust_bundle_last_sync_timestamp_seconds",
+		"When a projected trust bundle file was last confirmed to match its source, in Unix seconds.", "gauge", "path")
+	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
+		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
+	syncAge.fnVec = m.syncAges
+	m.families = append([]*family{m.expiration, ttl, m.renewals, m.renewalDuration, m.attestation,
+		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, syncAge}, processFamilies(time.Now())...)
 	for _, r := range []string{"success", "failure"} {
-		m.renewals.WithLabelValues(r)
+		m.renewals.with(r)
 	}
 	return m
 }
@@ -103,7 +89,7 @@ func (m *Metrics) ttl() float64 {
 type expirationGauge struct{ m *Metrics }
 
 func (g expirationGauge) Set(v float64) {
-	g.m.expiration.Set(v)
+	g.m.expiration.with("").Set(v)
 	g.m.mu.Lock()
 	g.m.notAfter = time.Unix(int64(v), 0)
 	g.m.mu.Unlock()
@@ -113,9 +99,9 @@ func (g expirationGauge) Set(v float64) {
 func (m *Metrics) Renewal() daemon.Metrics {
 	return daemon.Metrics{
 		CertificateExpiration: expirationGauge{m},
-		RenewalSuccess:        m.renewals.WithLabelValues("success"),
-		RenewalFailure:        m.renewals.WithLabelValues("failure"),
-		RenewalDuration:       m.renewalDuration,
+		RenewalSuccess:        m.renewals.with("success"),
+		RenewalFailure:        m.renewals.with("failure"),
+		RenewalDuration:       m.renewalDuration.with(""),
 	}
 }
 
@@ -125,14 +111,33 @@ func (m *Metrics) ObserveAttestation(d time.Duration, err error) {
 	if err != nil {
 		result = "failure"
 	}
-	m.attestation.WithLabelValues(result).Observe(d.Seconds())
+	m.attestation.with(result).Observe(d.Seconds())
 }
 
 // Updated implements trustbundle.Metrics.
 func (m *Metrics) Updated(projection string, certificates int, at time.Time) {
-	m.bundleUpdates.WithLabelValues(projection).Inc()
-	m.bundleUpdated.WithLabelValues(projection).Set(float64(at.UnixNano()) / 1e9)
-	m.bundleCerts.WithLabelValues(projection).Set(float64(certificates))
+	m.bundleUpdates.with(projection).Inc()
+	m.bundleUpdated.with(projection).Set(float64(at.UnixNano()) / 1e9)
+	m.bundleCerts.with(projection).Set(float64(certificates))
+}
+
+// Synced implements trustbundle.Metrics.
+func (m *Metrics) Synced(projection string, at time.Time) {
+	m.bundleSynced.with(projection).Set(float64(at.UnixNano()) / 1e9)
+	m.mu.Lock()
+	m.synced[projection] = at
+	m.mu.Unlock()
+}
+
+func (m *Metrics) syncAges() map[string]float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	out := make(map[string]float64, len(m.synced))
+	for p, at := range m.synced {
+		out[p] = now.Sub(at).Seconds()
+	}
+	return out
 }
 
 // Stale implements trustbundle.Metrics.
@@ -141,14 +146,20 @@ func (m *Metrics) Stale(projection string, stale bool) {
 	if stale {
 		v = 1
 	}
-	m.bundleStale.WithLabelValues(projection).Set(v)
-	m.bundleUpdates.WithLabelValues(projection)
+	m.bundleStale.with(projection).Set(v)
+	m.bundleUpdates.with(projection)
 }
+
+// Write writes every metric in the Prometheus text exposition format.
+func (m *Metrics) Write(w io.Writer) error { return writeAll(w, m.families) }
 
 // Handler serves /metrics and /healthz; healthz returns nil when healthy.
 func (m *Metrics) Handler(healthz func() error) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_ = m.Write(w)
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := healthz(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

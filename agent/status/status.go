@@ -294,6 +294,7 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 		if s := b.State; s != nil {
 			fmt.Fprintf(tw, "    Sources:\t%s\n", orDash(strings.Join(s.Sources, ", ")))
 			fmt.Fprintf(tw, "    Last update:\t%s\n", ts(s.LastUpdate))
+			fmt.Fprintf(tw, "    Last sync:\t%s\n", ts(s.LastSync))
 			if s.Reason != "" {
 				fmt.Fprintf(tw, "    Reason:\t%s\n", s.Reason)
 			}

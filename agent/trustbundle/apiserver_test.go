@@ -14,7 +14,6 @@ import (
 
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -38,11 +37,7 @@ func TestProjectionAgainstAPIServer(t *testing.T) {
 	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:node-1", "system:nodes")
 	nodeCfg := cp.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 
-	dc, err := discovery.NewDiscoveryClientForConfig(nodeCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gvr, err := DiscoverResource(dc)
+	gvr, err := Discover(ctx, nodeCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

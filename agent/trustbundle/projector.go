@@ -6,19 +6,16 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -32,32 +29,18 @@ const (
 	Resource = "clustertrustbundles"
 	// DefaultCommandTimeout bounds a post-update command.
 	DefaultCommandTimeout = 30 * time.Second
+	// DefaultRetryInitial and DefaultRetryMax bound the backoff after a
+	// failed write; DefaultResyncPeriod is how often a projection is
+	// written again from what the watch holds, without a change.
+	DefaultRetryInitial = time.Second
+	DefaultRetryMax     = 5 * time.Minute
+	DefaultResyncPeriod = 10 * time.Minute
 )
 
 // versions lists the ClusterTrustBundle versions this package reads,
 // preferred first. Their fields (spec.signerName, spec.trustBundle) are the
-// same in all of them, so objects are read unstructured.
+// same in all of them.
 func versions() []string { return []string{"v1", "v1beta1", "v1alpha1"} }
-
-// DiscoverResource returns the ClusterTrustBundle resource the server
-// serves, preferring certificates.k8s.io/v1, then v1beta1, then v1alpha1.
-func DiscoverResource(d discovery.DiscoveryInterface) (schema.GroupVersionResource, error) {
-	var errs []error
-	for _, v := range versions() {
-		gv := schema.GroupVersion{Group: Group, Version: v}
-		list, err := d.ServerResourcesForGroupVersion(gv.String())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", gv, err))
-			continue
-		}
-		for _, r := range list.APIResources {
-			if r.Name == Resource {
-				return gv.WithResource(Resource), nil
-			}
-		}
-	}
-	return schema.GroupVersionResource{}, fmt.Errorf("the API server serves no ClusterTrustBundle API (tried %s in %s): %w", strings.Join(versions(), ", "), Group, errors.Join(errs...))
-}
 
 // Metrics receives what projections do; agent/metrics implements it. A
 // projection is named by its Key (its path).
@@ -67,6 +50,9 @@ type Metrics interface {
 	// Stale is called with whether a projection is stale: its file keeps
 	// content its source no longer provides, or has not been confirmed yet.
 	Stale(projection string, stale bool)
+	// Synced is called when a projection's file was confirmed to match its
+	// source (changed or not).
+	Synced(projection string, at time.Time)
 }
 
 // Status is the state of one projection.
@@ -93,8 +79,9 @@ type Status struct {
 
 // Projector keeps one projection current.
 type Projector struct {
-	// Client reads Resource.
-	Client   dynamic.Interface
+	// Config reaches the API server; Resource is the ClusterTrustBundle
+	// version it serves (see Discover).
+	Config   *rest.Config
 	Resource schema.GroupVersionResource
 	// Projection is what to select and where to write it.
 	Projection config.TrustBundleProjection
@@ -106,6 +93,14 @@ type Projector struct {
 	// CommandTimeout bounds the post-update command; 0 means
 	// DefaultCommandTimeout.
 	CommandTimeout time.Duration
+	// MaxBundles and MaxBytes cap the selected ClusterTrustBundles and the
+	// sum of their spec.trustBundle sizes; 0 means no cap.
+	MaxBundles int
+	MaxBytes   int64
+	// RetryInitial and RetryMax bound the backoff after a failed write;
+	// ResyncPeriod is how often the file is checked against its source
+	// without a change. 0 means the defaults.
+	RetryInitial, RetryMax, ResyncPeriod time.Duration
 
 	writer     *Writer
 	commandErr string // of the last post-update command; Run's goroutine only
@@ -138,12 +133,11 @@ func ListOptions(pr config.TrustBundleProjection) (metav1.ListOptions, error) {
 
 // matches checks the selection again on the client: the projection must
 // never take in an object it did not ask for.
-func matches(pr config.TrustBundleProjection, sel labels.Selector, o *unstructured.Unstructured) bool {
+func matches(pr config.TrustBundleProjection, sel labels.Selector, o *clusterTrustBundle) bool {
 	if pr.Name != "" {
-		return o.GetName() == pr.Name
+		return o.Name == pr.Name
 	}
-	signer, _, _ := unstructured.NestedString(o.Object, "spec", "signerName")
-	return signer == pr.SignerName && sel.Matches(labels.Set(o.GetLabels()))
+	return o.Spec.SignerName == pr.SignerName && sel.Matches(labels.Set(o.Labels))
 }
 
 // Run watches the selected objects and keeps the file current until ctx is
@@ -160,23 +154,13 @@ func (p *Projector) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	p.writer = NewWriter(pr.Path)
-	p.status = Status{Projection: pr.Key(), Resource: p.Resource.GroupVersion().String(), Stale: true, Reason: "not read from the API server yet"}
-	if current, err := p.writer.Read(); err != nil {
-		p.status.Reason = err.Error()
-	} else if current != nil {
-		p.status.Certificates = Count(current)
-		if fi, err := os.Stat(p.writer.Path()); err == nil {
-			p.status.LastUpdate = fi.ModTime()
-		}
+	client, err := newClient(p.Config, p.Resource.GroupVersion())
+	if err != nil {
+		return err
 	}
-	if err := p.writer.Cleanup(); err != nil {
-		p.status.Reason = err.Error()
-	}
-	p.publish(nil)
+	p.start()
 
-	informer := dynamicinformer.NewFilteredDynamicInformer(p.Client, p.Resource, "", 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.FieldSelector, o.LabelSelector = opts.FieldSelector, opts.LabelSelector }).Informer()
+	informer := cache.NewSharedIndexInformer(listWatch(client, opts), &clusterTrustBundle{}, 0, cache.Indexers{})
 	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		// Only explains a projection not read yet: after a first sync the
 		// file stays right while the informer reconnects.
@@ -210,27 +194,141 @@ func (p *Projector) Run(ctx context.Context) error {
 		return nil
 	}
 	poke()
+	selected := func(items []*clusterTrustBundle) map[string]string {
+		objects := map[string]string{}
+		for _, o := range items {
+			if matches(pr, sel, o) {
+				objects[o.Name] = o.Spec.TrustBundle
+			}
+		}
+		return objects
+	}
+	p.loop(ctx, trigger, func() map[string]string {
+		var items []*clusterTrustBundle
+		for _, item := range informer.GetStore().List() {
+			if o, ok := item.(*clusterTrustBundle); ok {
+				items = append(items, o)
+			}
+		}
+		return selected(items)
+	}, func(ctx context.Context) (map[string]string, error) {
+		list := &clusterTrustBundleList{}
+		if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
+			return nil, err
+		}
+		items := make([]*clusterTrustBundle, len(list.Items))
+		for i := range list.Items {
+			items[i] = &list.Items[i]
+		}
+		return selected(items), nil
+	})
+	return nil
+}
+
+// loop syncs the selected objects (from selected, what the watch holds) on
+// every trigger and, after a failed write, with exponential backoff
+// (RetryInitial to RetryMax). Every ResyncPeriod it reads the objects from
+// the API server (confirm) and syncs those: a file changed or removed
+// behind the agent's back is put back, and LastSync says when the content
+// was last confirmed by the server, not merely by a watch that may have
+// lost it.
+func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string, confirm func(context.Context) (map[string]string, error)) {
+	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
+	if retryInitial <= 0 {
+		retryInitial = DefaultRetryInitial
+	}
+	if retryMax <= 0 {
+		retryMax = DefaultRetryMax
+	}
+	if resyncPeriod <= 0 {
+		resyncPeriod = DefaultResyncPeriod
+	}
+	resync := time.NewTicker(resyncPeriod)
+	defer resync.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := time.Duration(0)
 	for {
+		objects := map[string]string(nil)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-trigger:
-		}
-		objects := map[string]string{}
-		for _, item := range informer.GetStore().List() {
-			o, ok := item.(*unstructured.Unstructured)
-			if !ok || !matches(pr, sel, o) {
+		case <-retry.C:
+		case <-resync.C:
+			var err error
+			if objects, err = confirm(ctx); err != nil {
+				p.publish(func(s *Status) {
+					s.Reason = fmt.Sprintf("unable to confirm with the API server (last sync %s): %v", lastSync(s.LastSync), err)
+				})
 				continue
 			}
-			tb, _, _ := unstructured.NestedString(o.Object, "spec", "trustBundle")
-			objects[o.GetName()] = tb
 		}
-		p.sync(ctx, objects)
+		if objects == nil {
+			objects = selected()
+		}
+		if err := p.sync(ctx, objects); err != nil {
+			backoff = min(max(2*backoff, retryInitial), retryMax)
+			retry.Reset(backoff)
+			continue
+		}
+		backoff = 0
+		retry.Stop()
 	}
 }
 
-// sync writes the bundle of objects, or keeps the last good content.
-func (p *Projector) sync(ctx context.Context, objects map[string]string) {
+// start reads what the projection's directory holds from an earlier run,
+// cleans up after an interrupted write and publishes the initial status:
+// stale until the first sync.
+func (p *Projector) start() {
+	pr := p.Projection
+	p.writer = NewWriter(pr.Path)
+	p.status = Status{Projection: pr.Key(), Resource: p.Resource.GroupVersion().String(), Stale: true, Reason: "not read from the API server yet"}
+	if current, err := p.writer.Read(); err != nil {
+		p.status.Reason = err.Error()
+	} else if current != nil {
+		p.status.Certificates = Count(current)
+		if fi, err := os.Stat(p.writer.Path()); err == nil {
+			p.status.LastUpdate = fi.ModTime()
+		}
+	}
+	if err := p.writer.Cleanup(); err != nil {
+		p.status.Reason = err.Error()
+	}
+	p.publish(nil)
+}
+
+// overLimit says how a selection exceeds the caps, or "" when it does not.
+func overLimit(n int, size int64, maxBundles int, maxBytes int64) string {
+	switch {
+	case maxBundles > 0 && n > maxBundles:
+		return fmt.Sprintf("refusing %d ClusterTrustBundles: over the limit of %d (agent.maxTrustBundles)", n, maxBundles)
+	case maxBytes > 0 && size > maxBytes:
+		return fmt.Sprintf("refusing %d bytes of trust bundles: over the limit of %d (agent.maxTrustBundleBytes)", size, maxBytes)
+	}
+	return ""
+}
+
+func lastSync(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// sync writes the bundle of objects, or keeps the last good content. It
+// returns the error of a failed write (worth retrying); a source that is
+// missing or invalid is not an error here, its next change triggers a sync.
+func (p *Projector) sync(ctx context.Context, objects map[string]string) error {
+	size := int64(0)
+	for _, tb := range objects {
+		size += int64(len(tb))
+	}
+	if over := overLimit(len(objects), size, p.MaxBundles, p.MaxBytes); over != "" {
+		p.publish(func(s *Status) { s.Stale, s.Reason = true, over+"; keeping the last good content" })
+		return nil
+	}
 	sources := make([]string, 0, len(objects))
 	for n := range objects {
 		sources = append(sources, n)
@@ -248,13 +346,16 @@ func (p *Projector) sync(ctx context.Context, objects map[string]string) {
 			reason = "invalid trust bundle, keeping the last good content: " + reason
 		}
 		p.publish(func(s *Status) { s.Stale, s.Reason = true, reason })
-		return
+		return nil
 	}
 	changed, err := p.writer.Write(b.PEM)
 	now := p.now()
 	if err != nil {
 		p.publish(func(s *Status) { s.Stale, s.Reason = true, err.Error() })
-		return
+		return err
+	}
+	if p.Metrics != nil {
+		p.Metrics.Synced(p.Projection.Key(), now)
 	}
 	if changed {
 		if p.Metrics != nil {
@@ -271,6 +372,7 @@ func (p *Projector) sync(ctx context.Context, objects map[string]string) {
 			s.LastUpdate = now
 		}
 	})
+	return nil
 }
 
 // runCommand runs the post-update command. It is not cut short by ctx (a
@@ -328,6 +430,9 @@ type Manager struct {
 	OnStatus func(Status)
 	// RetryMax caps the wait between discovery attempts; 0 means a minute.
 	RetryMax time.Duration
+	// MaxBundles and MaxBytes are every Projector's caps.
+	MaxBundles int
+	MaxBytes   int64
 }
 
 // Run discovers the ClusterTrustBundle API (retrying until the server
@@ -336,21 +441,14 @@ func (m *Manager) Run(ctx context.Context) error {
 	if len(m.Projections) == 0 {
 		return nil
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(m.Config)
-	if err != nil {
-		return fmt.Errorf("unable to create discovery client: %w", err)
-	}
-	client, err := dynamic.NewForConfig(m.Config)
-	if err != nil {
-		return fmt.Errorf("unable to create client: %w", err)
-	}
 	retryMax := m.RetryMax
 	if retryMax == 0 {
 		retryMax = time.Minute
 	}
 	var gvr schema.GroupVersionResource
+	var err error
 	for wait := time.Second; ; wait = min(2*wait, retryMax) {
-		if gvr, err = DiscoverResource(dc); err == nil {
+		if gvr, err = Discover(ctx, m.Config); err == nil {
 			break
 		}
 		for _, pr := range m.Projections {
@@ -370,9 +468,29 @@ func (m *Manager) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(m.Projections))
 	for i, pr := range m.Projections {
-		p := &Projector{Client: client, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus}
+		p := &Projector{Config: m.Config, Resource: gvr, Projection: pr, Metrics: m.Metrics, OnStatus: m.OnStatus, MaxBundles: m.MaxBundles, MaxBytes: m.MaxBytes}
 		wg.Go(func() { errs[i] = p.Run(ctx) })
 	}
 	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// RemoveStale removes the files of projections at previous paths that
+// current no longer has (see Writer.Remove). A directory that a current
+// projection uses is left alone, whatever its file name.
+func RemoveStale(previous []string, current []config.TrustBundleProjection) error {
+	inUse := map[string]bool{}
+	for _, pr := range current {
+		inUse[filepath.Dir(filepath.Clean(pr.Path))] = true
+	}
+	var errs []error
+	for _, path := range previous {
+		if path == "" || !filepath.IsAbs(path) || inUse[filepath.Dir(filepath.Clean(path))] {
+			continue
+		}
+		if err := NewWriter(filepath.Clean(path)).Remove(); err != nil {
+			errs = append(errs, fmt.Errorf("unable to remove the former projection %s: %w", path, err))
+		}
+	}
 	return errors.Join(errs...)
 }

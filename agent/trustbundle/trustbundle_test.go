@@ -11,12 +11,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -115,19 +109,6 @@ func TestWriter(t *testing.T) {
 	}
 }
 
-var ctbGVR = schema.GroupVersionResource{Group: Group, Version: "v1beta1", Resource: Resource}
-
-func ctb(name, signer, bundle string, lbls map[string]string) *unstructured.Unstructured {
-	o := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "certificates.k8s.io/v1beta1",
-		"kind":       "ClusterTrustBundle",
-		"metadata":   map[string]any{"name": name},
-		"spec":       map[string]any{"signerName": signer, "trustBundle": bundle},
-	}}
-	o.SetLabels(lbls)
-	return o
-}
-
 type statusLog struct {
 	mu   sync.Mutex
 	last map[string]Status
@@ -161,37 +142,39 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestInvalidBundleKeepsLastGood: an object whose bundle does not validate
-// (kube-apiserver would refuse it, so a fake client serves it) leaves the
-// file as it was and marks the projection stale; a valid one heals it.
+// TestInvalidBundleKeepsLastGood: a selected object whose bundle does not
+// validate (kube-apiserver refuses such a write, so the projector is handed
+// it directly) leaves the file as it was and marks the projection stale; a
+// valid one heals it.
 func TestInvalidBundleKeepsLastGood(t *testing.T) {
 	a := newCAPEM(t, "a")
-	scheme := runtime.NewScheme()
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
-		map[schema.GroupVersionResource]string{ctbGVR: "ClusterTrustBundleList"}, ctb("root", "", a, nil))
 	path := filepath.Join(t.TempDir(), "root", "ca.crt")
 	var log statusLog
-	p := &Projector{Client: client, Resource: ctbGVR, Projection: config.TrustBundleProjection{Name: "root", Path: path}, OnStatus: log.set}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	waitFor(t, "the first write", func() bool { s := log.get(path); return current(s) && s.Certificates == 1 })
-	good, _ := os.ReadFile(path)
-	if _, err := client.Resource(ctbGVR).Update(ctx, ctb("root", "", a+"garbage", nil), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	p := &Projector{Projection: config.TrustBundleProjection{Name: "root", Path: path}, OnStatus: log.set}
+	ctx := context.Background()
+	p.start()
+	if s := log.get(path); !s.Stale {
+		t.Fatalf("before the first sync: %+v, want stale", s)
 	}
-	waitFor(t, "stale", func() bool { return log.get(path).Stale })
+	p.sync(ctx, map[string]string{"root": a})
+	if s := log.get(path); !current(s) || s.Certificates != 1 {
+		t.Fatalf("after the first sync: %+v", s)
+	}
+	good, _ := os.ReadFile(path)
+	p.sync(ctx, map[string]string{"root": a + "garbage"})
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, good) {
 		t.Fatal("an invalid bundle changed the file")
 	}
-	if r := log.get(path).Reason; !strings.Contains(r, "keeping the last good content") {
-		t.Errorf("reason %q", r)
+	if s := log.get(path); !s.Stale || !strings.Contains(s.Reason, "keeping the last good content") {
+		t.Errorf("after an invalid bundle: %+v", s)
+	}
+	p.sync(ctx, map[string]string{})
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, good) {
+		t.Fatal("a deleted bundle changed the file")
 	}
 	b := newCAPEM(t, "b")
-	if _, err := client.Resource(ctbGVR).Update(ctx, ctb("root", "", a+b, nil), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	p.sync(ctx, map[string]string{"root": a + b})
+	if s := log.get(path); !current(s) || s.Certificates != 2 {
+		t.Fatalf("after a valid bundle: %+v", s)
 	}
-	waitFor(t, "healed", func() bool { s := log.get(path); return current(s) && s.Certificates == 2 })
 }

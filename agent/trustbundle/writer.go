@@ -18,6 +18,11 @@ const (
 	DataDirName = "..data"
 	// newDataDirName is the symlink renamed over DataDirName.
 	newDataDirName = "..data_tmp"
+	// DirMode and FileMode are the modes of what a projection writes,
+	// set explicitly whatever the umask: trust bundles are public and read
+	// by consumers running as other users.
+	DirMode  fs.FileMode = 0o755
+	FileMode fs.FileMode = 0o644
 	// tsLayout names the timestamped directories (os.MkdirTemp adds a
 	// random suffix).
 	tsLayout = "..2006_01_02_15_04_05."
@@ -72,10 +77,16 @@ func (w *Writer) Write(data []byte) (bool, error) {
 		return false, err
 	}
 	if current != nil && bytes.Equal(current, data) {
+		if err := w.ensureModes(); err != nil {
+			return false, err
+		}
 		return false, w.ensureVisible()
 	}
-	if err := os.MkdirAll(w.Dir, 0o755); err != nil {
+	if err := mkdirAll(w.Dir); err != nil {
 		return false, fmt.Errorf("unable to create %s: %w", w.Dir, err)
+	}
+	if err := chmodIfNot(w.Dir, DirMode); err != nil {
+		return false, err
 	}
 	now := time.Now
 	if w.Now != nil {
@@ -91,10 +102,10 @@ func (w *Writer) Write(data []byte) (bool, error) {
 			_ = os.RemoveAll(ts)
 		}
 	}()
-	if err := os.Chmod(ts, 0o755); err != nil {
+	if err := os.Chmod(ts, DirMode); err != nil {
 		return false, fmt.Errorf("unable to write %s: %w", w.Path(), err)
 	}
-	if err := writeSynced(filepath.Join(ts, w.File), data, 0o644); err != nil {
+	if err := writeSynced(filepath.Join(ts, w.File), data, FileMode); err != nil {
 		return false, fmt.Errorf("unable to write %s: %w", w.Path(), err)
 	}
 	if err := syncDir(ts); err != nil {
@@ -120,6 +131,38 @@ func (w *Writer) Write(data []byte) (bool, error) {
 		return true, fmt.Errorf("unable to write %s: %w", w.Path(), err)
 	}
 	return true, w.prune(filepath.Base(ts), previous)
+}
+
+// ensureModes gives the directory, the current data directory and the file
+// their modes, in case an earlier write (or an older agent, under a
+// restrictive umask) left them unreadable to consumers.
+func (w *Writer) ensureModes() error {
+	data := filepath.Join(w.Dir, DataDirName)
+	for _, c := range []struct {
+		path string
+		mode fs.FileMode
+	}{{w.Dir, DirMode}, {data, DirMode}, {filepath.Join(data, w.File), FileMode}} {
+		if err := chmodIfNot(c.path, c.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chmodIfNot sets path's permission bits to mode if they differ (following
+// symlinks).
+func chmodIfNot(path string, mode fs.FileMode) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("unable to read the mode of %s: %w", path, err)
+	}
+	if fi.Mode().Perm() == mode {
+		return nil
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("unable to make %s readable to its consumers: %w", path, err)
+	}
+	return nil
 }
 
 // ensureVisible makes <dir>/<file> a symlink to ..data/<file>, replacing
@@ -185,9 +228,35 @@ func isTimestamped(name string) bool {
 	return err == nil
 }
 
+// mkdirAll creates dir and its missing parents with DirMode whatever the
+// umask (the agent's unit runs with UMask=0077, which would otherwise leave
+// them 0700 and the bundle unreadable to its consumers).
+func mkdirAll(dir string) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirAll(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, DirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return os.Chmod(dir, DirMode)
+}
+
 func writeSynced(path string, data []byte, perm fs.FileMode) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
+		return err
+	}
+	// The umask applies to OpenFile's mode; consumers need perm itself.
+	if err := f.Chmod(perm); err != nil {
+		_ = f.Close()
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
@@ -208,4 +277,39 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// Remove takes away what the Writer put in its directory: the consumers'
+// symlink (only if it still points into ..data), the ..data link and the
+// timestamped directories, and leftovers of an interrupted write. Other
+// files, and the directory itself, are left alone: they are not the
+// agent's. It is for a projection removed from the configuration.
+func (w *Writer) Remove() error {
+	var errs []error
+	remove := func(path string) {
+		if err := os.RemoveAll(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if t, err := os.Readlink(w.Path()); err == nil && t == filepath.Join(DataDirName, w.File) {
+		remove(w.Path())
+	}
+	for _, link := range []string{DataDirName, newDataDirName, "." + w.File + ".link-tmp"} {
+		if fi, err := os.Lstat(filepath.Join(w.Dir, link)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			remove(filepath.Join(w.Dir, link))
+		}
+	}
+	entries, err := os.ReadDir(w.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errors.Join(errs...)
+	}
+	if err != nil {
+		return fmt.Errorf("unable to clean up %s: %w", w.Dir, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && isTimestamped(e.Name()) {
+			remove(filepath.Join(w.Dir, e.Name()))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -31,7 +31,7 @@ variable "source_image_checksum" {
 variable "bin_dir" {
   type        = string
   default     = "bin/linux_amd64"
-  description = "Where make build left kubelet-authenticator and kubelet-authenticator-core (bin/linux_<arch>)."
+  description = "Where make build left kubelet-authenticator (bin/linux_<arch>)."
 }
 
 variable "ssh_username" {
@@ -65,7 +65,6 @@ build {
     extra_arguments = [
       "--become",
       "-e", "kubelet_authenticator_binary_src=${abspath(var.bin_dir)}/kubelet-authenticator",
-      "-e", "kubelet_authenticator_core_binary_src=${abspath(var.bin_dir)}/kubelet-authenticator-core",
     ]
   }
 }

@@ -257,7 +257,7 @@ func metricValue(body, name string) float64 {
 // Type=notify service: READY, STATUS, WATCHDOG, RELOADING, STOPPING on a
 // NOTIFY_SOCKET the test listens on) against a real kube-apiserver whose
 // in-test signer issues 4-second certificates, while a client-go client
-// authenticating through the exec-plugin kubeconfig (the launcher binary, as
+// authenticating through the exec-plugin kubeconfig (the node binary, as
 // kubelet runs it) keeps making requests: many renewals in a row, no failed
 // request. The agent also projects a ClusterTrustBundle as the node, picks
 // up a second projection on SIGHUP, serves metrics and /healthz, records
@@ -353,7 +353,7 @@ trustBundles:
 		return err == nil && bytes.Equal(b, ca1.CertPEM)
 	})
 
-	// A client as kubelet has one: the exec plugin, through the launcher.
+	// A client as kubelet has one: the exec plugin.
 	kc := cp.KubeconfigFor("", clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{
 		APIVersion: "client.authentication.k8s.io/v1", Command: filepath.Join(bin, "kubelet-authenticator"),
 		Args: []string{"credential", "--config=" + configPath}, InteractiveMode: clientcmdapi.NeverExecInteractiveMode, ProvideClusterInfo: true,

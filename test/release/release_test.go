@@ -1,8 +1,10 @@
-// Package release checks what release builds contain: the node core and the
-// controller built without build tags (as `make build` builds them) link
+// Package release checks what release builds contain: the node binary and
+// the controller built without build tags (as `make build` builds them) link
 // neither the null rubber-stamp attestor nor, for the node, the in-process
 // TPM simulator; the test builds (scenario.BinaryTags) link both, which shows
-// that the checks can see them.
+// that the checks can see them. It also keeps the node binary lean: every
+// package it links is initialised on every exec credential call, so it must
+// not link client-go's clientset, informers, dynamic or discovery clients.
 package release
 
 import (
@@ -31,11 +33,25 @@ type binary struct {
 	// testOnly are the test-only packages that a test build of the command
 	// links and a release build must not.
 	testOnly []string
+	// heavy are packages no build of the command may link.
+	heavy []string
+}
+
+// nodeHeavy are what made the node binary's start-up cost several times a
+// minimal Go program's: client-go's clientset (its scheme registers every
+// API group), informers, the dynamic and discovery clients (OpenAPI,
+// protobuf descriptors).
+var nodeHeavy = []string{
+	"k8s.io/client-go/kubernetes",
+	"k8s.io/client-go/kubernetes/scheme",
+	"k8s.io/client-go/informers",
+	"k8s.io/client-go/dynamic",
+	"k8s.io/client-go/discovery",
 }
 
 var binaries = []binary{
-	{"kubelet-authenticator-core", "./cmd/kubelet-authenticator-core", nil, []string{nullPkg, simulatorPkg, tpmsimPkg}},
-	{"node-attestation-controller", "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, []string{nullPkg}},
+	{"kubelet-authenticator", "./cmd/kubelet-authenticator", nil, []string{nullPkg, simulatorPkg, tpmsimPkg}, nodeHeavy},
+	{"node-attestation-controller", "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, []string{nullPkg}, nil},
 }
 
 // TestReleaseBuildsExcludeTestOnlyCode builds each command without tags and
@@ -60,6 +76,11 @@ func TestReleaseBuildsExcludeTestOnlyCode(t *testing.T) {
 			release := build.tags == ""
 			t.Run(b.name+"/"+build.kind, func(t *testing.T) {
 				deps := goList(t, root, b, build.tags)
+				for _, pkg := range b.heavy {
+					if slices.Contains(deps, pkg) {
+						t.Errorf("the %s build of %s links %s", build.kind, b.name, pkg)
+					}
+				}
 				// -s -w as make build links; -trimpath is left out (it
 				// changes file names, not which packages are linked) so
 				// that the build cache of the other tests is reused.

@@ -45,8 +45,8 @@ var built struct {
 	dir string
 }
 
-// Binaries builds the kubelet-authenticator launcher, kubelet-authenticator-core
-// and node-attestation-controller (CGO_ENABLED=0, as released), all with the
+// Binaries builds the node binary kubelet-authenticator and
+// node-attestation-controller (CGO_ENABLED=0, as released), all with the
 // test build tags (BinaryTags), once per test process and returns the
 // directory holding them.
 func Binaries(tb testing.TB) string {
@@ -70,7 +70,6 @@ func Binaries(tb testing.TB) string {
 		tags      string
 	}{
 		{nodeBinaryName, "./cmd/kubelet-authenticator", nil, BinaryTags},
-		{nodeBinaryName + "-core", "./cmd/kubelet-authenticator-core", nil, BinaryTags},
 		{controllerBinaryName, "./cmd/node-attestation-controller", []string{"CGO_ENABLED=0"}, BinaryTags},
 	} {
 		cmd := exec.Command("go", "build", "-tags", b.tags, "-o", filepath.Join(dir, b.name), b.pkg)
