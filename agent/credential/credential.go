@@ -30,7 +30,7 @@ import (
 
 // ReasonUnsupportedEvidenceVersion is the denial reason after which the node
 // re-files in a version the signer supports.
-const ReasonUnsupportedEvidenceVersion = "UnsupportedEvidenceVersion"
+const ReasonUnsupportedEvidenceVersion = attestor.ReasonUnsupportedEvidenceVersion
 
 // Denial reasons of a challenge that was not answered in time (a node
 // that was down, slow or cut off between the two rounds), after which the

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"maps"
@@ -68,7 +67,7 @@ type testAttestor struct {
 
 func (a *testAttestor) Versions() []string { return slices.Clone(a.versions) }
 
-func (a *testAttestor) Attest(_ context.Context, req *attestor.Request) (attestor.Evidence, error) {
+func (a *testAttestor) Attest(_ context.Context, req *attestor.Request) (*attestor.Attestation, error) {
 	a.mu.Lock()
 	a.asked = append(a.asked, req.Version)
 	a.mu.Unlock()
@@ -79,17 +78,17 @@ func (a *testAttestor) Attest(_ context.Context, req *attestor.Request) (attesto
 	if v == "" {
 		v = a.versions[0]
 	}
-	return json.Marshal(testEvidence{Version: v, Binding: base64.StdEncoding.EncodeToString(req.Binding)})
+	return attestor.Encode(v, testEvidence{Version: v, Binding: base64.StdEncoding.EncodeToString(req.Binding)})
 }
 
 // respondingAttestor adds the second round (attestor.Responder).
 type respondingAttestor struct{ *testAttestor }
 
-func (a respondingAttestor) Respond(_ context.Context, req *attestor.Request, ch *attestor.Challenge) (attestor.Evidence, error) {
+func (a respondingAttestor) Respond(_ context.Context, req *attestor.Request, ch *attestor.Challenge) (*attestor.Attestation, error) {
 	a.mu.Lock()
 	a.challenges = append(a.challenges, *ch)
 	a.mu.Unlock()
-	return json.Marshal(testEvidence{Version: a.versions[0], Binding: base64.StdEncoding.EncodeToString(req.Binding), Answer: "answer to " + string(ch.Data)})
+	return attestor.Encode(a.versions[0], testEvidence{Version: a.versions[0], Binding: base64.StdEncoding.EncodeToString(req.Binding), Answer: "answer to " + string(ch.Data)})
 }
 
 // decision is what the test signer does with one pending CSR.
