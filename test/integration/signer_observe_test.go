@@ -49,13 +49,13 @@ func TestSignerObservable(t *testing.T) {
 	e.file(t, signertest.CSR("obs-bad", bad))
 	e.file(t, signertest.CSR("obs-ghost", ghost))
 	e.expectIssued(t, "obs-good", "worker-obs", "test:///obs", 24*time.Hour)
-	e.expectDenied(t, "obs-bad", "ProviderIDMismatch")
+	e.expectDenied(t, "obs-bad", attestor.ReasonAttestedProviderIDMismatch)
 	e.expectDenied(t, "obs-ghost", capi.ReasonMachineNotFound)
 
 	t.Run("Events on the Machine and the Cluster", func(t *testing.T) {
 		for _, want := range []struct{ kind, name, typ, reason, csr string }{
 			{"Machine", "worker-obs", corev1.EventTypeNormal, attestor.ReasonAttestationVerified, "obs-good"},
-			{"Machine", "worker-obs", corev1.EventTypeWarning, "ProviderIDMismatch", "obs-bad"},
+			{"Machine", "worker-obs", corev1.EventTypeWarning, attestor.ReasonAttestedProviderIDMismatch, "obs-bad"},
 			{"Cluster", signerCluster, corev1.EventTypeWarning, capi.ReasonMachineNotFound, "obs-ghost"},
 		} {
 			var got *corev1.Event

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"net"
 	"slices"
@@ -23,6 +24,8 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/null"
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -66,11 +69,11 @@ func TestSignerServing(t *testing.T) {
 	wl := harness.StartControlPlane(t, "workload")
 	mgmt.AddWorkloadCluster(t, signerNS, signerCluster, wl, map[string]string{
 		capi.AnnotationEnabled:               "true",
-		capi.AnnotationAuthorizedAttestors:   "insecure",
+		capi.AnnotationAuthorizedAttestors:   "insecure,null",
 		capi.AnnotationApproveKubeletServing: "true",
 	})
 	wl.StartControllerManager(t, "csrsigning")
-	runSigner(t, mgmt, nil)
+	runSigner(t, mgmt, func(o *app.Options) { o.NullVersions = []string{"v1"} })
 
 	m := mgmt.CreateMachine(t, signerNS, signerCluster, "worker-0", "test:///0", true, "worker-0")
 	m.Status.Addresses = append(m.Status.Addresses,
@@ -129,11 +132,21 @@ func TestSignerServing(t *testing.T) {
 		create(n.client, n.csr)
 	}
 
-	attestedSigner := attestor.ServingSignerName(insecure.Name)
-	good, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0", "worker-0.internal"}}.Build(t)
+	// The attested serving signer of a provider that vouches for a node
+	// (null stands in for one here), and insecure's, which is refused.
+	attestedSigner := attestor.ServingSignerName(null.Name)
+	nullEvidence, err := json.Marshal(null.Evidence{Version: "v1", ProviderID: "test:///0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0", "worker-0.internal"}, Provider: null.Name, Evidence: nullEvidence}.Build(t)
 	create(node, servingCSR("attested-good", attestedSigner, good))
-	bad, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"evil.example.com"}}.Build(t)
+	bad, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"evil.example.com"}, Provider: null.Name, Evidence: nullEvidence}.Build(t)
 	create(node, servingCSR("attested-foreign-dns", attestedSigner, bad))
+	fromBootstrap, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0"}, Provider: null.Name, Evidence: nullEvidence}.Build(t)
+	create(bootstrap, servingCSR("attested-bootstrap", attestedSigner, fromBootstrap))
+	insecureServing, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0"}}.Build(t)
+	create(node, servingCSR("insecure-serving", attestor.ServingSignerName(insecure.Name), insecureServing))
 
 	t.Run("kubelet-serving approved by us, signed by kube-controller-manager", func(t *testing.T) {
 		csr := e.waitDecided(t, "kubelet-good")
@@ -172,6 +185,12 @@ func TestSignerServing(t *testing.T) {
 	})
 	t.Run("attested serving with a foreign SAN denied", func(t *testing.T) {
 		e.expectDenied(t, "attested-foreign-dns", attestor.ReasonSANNotMachineAddress)
+	})
+	t.Run("attested serving never for a bootstrap identity", func(t *testing.T) {
+		e.expectDenied(t, "attested-bootstrap", attestor.ReasonRequesterNotAllowed)
+	})
+	t.Run("no serving signer for insecure", func(t *testing.T) {
+		e.expectDenied(t, "insecure-serving", attestor.ReasonSignerNotServed)
 	})
 }
 

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
@@ -25,7 +26,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/null"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
@@ -50,7 +51,7 @@ func TestSignerServingCARotation(t *testing.T) {
 	const ns, name = "signer-trust", "wl"
 	mgmt.AddWorkloadCluster(t, ns, name, wl, map[string]string{
 		capi.AnnotationEnabled:             "true",
-		capi.AnnotationAuthorizedAttestors: "insecure",
+		capi.AnnotationAuthorizedAttestors: "null",
 	})
 	clusterKey := ns + "/" + name
 	t0 := time.Now().Truncate(time.Second)
@@ -58,6 +59,7 @@ func TestSignerServingCARotation(t *testing.T) {
 	signer := func() (stop func()) {
 		return startStoppableSigner(t, mgmt, func(o *app.Options) {
 			o.Clock = clk
+			o.NullVersions = []string{"v1"}
 			o.ServingCALifetime, o.ServingCARotateBefore = 10*time.Hour, 4*time.Hour
 		})
 	}
@@ -76,7 +78,13 @@ func TestSignerServingCARotation(t *testing.T) {
 	}
 
 	// The node agent's projection of the serving signer's bundles.
-	servingSigner := attestor.ServingSignerName(insecure.Name)
+	// null stands in for a provider that vouches for a node (insecure has
+	// no serving signer).
+	servingSigner := attestor.ServingSignerName(null.Name)
+	nullEvidence, err := json.Marshal(null.Evidence{Version: "v1", ProviderID: "test:///0"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	bundlePath := filepath.Join(t.TempDir(), "kubelet-serving", "ca.crt")
 	pctx, cancel := context.WithCancel(ctx)
 	projDone := make(chan error, 1)
@@ -146,7 +154,7 @@ func TestSignerServingCARotation(t *testing.T) {
 	issue := func() *x509.Certificate {
 		t.Helper()
 		csrs++
-		req, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0"}}.Build(t)
+		req, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0", DNSNames: []string{"worker-0"}, Provider: null.Name, Evidence: nullEvidence}.Build(t)
 		csr := servingCSR(fmt.Sprintf("serving-%d", csrs), servingSigner, req)
 		if _, err := node.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
