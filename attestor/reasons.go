@@ -131,6 +131,9 @@ const (
 	ReasonDuplicateProviderID = "DuplicateProviderID"
 	// ReasonMachineDeleting: the Machine is being deleted.
 	ReasonMachineDeleting = "MachineDeleting"
+	// ReasonEndorsementKeyConflict: the Machine and its infrastructure
+	// object pin different TPM endorsement keys.
+	ReasonEndorsementKeyConflict = "EndorsementKeyConflict"
 	// ReasonIdentityClaimedByOtherMachine: trust on first use bound the
 	// attested identity to another Machine.
 	ReasonIdentityClaimedByOtherMachine = "IdentityClaimedByOtherMachine"

@@ -7,6 +7,10 @@ import (
 	"net"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -146,6 +150,10 @@ type Matcher struct {
 	Live client.Reader
 	// Namespace and Cluster name the Cluster.
 	Namespace, Cluster string
+	// Mapper resolves an infrastructure reference's group and kind to the
+	// version the management cluster serves; nil reads no infrastructure
+	// object.
+	Mapper meta.RESTMapper
 }
 
 // MatchMachine implements engine.Machines.
@@ -169,7 +177,44 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 	if err != nil {
 		return nil, err
 	}
-	return toMachine(machine), nil
+	out := toMachine(machine)
+	if err := m.withInfrastructure(ctx, machine, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// withInfrastructure adds the endorsement key pinned on the Machine's
+// infrastructure object (where an infrastructure provider that registers
+// its machines' TPMs publishes it) to what the verifier sees. The Machine
+// and its infrastructure object may both pin it; when they disagree, the
+// request is denied: the signer cannot tell which one is right.
+func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Machine, out *engine.Machine) error {
+	ref := machine.Spec.InfrastructureRef
+	if m.Mapper == nil || ref.Name == "" || ref.Kind == "" {
+		return nil
+	}
+	mapping, err := m.Mapper.RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
+	if err != nil {
+		return fmt.Errorf("unable to resolve infrastructure kind %s.%s of Machine %s: %w", ref.Kind, ref.APIGroup, machine.Name, err)
+	}
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(mapping.GroupVersionKind)
+	if err := m.Live.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, infra); err != nil {
+		return fmt.Errorf("unable to read infrastructure object %s %s of Machine %s: %w", ref.Kind, ref.Name, machine.Name, err)
+	}
+	pinned, ok := infra.GetAnnotations()[attestor.AnnotationEndorsementKey]
+	if !ok {
+		return nil
+	}
+	if own, ok := out.Annotations[attestor.AnnotationEndorsementKey]; ok && own != pinned {
+		return deny(attestor.ReasonEndorsementKeyConflict, "Machine %s and its %s %s pin different endorsement keys (%s); fix the one that is wrong", machine.Name, ref.Kind, ref.Name, attestor.AnnotationEndorsementKey)
+	}
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[attestor.AnnotationEndorsementKey] = pinned
+	return nil
 }
 
 // ForNode implements engine.Machines: the one Machine that is node

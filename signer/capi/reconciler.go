@@ -319,7 +319,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if workers <= 0 {
 		workers = 2
 	}
-	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name}
+	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name, Mapper: r.Client.RESTMapper()}
 	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
