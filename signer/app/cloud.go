@@ -73,6 +73,9 @@ func (c *AttestorConfig) Validate() error {
 		if len(c.AWS.Accounts) == 0 {
 			errs = append(errs, errors.New("aws.accounts: at least one AWS account ID is required"))
 		}
+		if len(c.AWS.AllowedRoles) == 0 {
+			errs = append(errs, errors.New("aws.allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. nodes.cluster-api-provider-aws.sigs.k8s.io for Cluster API Provider AWS"))
+		}
 		if err := c.AWS.STS.TLS.Validate(); err != nil {
 			errs = append(errs, prefixed("aws.sts.tls", err)...)
 		}
@@ -80,9 +83,6 @@ func (c *AttestorConfig) Validate() error {
 	if c.Azure != nil {
 		if len(c.Azure.Subscriptions) == 0 {
 			errs = append(errs, errors.New("azure.subscriptions: at least one subscription ID is required"))
-		}
-		if len(c.Azure.Roots) == 0 {
-			errs = append(errs, errors.New("azure.roots: at least one root CA file is required"))
 		}
 	}
 	if c.GCP != nil {

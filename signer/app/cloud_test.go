@@ -51,7 +51,7 @@ gcp:
 `, []string{
 			`apiVersion "v2"`, `kind "NodeConfig"`,
 			"aws.accounts", "aws.sts.tls: securityProfile.type",
-			"azure.subscriptions", "azure.roots",
+			"azure.subscriptions", "aws.allowedRoles",
 			"gcp.projects", "gcp.jwks.tls: trustedCA",
 		}},
 	} {

@@ -144,7 +144,9 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	if r.Attested {
 		var err error
 		req, err = attestor.ParseRequest(spec.Request)
-		if err != nil {
+		if d, ok := attestor.AsDenial(err); ok {
+			add(d) // the evidence decoder's own reason
+		} else if err != nil {
 			add(failf(attestor.ReasonMalformedRequest, "spec.request does not follow the wire contract: %v", err))
 		} else {
 			x = req.CSR

@@ -16,44 +16,40 @@ import (
 	"regexp"
 	"testing"
 
-	"sigs.k8s.io/yaml"
-
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
-// attestorConfig has the shape of the controller's --attestor-config file
-// (signer/app.AttestorConfig): the providers' own VerifierConfig types.
-type attestorConfig struct {
-	APIVersion string                `json:"apiVersion,omitempty"`
-	Kind       string                `json:"kind,omitempty"`
-	AWS        *aws.VerifierConfig   `json:"aws,omitempty"`
-	Azure      *azure.VerifierConfig `json:"azure,omitempty"`
-	GCP        *gcp.VerifierConfig   `json:"gcp,omitempty"`
-}
-
-// load parses an example as signer/app.LoadAttestorConfig parses the file:
-// sigs.k8s.io/yaml, strict (an unknown field is an error).
-// TODO(lead): call app.LoadAttestorConfig and (*AttestorConfig).Validate
-// here once signer/app builds again on this branch.
-func load(data []byte) (*attestorConfig, error) {
-	c := &attestorConfig{}
-	if err := yaml.UnmarshalStrict(data, c); err != nil {
+// load parses and validates an example the way the controller does its
+// --attestor-config file: app.LoadAttestorConfig (strict YAML) and
+// Validate.
+func load(data []byte) (*app.AttestorConfig, error) {
+	f, err := os.CreateTemp("", "attestor-config-*.yaml")
+	if err != nil {
 		return nil, err
 	}
-	if c.APIVersion != "kubelet-authenticator.x-k8s.io/v1alpha1" || c.Kind != "AttestorConfig" {
-		return nil, fmt.Errorf("apiVersion/kind %s/%s", c.APIVersion, c.Kind)
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		return nil, err
 	}
-	if c.AWS == nil && c.Azure == nil && c.GCP == nil {
-		return nil, fmt.Errorf("configures no attestor")
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	c, err := app.LoadAttestorConfig(f.Name())
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
 // start builds every configured verifier, as the controller does at start.
-func start(c *attestorConfig) error {
+func start(c *app.AttestorConfig) error {
 	if c.AWS != nil {
 		if _, err := aws.NewVerifier(*c.AWS); err != nil {
 			return fmt.Errorf("aws: %w", err)

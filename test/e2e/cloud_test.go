@@ -149,6 +149,7 @@ func (f *cloudFleet) writeAttestorConfig(t *testing.T) string {
 kind: %s
 aws:
   accounts: [%q]
+  allowedRoles: [%q]
   certificatesDir: %s
   sts:
     hosts: [%q, %q, %q, %q, %q]
@@ -170,7 +171,7 @@ gcp:
       securityProfile:
         type: Modern
 `, "kubelet-authenticator.x-k8s.io/v1alpha1", "AttestorConfig",
-		a.main.Instance.AccountID, filepath.Join(dir, "aws-certs"),
+		a.main.Instance.AccountID, a.main.Instance.Role, filepath.Join(dir, "aws-certs"),
 		a.main.STSHost, a.otherAccount.STSHost, a.rogue.STSHost, a.offList.STSHost, f.lateSTSHost, stsCA,
 		write("azure-root.pem", z.main.Root.PEM), write("azure-root-b.pem", z.otherSubscription.Root.PEM),
 		write("azure-issuing.pem", z.main.Issuing.PEM), write("azure-issuing-b.pem", z.otherSubscription.Issuing.PEM),
