@@ -135,6 +135,9 @@ func New(cfg Config) (*Controller, error) {
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
 		csrs := f.Certificates().V1().CertificateSigningRequests()
 		inf := csrs.Informer()
+		if err := inf.SetTransform(forgetDecided); err != nil {
+			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
+		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) {
 				if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && c.engine.Pending(csr) {
@@ -151,6 +154,24 @@ func New(cfg Config) (*Controller, error) {
 		c.listers[signer] = csrs.Lister()
 	}
 	return c, nil
+}
+
+// forgetDecided drops what the controller never reads again from a decided
+// request before it is cached: its spec.request (as large as the API
+// server lets a requester make it) and every request's managed fields.
+// What stays (name, signer, requester, conditions, the certificate this
+// controller issued) is what Pending and a later answer to its challenge
+// are checked against.
+func forgetDecided(obj any) (any, error) {
+	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
+	if !ok {
+		return obj, nil
+	}
+	csr.ManagedFields = nil
+	if len(csr.Status.Certificate) > 0 || engine.HasCondition(csr, certificatesv1.CertificateDenied) || engine.HasCondition(csr, certificatesv1.CertificateFailed) {
+		csr.Spec.Request = nil
+	}
+	return csr, nil
 }
 
 // Get implements engine.CSRs from the informers' caches.
