@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 
@@ -46,6 +47,9 @@ type StandaloneOptions struct {
 	Allowlist string
 	// AuthorizedAttestors lists the providers whose evidence is accepted.
 	AuthorizedAttestors []string
+	// PolicyFiles are policy documents by provider (the TPM boot-state
+	// policy), read at start.
+	PolicyFiles map[string]string
 
 	caSecret, allowlist types.NamespacedName
 }
@@ -66,6 +70,7 @@ func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "Secret namespace/name holding the CA (tls.crt, tls.key), instead of --ca-cert-file and --ca-key-file.")
 	fs.StringVar(&o.Allowlist, "allowlist-configmap", o.Allowlist, "ConfigMap namespace/name whose key "+standalone.AllowlistKey+" lists the nodes that may join: nodes: [{nodeName, providerID, identity}].")
 	fs.StringSliceVar(&o.AuthorizedAttestors, "authorized-attestors", o.AuthorizedAttestors, "Attestors whose evidence is accepted (e.g. tpm,aws).")
+	fs.StringToStringVar(&o.PolicyFiles, "attestor-policy", o.PolicyFiles, "Policy document of an attestor, as <provider>=<file> (e.g. tpm=/etc/kubelet-authenticator/tpm-policy.yaml for the TPM boot-state policy). Repeatable. Without one, the attestor applies no policy.")
 }
 
 // Validate reports every problem with the options at once.
@@ -159,6 +164,15 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	policies := map[string][]byte{}
+	for p, f := range o.PolicyFiles {
+		if _, ok := verifiers[p]; !ok {
+			return fmt.Errorf("--attestor-policy %s=%s: no attestor %q", p, f, p)
+		}
+		if policies[p], err = os.ReadFile(f); err != nil {
+			return fmt.Errorf("--attestor-policy: %w", err)
+		}
+	}
 	metrics, err := newDecisionMetrics(ctrlmetrics.Registry)
 	if err != nil {
 		return err
@@ -181,6 +195,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 					Client:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
 				}),
 				Authorized:   o.AuthorizedAttestors,
+				Policies:     policies,
 				Machines:     &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
 				ChallengeKey: challengeKey,
 			},

@@ -27,7 +27,28 @@ const (
 	// AnnotationAuthorizedAttestors lists the providers whose evidence the
 	// Cluster accepts, comma-separated ("tpm,aws").
 	AnnotationAuthorizedAttestors = "kubelet-authenticator.x-k8s.io/authorized-attestors"
+	// AnnotationPolicyPrefix and AnnotationPolicySuffix frame the
+	// annotation holding the Cluster's policy document for one provider:
+	// kubelet-authenticator.x-k8s.io/<provider>-policy (the TPM boot-state
+	// policy: kubelet-authenticator.x-k8s.io/tpm-policy).
+	AnnotationPolicyPrefix = "kubelet-authenticator.x-k8s.io/"
+	AnnotationPolicySuffix = "-policy"
 )
+
+// Policies returns the Cluster's policy documents, by provider.
+func Policies(cluster *clusterv1.Cluster) map[string][]byte {
+	out := map[string][]byte{}
+	for k, v := range cluster.Annotations {
+		rest, ok := strings.CutPrefix(k, AnnotationPolicyPrefix)
+		if !ok {
+			continue
+		}
+		if p, ok := strings.CutSuffix(rest, AnnotationPolicySuffix); ok && p != "" {
+			out[p] = []byte(v)
+		}
+	}
+	return out
+}
 
 // Secrets Cluster API writes for every Cluster.
 const (

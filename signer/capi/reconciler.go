@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -282,8 +284,13 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	}
 	next := servingCAs.NextChange
 	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
+	policies := Policies(cluster)
 	h := sha256.New()
-	for _, b := range [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)} {
+	parts := [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)}
+	for _, p := range slices.Sorted(maps.Keys(policies)) {
+		parts = append(parts, []byte(p), policies[p])
+	}
+	for _, b := range parts {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}
@@ -336,6 +343,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 				KubeletServing: approveServing,
 			}),
 			Authorized:   authorized,
+			Policies:     policies,
 			Machines:     machines,
 			Identities:   r.Identities,
 			ChallengeKey: r.ChallengeKey,

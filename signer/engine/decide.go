@@ -214,6 +214,7 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 		Annotations:        maps.Clone(csr.Annotations),
 		MachineAnnotations: maps.Clone(m.Annotations),
 		Answered:           round,
+		Policy:             e.cfg.Policies[p.Provider],
 	})
 	v := &Verification{Provider: p.Provider, Took: time.Since(start)}
 	d.Verification = v

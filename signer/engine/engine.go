@@ -143,6 +143,9 @@ type Config struct {
 	Profiles []*Profile
 	// Authorized lists the providers the Cluster authorizes.
 	Authorized []string
+	// Policies are the Cluster's policy documents, by provider, handed to
+	// the provider's verifier (the TPM boot-state policy).
+	Policies map[string][]byte
 	// Machines matches requests to Machines.
 	Machines Machines
 	// Identities, when set, applies trust on first use.
