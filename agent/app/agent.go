@@ -363,9 +363,11 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 // longer does.
 func (a *agent) cleanUp(ctx context.Context, cfg *config.NodeConfig) {
 	dir := cache.Dir{Path: cfg.CacheDir}
-	lctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout.Duration)
+	// Briefly: a writer holding the lock (a renewal in progress) must not
+	// hold up the agent's start; its leftovers go at the next start.
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if unlock, err := dir.Lock(lctx); err != nil {
-		a.log.Error(err, "not cleaning up the cache directory")
+		a.log.Info("not cleaning up the cache directory now", "reason", err.Error())
 	} else {
 		if err := dir.RemoveTemp(); err != nil {
 			a.log.Error(err, "unable to clean up the cache directory")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -51,6 +52,12 @@ register a node.
 // Main runs the command and returns the process exit code. Errors are
 // printed as one line on stderr.
 func Main(ctx context.Context, args []string) int {
+	if out, ok := cachedCredential(args, os.Getenv("KUBERNETES_EXEC_INFO"), time.Now()); ok {
+		if _, err := os.Stdout.Write(out); err != nil {
+			return 1
+		}
+		return 0
+	}
 	cmd := NewCommand(os.Stdout, os.Stderr)
 	cmd.SetArgs(args)
 	if err := cmd.ExecuteContext(ctx); err != nil {

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
+	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
 )
 
@@ -50,14 +52,7 @@ kubeconfig user entry:
 			if info != nil {
 				apiVersion = info.APIVersion
 			}
-			// The path kubelet takes most: a fresh cached certificate,
-			// answered from the cache file's header; no X.509 parsing, no
-			// attestor, no lock, no network.
-			if certPEM, keyPEM, expires, ok := (cache.Dir{Path: cfg.CacheDir}).Fresh(cfg.NodeName, time.Now()); ok {
-				out, err := credential.MarshalPEM(apiVersion, certPEM, keyPEM, expires)
-				if err != nil {
-					return err
-				}
+			if out, ok := answerFromCache(cfg, apiVersion, time.Now()); ok {
 				_, err = stdout.Write(out)
 				return err
 			}
@@ -87,7 +82,53 @@ kubeconfig user entry:
 			return err
 		},
 	}
-	o.AddFlags(cmd.Flags())
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log progress (attestation, CSR name, signer decision) on stderr; by default a failure is one line and success prints nothing there")
+	addCredentialFlags(cmd.Flags(), o, &verbose)
 	return cmd
+}
+
+func addCredentialFlags(fs *pflag.FlagSet, o *nodeOptions, verbose *bool) {
+	o.AddFlags(fs)
+	fs.BoolVarP(verbose, "verbose", "v", false, "log progress (attestation, CSR name, signer decision) on stderr; by default a failure is one line and success prints nothing there")
+}
+
+// answerFromCache is the path kubelet takes most: a fresh cached
+// certificate, answered from the cache file's header; no X.509 parsing, no
+// attestor, no lock, no network.
+func answerFromCache(cfg *config.NodeConfig, apiVersion string, now time.Time) ([]byte, bool) {
+	certPEM, keyPEM, expires, ok := cache.Dir{Path: cfg.CacheDir}.Fresh(cfg.NodeName, now)
+	if !ok {
+		return nil, false
+	}
+	out, err := credential.MarshalPEM(apiVersion, certPEM, keyPEM, expires)
+	return out, err == nil
+}
+
+// cachedCredential answers `credential` args from a fresh cache before the
+// command tree is built (Main calls it first), with the same flags, the
+// same config loader and the same checks as the credential command; false
+// (anything unusual, invalid or not fresh) leaves the call to the command.
+func cachedCredential(args []string, execInfo string, now time.Time) ([]byte, bool) {
+	if len(args) == 0 || args[0] != "credential" {
+		return nil, false
+	}
+	fs := pflag.NewFlagSet("credential", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o, verbose := &nodeOptions{}, false
+	addCredentialFlags(fs, o, &verbose)
+	if err := fs.Parse(args[1:]); err != nil || fs.NArg() != 0 {
+		return nil, false
+	}
+	info, err := credential.ExecInfo(execInfo)
+	if err != nil {
+		return nil, false
+	}
+	cfg, err := o.Complete()
+	if err != nil {
+		return nil, false
+	}
+	apiVersion := ""
+	if info != nil {
+		apiVersion = info.APIVersion
+	}
+	return answerFromCache(cfg, apiVersion, now)
 }

@@ -30,8 +30,8 @@ const (
 	// DefaultCommandTimeout bounds a post-update command.
 	DefaultCommandTimeout = 30 * time.Second
 	// DefaultRetryInitial and DefaultRetryMax bound the backoff after a
-	// failed write; DefaultResyncPeriod is how often a projection is
-	// written again from what the watch holds, without a change.
+	// failed write; DefaultResyncPeriod is how often a projection is read
+	// from the API server (a LIST) and written again, without a change.
 	DefaultRetryInitial = time.Second
 	DefaultRetryMax     = 5 * time.Minute
 	DefaultResyncPeriod = 10 * time.Minute
@@ -98,8 +98,8 @@ type Projector struct {
 	MaxBundles int
 	MaxBytes   int64
 	// RetryInitial and RetryMax bound the backoff after a failed write;
-	// ResyncPeriod is how often the file is checked against its source
-	// without a change. 0 means the defaults.
+	// ResyncPeriod is how often the file is checked against a LIST from
+	// the API server without a change. 0 means the defaults.
 	RetryInitial, RetryMax, ResyncPeriod time.Duration
 
 	writer     *Writer
