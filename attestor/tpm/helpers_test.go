@@ -85,6 +85,8 @@ type engine struct {
 	v       *Verifier
 	machine map[string]string
 	csrs    map[string]*filed
+	// policy is the Cluster's TPM boot policy the signer hands over.
+	policy []byte
 }
 
 func newEngine(v *Verifier, machine map[string]string) *engine {
@@ -134,6 +136,7 @@ func (e *engine) request(f *filed) *attestor.VerifyRequest {
 		UID:                f.uid,
 		Annotations:        f.annotations,
 		MachineAnnotations: e.machine,
+		Policy:             e.policy,
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	json "github.com/go-json-experiment/json"
 	"sigs.k8s.io/yaml"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -124,8 +125,15 @@ type PinnedPCR struct {
 // ParsePolicy parses and validates a policy document, strictly (unknown
 // fields and duplicate keys are errors), and reports every problem at once.
 func ParsePolicy(doc []byte) (*Policy, error) {
+	// YAML to JSON refusing duplicate keys, then a case-sensitive JSON
+	// decoder refusing unknown members: "requireSecureboot" is a mistake
+	// to report, not a spelling of requireSecureBoot.
+	js, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return nil, fmt.Errorf("unable to parse the TPM boot policy: %w", err)
+	}
 	var p Policy
-	if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+	if err := json.Unmarshal(js, &p, json.RejectUnknownMembers(true)); err != nil {
 		return nil, fmt.Errorf("unable to parse the TPM boot policy: %w", err)
 	}
 	if err := p.validate(); err != nil {
