@@ -193,8 +193,15 @@ func (e *engine) verify(t testing.TB, f *filed) (*attestor.Result, error) {
 // proves the identity.
 func roundTrip(t testing.TB, node *Attestor, v *Verifier, machine map[string]string) *attestor.Identity {
 	t.Helper()
+	return roundTripPolicy(t, node, v, machine, nil)
+}
+
+// roundTripPolicy is roundTrip under a Cluster's TPM boot policy.
+func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[string]string, policy []byte) *attestor.Identity {
+	t.Helper()
 	ctx := context.Background()
 	e := newEngine(v, machine)
+	e.policy = policy
 	key := newKey(t)
 	csr1DER, csr1 := csrFor(t, key, testNode, testProviderID)
 	req := &attestor.Request{
