@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
 )
 
@@ -34,43 +33,15 @@ func realEventLog(tb testing.TB, name string) []byte {
 	return b
 }
 
-// logPCRs computes the PCR values a log's own events produce in bank (the
-// values a TPM that measured this boot would hold), the way a TPM extends:
-// from zero, or from the locality a StartupLocality event names for PCR 0.
+// logPCRs computes the PCR values a log's own events produce in bank
+// (the values a TPM that measured this boot would hold).
 func logPCRs(tb testing.TB, raw []byte, bank string) []PCRValue {
 	tb.Helper()
-	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{})
+	pcrs, err := LogPCRs(raw, bank)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	alg := map[string]register.HashAlg{"sha1": register.HashSHA1, "sha256": register.HashSHA256, "sha384": register.HashSHA384}[bank]
-	h := alg.CryptoHash()
-	vals := map[int][]byte{}
-	for _, e := range el.Events(alg) {
-		if e.Type == 0x03 { // EV_NO_ACTION
-			if e.Index == 0 && len(e.Data) == 17 && strings.HasPrefix(string(e.Data), "StartupLocality") {
-				v := make([]byte, h.Size())
-				v[len(v)-1] = e.Data[16]
-				vals[0] = v
-			}
-			continue
-		}
-		cur, ok := vals[e.Index]
-		if !ok {
-			cur = make([]byte, h.Size())
-		}
-		d := h.New()
-		d.Write(cur)
-		d.Write(e.Digest)
-		vals[e.Index] = d.Sum(nil)
-	}
-	var out []PCRValue
-	for i := range 24 {
-		if v, ok := vals[i]; ok {
-			out = append(out, PCRValue{Bank: bank, Index: i, Digest: v})
-		}
-	}
-	return out
+	return pcrs
 }
 
 // logBank is the strongest bank a log carries digests of.
