@@ -168,7 +168,7 @@ const challengeVersion = "v1"
 
 // Bounds on the evidence. TPM structures and EK certificates are a few
 // kilobytes at most; an event log is tens of kilobytes (the largest of
-// go-tpm-tools' real logs is 45 KB), and the evidence, with the log in
+// go-tpm-tools' real logs is 50 KB), and the evidence, with the log in
 // base64, must fit in attestor.MaxEvidenceSize.
 const (
 	maxField    = 8 << 10
