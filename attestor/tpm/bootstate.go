@@ -101,6 +101,10 @@ var replayBanks = []struct {
 	{"sha1", register.HashSHA1, pb.HashAlgo_SHA1, crypto.SHA1},
 }
 
+// firmwarePCRs is the number of PCRs, from 0, that only the firmware and the
+// boot loader extend, each extension logged in the firmware's event log.
+const firmwarePCRs = 10
+
 // errEventLogMismatch marks a log that does not reproduce the quoted PCRs.
 var errEventLogMismatch = errors.New("the event log does not replay")
 
@@ -108,9 +112,11 @@ var errEventLogMismatch = errors.New("the event log does not replay")
 // replays it against pcrs, which must be values a TPM quoted, and derives
 // the boot state from the events that replay. It replays the strongest bank
 // both the log and pcrs have. Every quoted PCR of that bank must be
-// reproduced by its events, and a quoted PCR 0-15 with no event in the log
-// must hold its reset value (zero): a log that drops all of a PCR's events
-// does not replay. An error wrapping errEventLogMismatch means the log does
+// reproduced by its events, and a quoted PCR 0-9 (the firmware's and the
+// boot loader's, all of which the log records) with no event in the log
+// must hold its reset value (zero): a log that drops all of such a PCR's
+// events does not replay. PCRs the running system extends without a
+// firmware log entry (IMA's 10, systemd's 11-15) are not judged. An error wrapping errEventLogMismatch means the log does
 // not belong to these PCRs; the state's Problems list what the replayed
 // events do not let the verifier derive.
 func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
@@ -155,7 +161,7 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 		measured[e.Index] = true
 	}
 	for _, p := range bank.PCRs {
-		if p.Index < 16 && !measured[p.Index] && !bytes.Equal(p.Digest, make([]byte, hash.Size())) {
+		if p.Index < firmwarePCRs && !measured[p.Index] && !bytes.Equal(p.Digest, make([]byte, hash.Size())) {
 			return nil, fmt.Errorf("%w: %s PCR %d is extended but the log has no event for it", errEventLogMismatch, bankName, p.Index)
 		}
 	}
