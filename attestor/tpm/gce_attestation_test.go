@@ -2,8 +2,8 @@ package tpm
 
 import (
 	"crypto"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
