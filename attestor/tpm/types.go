@@ -8,8 +8,12 @@
 // build tag). The signer half is pure Go, with no TPM transport, and builds
 // with CGO_ENABLED=0: verify.go (the Verifier and the EK and AK checks),
 // challenge.go (the first round: evidence v1 and v2, and the challenge),
-// answer.go (the answer round) and ekcert.go (EK certificates and the
-// manufacturer CA pool). types.go is the wire format both sides share.
+// answer.go (the answer round), ekcert.go (EK certificates and the
+// manufacturer CA pool), bootstate.go (replaying the measured-boot event
+// log against the quoted PCRs, and the boot state it proves) and policy.go
+// (a Cluster's TPMBootPolicy). golden.go and cmd/tpm-boot-policy print the
+// policy of an image's boot for the image builder. types.go is the wire
+// format both sides share.
 //
 // The protocol takes two CSRs:
 //
