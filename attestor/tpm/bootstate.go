@@ -108,6 +108,11 @@ const firmwarePCRs = 10
 // errEventLogMismatch marks a log that does not reproduce the quoted PCRs.
 var errEventLogMismatch = errors.New("the event log does not replay")
 
+// errNoCommonBank marks a log that has no digests of a bank the quote
+// covers (a SHA-1-only log and a SHA-256 quote, or a SHA-512 quote): it
+// cannot be replayed, which is not a contradiction of the quote.
+var errNoCommonBank = errors.New("the event log cannot be replayed against the quoted banks")
+
 // ReplayEventLog parses a TCG PC Client event log (binary_bios_measurements),
 // replays it against pcrs, which must be values a TPM quoted, and derives
 // the boot state from the events that replay. It replays the strongest bank
@@ -117,7 +122,8 @@ var errEventLogMismatch = errors.New("the event log does not replay")
 // must hold its reset value (zero): a log that drops all of such a PCR's
 // events does not replay. PCRs the running system extends without a
 // firmware log entry (IMA's 10, systemd's 11-15) are not judged. An error wrapping errEventLogMismatch means the log does
-// not belong to these PCRs; the state's Problems list what the replayed
+// not belong to these PCRs, one wrapping errNoCommonBank that it has no
+// digests of the quoted banks; the state's Problems list what the replayed
 // events do not let the verifier derive.
 func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 	defer func() {
@@ -150,7 +156,7 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 		}
 	}
 	if bank == nil {
-		return nil, fmt.Errorf("%w: the log has digests of %v and the quote covers none of those banks", errEventLogMismatch, el.Algs)
+		return nil, fmt.Errorf("%w: the log has %v digests and the quote covers none of those banks (set the node's pcrBank to one of them)", errNoCommonBank, el.Algs)
 	}
 	events, err := el.Verify(bank.MRs())
 	if err != nil {

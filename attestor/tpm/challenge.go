@@ -4,6 +4,7 @@ import (
 	"crypto"
 	"crypto/hmac"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -42,7 +43,8 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 // checkAttestation verifies first-round evidence of either version: the
 // keys (checkKeys), then what the AK signed: the certification of the CSR
 // key (v1) or the quote (v2), each qualified by binding. A v2 event log
-// must replay against the quoted PCRs. Then the Cluster's boot policy
+// must replay against the quoted PCRs (one with no digests of a quoted
+// bank gives no boot state and is not judged). Then the Cluster's boot policy
 // (nil for none) applies, every violated rule its own denial.
 func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypto.PublicKey, binding []byte, csrAnnotations, machineAnnotations map[string]string, pol *Policy) (*attested, error) {
 	at, err := v.checkKeys(a, csrAnnotations, machineAnnotations)
@@ -51,6 +53,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 	}
 	var sel map[string][]int
 	var state *BootState
+	var noState string // why a log sent gives no boot state
 	switch version {
 	case VersionV1:
 		err = checkCertification(at, a, csrKey, binding)
@@ -58,7 +61,10 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 		sel, err = checkQuote(at, a, binding)
 		if err == nil && len(a.EventLog) > 0 {
 			state, err = ReplayEventLog(a.EventLog, a.PCRs)
-			if err != nil {
+			switch {
+			case errors.Is(err, errNoCommonBank):
+				noState, err = err.Error(), nil
+			case err != nil:
 				err = attestor.Deny(ReasonEventLogMismatch, "%v", err)
 			}
 		}
@@ -69,7 +75,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 		return nil, err
 	}
 	if pol != nil {
-		if err := pol.evaluate(version, a.PCRs, sel, state); err != nil {
+		if err := pol.evaluate(version, a.PCRs, sel, state, noState); err != nil {
 			return nil, err
 		}
 	}

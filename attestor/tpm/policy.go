@@ -280,9 +280,9 @@ func (p *Policy) needsQuote() bool {
 // evaluate applies the policy to a first-round attestation whose quote
 // (v2) has verified: version is the evidence version, pcrs the quoted PCR
 // values, sel the quote's selection by bank, and state the replayed boot
-// state (nil when the evidence carries no log). Every violated rule is
-// its own denial.
-func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int, state *BootState) error {
+// state (nil when the evidence carries no log, or noState says why the
+// log it carries gives none). Every violated rule is its own denial.
+func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int, state *BootState, noState string) error {
 	if version != VersionV2 {
 		if p.needsQuote() {
 			return attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion,
@@ -313,7 +313,11 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 		return errors.Join(errs...)
 	}
 	if state == nil {
-		deny(ReasonBootStateRequired, "the Cluster's TPM boot policy requires boot state and the evidence carries no measured-boot event log: make the event log readable by the agent (eventLogPath) and do not set noEventLog")
+		if noState != "" {
+			deny(ReasonBootStateRequired, "the Cluster's TPM boot policy requires boot state: %s", noState)
+		} else {
+			deny(ReasonBootStateRequired, "the Cluster's TPM boot policy requires boot state and the evidence carries no measured-boot event log: make the event log readable by the agent (eventLogPath) and do not set noEventLog")
+		}
 		return errors.Join(errs...)
 	}
 	why := func(what string) string {

@@ -230,3 +230,42 @@ func TestBootPolicyAppliesToTheAnswer(t *testing.T) {
 	}
 	_ = csr
 }
+
+// TestLogOfAnotherBank: a log with only SHA-1 digests (Debian 10 on GCE)
+// cannot be replayed against a SHA-256 quote. That contradicts nothing:
+// without a policy the request goes on, and a policy that needs boot
+// state says to quote the SHA-1 bank, under which the same boot passes.
+func TestLogOfAnotherBank(t *testing.T) {
+	soft := newSoftTPM(t)
+	roots, inters := soft.ca.Pools()
+	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters})
+	debian := realEventLog(t, "debian-10.bin")
+	run := func(bank, policy string) error {
+		e := newEngine(v, nil)
+		if policy != "" {
+			e.policy = []byte(policyHeader + policy)
+		}
+		key := newKey(t)
+		var a *Attestation
+		if bank == "sha1" {
+			a = soft.quoteBoot(t, key, debian, "sha1", softIndices)
+		} else {
+			a = soft.quote(t, key) // another boot's SHA-256 PCRs
+			a.EventLog = debian
+		}
+		csrDER, _ := csrFor(t, key, testNode, testProviderID)
+		_, err := e.verify(t, e.file(t, "csr-1", csrDER, evidenceOf(t, VersionV2, a, nil), nil))
+		return err
+	}
+	if err := run("sha256", ""); err != nil {
+		t.Fatalf("a SHA-1 log with a SHA-256 quote and no policy: %v", err)
+	}
+	err := run("sha256", "requireSecureBoot: true\n")
+	wantReason(t, err, ReasonBootStateRequired)
+	if !strings.Contains(err.Error(), "pcrBank") {
+		t.Errorf("denial %q does not say to change the node's pcrBank", err)
+	}
+	if err := run("sha1", "requireSecureBoot: true\n"); err != nil {
+		t.Fatalf("the SHA-1 quote of the same boot: %v", err)
+	}
+}
