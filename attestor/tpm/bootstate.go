@@ -133,7 +133,10 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 			st, err = nil, fmt.Errorf("%w: malformed event log: %v", errEventLogMismatch, r)
 		}
 	}()
-	el, err := tcg.ParseEventLog(rawLog, tcg.ParseOpts{})
+	// Firmware log areas are sometimes 0xFF-filled after the last event;
+	// whatever follows the filler is not read, and an extension it hid
+	// would not replay.
+	el, err := tcg.ParseEventLog(rawLog, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errEventLogMismatch, err)
 	}
