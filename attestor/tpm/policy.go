@@ -433,3 +433,22 @@ func formatSelection(sel map[string][]int) string {
 	}
 	return strings.Join(parts, " and ")
 }
+
+// SupportedVersions lists the evidence versions the verifier accepts under
+// a Cluster's policy document (nil for none), newest first: v2 and v1, or
+// only v2 when the policy reads quoted PCRs. The signer can write it as the
+// supported-versions annotation on a request denied
+// UnsupportedEvidenceVersion, so that a node able to produce v2 files anew.
+func SupportedVersions(policy []byte) ([]string, error) {
+	if policy == nil {
+		return []string{VersionV2, VersionV1}, nil
+	}
+	p, err := ParsePolicy(policy)
+	if err != nil {
+		return nil, err
+	}
+	if p.needsQuote() {
+		return []string{VersionV2}, nil
+	}
+	return []string{VersionV2, VersionV1}, nil
+}

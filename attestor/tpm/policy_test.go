@@ -269,3 +269,27 @@ func TestLogOfAnotherBank(t *testing.T) {
 		t.Fatalf("the SHA-1 quote of the same boot: %v", err)
 	}
 }
+
+func TestSupportedVersions(t *testing.T) {
+	for _, c := range []struct {
+		policy string
+		want   string
+	}{
+		{"", "v2,v1"},
+		{policyHeader, "v2,v1"},
+		{policyHeader + "requireSecureBoot: true\n", "v2"},
+		{policyHeader + "pcrs: {bank: sha256, indices: [7]}\n", "v2"},
+	} {
+		var doc []byte
+		if c.policy != "" {
+			doc = []byte(c.policy)
+		}
+		got, err := SupportedVersions(doc)
+		if err != nil || strings.Join(got, ",") != c.want {
+			t.Errorf("policy %q: %v, %v; want %s", c.policy, got, err, c.want)
+		}
+	}
+	if _, err := SupportedVersions([]byte("kind: x\n")); err == nil {
+		t.Error("an invalid policy gave versions")
+	}
+}
