@@ -3,6 +3,7 @@ package tpm
 import (
 	"crypto/hmac"
 	"encoding/hex"
+	"errors"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -15,7 +16,7 @@ import (
 // here: the round's evidence verifies again (trust may have changed since
 // the challenge was written), now against this request's binding, and the
 // proof shows that the TPM holding that EK and AK recovered the secret.
-func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response) (*attestor.Result, error) {
+func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response, pol *Policy) (*attestor.Result, error) {
 	round := in.Answered
 	if round.UID == in.UID {
 		return nil, attestor.Deny(ReasonMalformedEvidence, "the response names its own CSR as the challenged one")
@@ -30,12 +31,17 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response) (*attestor.Re
 	if err != nil || first.Attestation == nil {
 		return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "the challenged CSR %q carries no first-round TPM attestation", round.Name)
 	}
-	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Binding, round.Annotations, in.MachineAnnotations)
+	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Binding, round.Annotations, in.MachineAnnotations, pol)
 	if err != nil {
-		if d, ok := attestor.AsDenial(err); ok {
-			return nil, attestor.Deny(d.Reason, "the challenged CSR %q no longer verifies: %s", round.Name, d.Message)
+		ds := attestor.Denials(err)
+		if len(ds) == 0 {
+			return nil, err
 		}
-		return nil, err
+		errs := make([]error, len(ds))
+		for i, d := range ds {
+			errs[i] = attestor.Deny(d.Reason, "the challenged CSR %q no longer verifies: %s", round.Name, d.Message)
+		}
+		return nil, errors.Join(errs...)
 	}
 	secret := deriveSecret(v.key, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {

@@ -2,6 +2,7 @@ package tpm
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -60,5 +61,30 @@ func FuzzDecodeChallenge(f *testing.F) {
 	f.Add([]byte(`{"version":"v1","credentialBlob":"AAEC","encryptedSecret":"AAEC","expires":"2026-11-22T12:00:00Z"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = DecodeChallenge(data)
+	})
+}
+
+// FuzzReplayEventLog feeds arbitrary event logs, seeded with real ones, to
+// the replay the verifier runs on what a node sends: it must never panic,
+// and a log that does not replay is reported as such.
+func FuzzReplayEventLog(f *testing.F) {
+	raw := realEventLog(f, softLog)
+	pcrs := bootPCRs(f, raw, "sha256", softIndices)
+	f.Add(raw)
+	f.Add(realEventLog(f, "arch-linux-workstation.bin"))
+	f.Add(raw[:len(raw)/2])
+	f.Fuzz(func(t *testing.T, log []byte) {
+		if _, err := ReplayEventLog(log, pcrs); err != nil && !errors.Is(err, errEventLogMismatch) {
+			t.Fatalf("a log that does not replay is not reported as a mismatch: %v", err)
+		}
+	})
+}
+
+// FuzzParsePolicy: a policy document never panics the parser.
+func FuzzParsePolicy(f *testing.F) {
+	f.Add([]byte(policyHeader + "pcrs: {bank: sha256, indices: [0, 4, 7, 8, 9]}\nrequireSecureBoot: true\nkernelCommandLine: {required: [ro]}\ndbx: {minEntries: 3}\n"))
+	f.Add([]byte(`{"apiVersion":"kubelet-authenticator.x-k8s.io/v1alpha1","kind":"TPMBootPolicy","pcrValues":[{"index":1,"digest":"00"}]}`))
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		_, _ = ParsePolicy(doc)
 	})
 }

@@ -85,6 +85,8 @@ type engine struct {
 	v       *Verifier
 	machine map[string]string
 	csrs    map[string]*filed
+	// policy is the Cluster's TPM boot policy the signer hands over.
+	policy []byte
 }
 
 func newEngine(v *Verifier, machine map[string]string) *engine {
@@ -134,6 +136,7 @@ func (e *engine) request(f *filed) *attestor.VerifyRequest {
 		UID:                f.uid,
 		Annotations:        f.annotations,
 		MachineAnnotations: e.machine,
+		Policy:             e.policy,
 	}
 }
 
@@ -190,8 +193,15 @@ func (e *engine) verify(t testing.TB, f *filed) (*attestor.Result, error) {
 // proves the identity.
 func roundTrip(t testing.TB, node *Attestor, v *Verifier, machine map[string]string) *attestor.Identity {
 	t.Helper()
+	return roundTripPolicy(t, node, v, machine, nil)
+}
+
+// roundTripPolicy is roundTrip under a Cluster's TPM boot policy.
+func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[string]string, policy []byte) *attestor.Identity {
+	t.Helper()
 	ctx := context.Background()
 	e := newEngine(v, machine)
+	e.policy = policy
 	key := newKey(t)
 	csr1DER, csr1 := csrFor(t, key, testNode, testProviderID)
 	req := &attestor.Request{

@@ -114,7 +114,9 @@ func TestSimulatorRoundTrip(t *testing.T) {
 }
 
 // TestSimulatorQuoteConfig: the PCR selection and the event log are the
-// node's configuration; a host without an event log sends none.
+// node's configuration; a host without an event log sends none. The log is
+// sent as read, and the verifier replays it: this one (not a log of the
+// simulator's boot) is denied.
 func TestSimulatorQuoteConfig(t *testing.T) {
 	sim := openSim(t)
 	open := func() (transport.TPMCloser, error) { return tpmsim.NopCloser(sim), nil }
@@ -132,6 +134,7 @@ func TestSimulatorQuoteConfig(t *testing.T) {
 	}{
 		{"sha256 PCRs 0, 7 and 16 with an event log", AttestorConfig{PCRs: []int{0, 7, 16}, EventLogPath: logPath}, 3, eventLog},
 		{"the sha1 bank", AttestorConfig{PCRBank: "sha1", PCRs: []int{0, 1}, EventLogPath: logPath}, 2, eventLog},
+		{"sha256 PCR 16 without an event log", AttestorConfig{PCRs: []int{16}, NoEventLog: true}, 1, nil},
 		{"no event log on the host", AttestorConfig{EventLogPath: filepath.Join(dir, "absent")}, len(DefaultPCRs), nil},
 		{"event log turned off", AttestorConfig{EventLogPath: logPath, NoEventLog: true}, len(DefaultPCRs), nil},
 	} {
@@ -154,7 +157,16 @@ func TestSimulatorQuoteConfig(t *testing.T) {
 				t.Fatalf("evidence has %d PCR values and event log %q; want %d and %q", len(ev.Attestation.PCRs), ev.Attestation.EventLog, c.pcrs, c.wantLog)
 			}
 			ekB64 := att.Annotations[attestor.AnnotationEndorsementKey]
-			roundTrip(t, node, newTestVerifier(t, VerifierConfig{}), map[string]string{attestor.AnnotationEndorsementKey: ekB64})
+			machine := map[string]string{attestor.AnnotationEndorsementKey: ekB64}
+			v := newTestVerifier(t, VerifierConfig{})
+			if c.wantLog != nil {
+				e := newEngine(v, machine)
+				csrDER, _ := csrFor(t, key, testNode, testProviderID)
+				_, err := e.verify(t, e.file(t, "csr-1", csrDER, att.Evidence, att.Annotations))
+				wantReason(t, err, ReasonEventLogMismatch)
+				return
+			}
+			roundTrip(t, node, v, machine)
 		})
 	}
 

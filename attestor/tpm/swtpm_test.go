@@ -138,3 +138,27 @@ func TestSwtpmRoundTrip(t *testing.T) {
 		t.Errorf("transient handles before %v, after %v: the attestor leaks", before, after)
 	}
 }
+
+// connectionPerCommand is a transport.TPM that opens swtpm's socket for
+// each command: swtpm serves one connection at a time, and the node
+// attestor opens its own.
+type connectionPerCommand string
+
+func (addr connectionPerCommand) Send(cmd []byte) ([]byte, error) {
+	tp, err := device.Open(string(addr))
+	if err != nil {
+		return nil, err
+	}
+	defer tp.Close()
+	return tp.Send(cmd)
+}
+
+// TestSwtpmBootState: boot-state attestation end to end on swtpm (libtpms),
+// a fresh swtpm per boot, its SHA-256 PCRs extended with real machines'
+// boots.
+func TestSwtpmBootState(t *testing.T) {
+	runBootScenarios(t, func(t *testing.T) bootedTPM {
+		addr, _ := startSwtpm(t)
+		return bootedTPM{tpm: connectionPerCommand(addr), open: func() (transport.TPMCloser, error) { return device.Open(addr) }}
+	})
+}

@@ -8,8 +8,12 @@
 // build tag). The signer half is pure Go, with no TPM transport, and builds
 // with CGO_ENABLED=0: verify.go (the Verifier and the EK and AK checks),
 // challenge.go (the first round: evidence v1 and v2, and the challenge),
-// answer.go (the answer round) and ekcert.go (EK certificates and the
-// manufacturer CA pool). types.go is the wire format both sides share.
+// answer.go (the answer round), ekcert.go (EK certificates and the
+// manufacturer CA pool), bootstate.go (replaying the measured-boot event
+// log against the quoted PCRs, and the boot state it proves) and policy.go
+// (a Cluster's TPMBootPolicy). golden.go and cmd/tpm-boot-policy print the
+// policy of an image's boot for the image builder. types.go is the wire
+// format both sides share.
 //
 // The protocol takes two CSRs:
 //
@@ -122,7 +126,8 @@ type Attestation struct {
 	PCRs []PCRValue `json:"pcrs,omitempty"`
 	// EventLog is the measured-boot event log (TCG PC Client format, as
 	// the kernel exposes it in binary_bios_measurements), where the host
-	// has one. It is carried, not verified: nothing is decided on it yet.
+	// has one. When present it must replay against the quoted PCRs; the
+	// boot state it proves is what a Cluster's boot policy decides on.
 	EventLog []byte `json:"eventLog,omitempty"`
 }
 
@@ -166,11 +171,12 @@ type Challenge struct {
 const challengeVersion = "v1"
 
 // Bounds on the evidence. TPM structures and EK certificates are a few
-// kilobytes at most; an event log is tens of kilobytes, and the whole
-// request must fit in attestor.MaxRequestSize after two base64 encodings.
+// kilobytes at most; an event log is tens of kilobytes (the largest of
+// go-tpm-tools' real logs is 50 KB), and the evidence, with the log in
+// base64, must fit in attestor.MaxEvidenceSize.
 const (
 	maxField    = 8 << 10
-	maxEventLog = 128 << 10
+	maxEventLog = 96 << 10
 	// maxPCRValues is 24 PCRs in each of four banks.
 	maxPCRValues = 96
 )

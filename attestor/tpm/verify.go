@@ -169,6 +169,15 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	if !hmac.Equal(in.Binding, attestor.Binding(in.CSR.RawSubjectPublicKeyInfo)) {
 		return nil, errors.New("tpm verifier was given a binding that is not the CSR key's")
 	}
+	// The policy is the operator's: one that does not parse is an error
+	// to retry once it is fixed, whatever the evidence.
+	var pol *Policy
+	if in.Policy != nil {
+		var err error
+		if pol, err = ParsePolicy(in.Policy); err != nil {
+			return nil, err
+		}
+	}
 	ev, err := DecodeEvidence(in.Evidence)
 	if err != nil {
 		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
@@ -177,11 +186,11 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	case ev.Attestation != nil && in.Answered != nil:
 		return nil, attestor.Deny(ReasonMalformedEvidence, "first-round evidence does not answer a challenge")
 	case ev.Attestation != nil:
-		return v.challenge(in, ev)
+		return v.challenge(in, ev, pol)
 	case in.Answered == nil:
 		return &attestor.Result{Answers: ev.Response.CSRName}, nil
 	default:
-		return v.answer(in, ev.Response)
+		return v.answer(in, ev.Response, pol)
 	}
 }
 

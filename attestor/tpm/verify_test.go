@@ -142,28 +142,57 @@ func (s *softTPM) attest(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 	}
 }
 
-// softPCRs are the PCR values of the soft TPM: SHA-256 PCRs 0-9.
-func softPCRs() []PCRValue {
+// softLog is the real measured boot (RHEL 8 on GCE, Secure Boot on) whose
+// event log the soft TPM's quote carries and whose PCRs it quotes.
+const softLog = "rhel8-uefi.bin"
+
+// softIndices are the PCRs the soft TPM quotes, as a node does by default.
+var softIndices = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+
+// bootPCRs are the values of PCRs indices of bank after the boot that
+// rawLog records (zero for a PCR it does not extend).
+func bootPCRs(tb testing.TB, rawLog []byte, bank string, indices []int) []PCRValue {
+	tb.Helper()
+	byIndex := map[int][]byte{}
+	for _, p := range logPCRs(tb, rawLog, bank) {
+		byIndex[p.Index] = p.Digest
+	}
 	var out []PCRValue
-	for i := range 10 {
-		d := sha256.Sum256([]byte{byte(i)})
-		out = append(out, PCRValue{Bank: "sha256", Index: i, Digest: d[:]})
+	for _, i := range indices {
+		d, ok := byIndex[i]
+		if !ok {
+			d = make([]byte, pcrBankHashSize(bank))
+		}
+		out = append(out, PCRValue{Bank: bank, Index: i, Digest: d})
 	}
 	return out
 }
 
-// softSelection selects SHA-256 PCRs 0-9.
-var softSelection = tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{0xff, 0x03, 0x00}}}}
-
 // quote returns valid v2 first-round evidence for csrKey: what TPM2_Quote
-// of softSelection would return, qualified by the binding.
+// of SHA-256 PCRs 0-9 would return on the machine that booted softLog,
+// qualified by the binding, with that log attached.
 func (s *softTPM) quote(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 	t.Helper()
+	return s.quoteBoot(t, csrKey, realEventLog(t, softLog), "sha256", softIndices)
+}
+
+// quoteBoot returns valid v2 first-round evidence for csrKey of the machine
+// that booted rawLog: a quote of PCRs indices of bank, qualified by the
+// binding, with the log attached (nil for none).
+func (s *softTPM) quoteBoot(t *testing.T, csrKey *ecdsa.PrivateKey, rawLog []byte, bank string, indices []int) *Attestation {
+	t.Helper()
 	spki, _ := x509.MarshalPKIXPublicKey(&csrKey.PublicKey)
-	pcrs := softPCRs()
+	logOf := rawLog
+	if logOf == nil {
+		logOf = realEventLog(t, softLog)
+	}
+	pcrs := bootPCRs(t, logOf, bank, indices)
+	slices.SortFunc(pcrs, func(a, b PCRValue) int { return a.Index - b.Index })
 	d := sha256.New()
+	bitmap := make([]byte, 3)
 	for _, p := range pcrs {
 		d.Write(p.Digest)
+		bitmap[p.Index/8] |= 1 << (p.Index % 8)
 	}
 	info := tpm2.TPMSAttest{
 		Magic:           tpm2.TPMGeneratedValue,
@@ -171,7 +200,7 @@ func (s *softTPM) quote(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 		QualifiedSigner: tpm2.TPM2BName{Buffer: s.akName(t)},
 		ExtraData:       tpm2.TPM2BData{Buffer: attestor.Binding(spki)},
 		Attested: tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, &tpm2.TPMSQuoteInfo{
-			PCRSelect: softSelection,
+			PCRSelect: tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: pcrBanks[bank], PCRSelect: bitmap}}},
 			PCRDigest: tpm2.TPM2BDigest{Buffer: d.Sum(nil)},
 		}),
 	}
@@ -183,7 +212,7 @@ func (s *softTPM) quote(t *testing.T, csrKey *ecdsa.PrivateKey) *Attestation {
 		Quote:          raw,
 		QuoteSignature: signECDSA(t, s.akKey, raw),
 		PCRs:           pcrs,
-		EventLog:       []byte("an event log"),
+		EventLog:       rawLog,
 	}
 }
 
@@ -715,7 +744,7 @@ func TestNewAttestorValidates(t *testing.T) {
 }
 
 // TestLargestEvidenceFits: v2 evidence with the largest event log the node
-// attaches still fits in a CSR's spec.request, and verifies.
+// attaches still fits in a CSR's spec.request, and is verified.
 func TestLargestEvidenceFits(t *testing.T) {
 	soft := newSoftTPM(t)
 	roots, inters := soft.ca.Pools()
@@ -734,10 +763,10 @@ func TestLargestEvidenceFits(t *testing.T) {
 	if _, err := attestor.EncodeRequest(csrDER, Name, evidenceOf(t, VersionV2, a, nil)); err != nil {
 		t.Fatalf("the largest evidence does not fit: %v", err)
 	}
+	// It is read through: random bytes are no event log.
 	e := newEngine(newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters}), nil)
-	if _, err := e.verify(t, e.file(t, "csr-1", csrDER, ev, nil)); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.verify(t, e.file(t, "csr-1", csrDER, ev, nil))
+	wantReason(t, err, ReasonEventLogMismatch)
 	a.EventLog = append(a.EventLog, 0)
 	if _, err := DecodeEvidence(evidenceOf(t, VersionV2, a, nil)); err == nil {
 		t.Fatal("an event log over the bound was accepted")

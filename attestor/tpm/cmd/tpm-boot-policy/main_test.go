@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+)
+
+// TestPrintsAPolicyOfARealBoot runs the command on a real event log
+// (go-tpm-tools', from the module cache) and parses what it prints.
+func TestPrintsAPolicyOfARealBoot(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/google/go-tpm-tools").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(strings.TrimSpace(string(out)), "internal", "test", "eventlogs", "rhel8-uefi.bin")
+	if _, err := os.Stat(log); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := run([]string{"--event-log", log, "--pin", "4,7"}, &buf); err != nil {
+		t.Fatal(err)
+	}
+	p, err := tpm.ParsePolicy(buf.Bytes())
+	if err != nil {
+		t.Fatalf("the printed policy does not parse: %v\n%s", err, buf.Bytes())
+	}
+	if !p.RequireSecureBoot || len(p.AllowedKernelDigests) != 1 || len(p.AllowedBootLoaderDigests) != 3 || len(p.PCRValues) != 2 {
+		t.Errorf("policy %+v", p)
+	}
+	if !strings.Contains(buf.String(), "vmlinuz-4.18.0-240.22.1.el8_3.x86_64") {
+		t.Errorf("the output does not name the kernel:\n%s", buf.Bytes())
+	}
+	buf.Reset()
+	if err := run([]string{"--event-log", log, "--state"}, &buf); err != nil || !strings.Contains(buf.String(), `"secureBoot": true`) {
+		t.Errorf("--state: %v\n%s", err, buf.Bytes())
+	}
+	for _, args := range [][]string{{"--event-log", filepath.Join(t.TempDir(), "absent")}, {"--event-log", log, "--pin", "12"}, {"--event-log", log, "--bank", "sha512"}, {"stray"}} {
+		if err := run(args, &buf); err == nil {
+			t.Errorf("%q succeeded", args)
+		}
+	}
+}
