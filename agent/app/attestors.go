@@ -49,14 +49,17 @@ func newTPMAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
 	for _, k := range c.TPM.EndorsementKeys {
 		prefer = append(prefer, tpm.EKKind(k))
 	}
+	cfg := tpm.AttestorConfig{EndorsementKeys: prefer, PCRBank: c.TPM.PCRBank, PCRs: c.TPM.PCRs, EventLogPath: c.TPM.EventLogPath, NoEventLog: c.TPM.NoEventLog}
 	open := device.Opener(c.TPM.Device)
 	if c.TPM.Device == "simulator" {
 		var err error
 		if open, err = simulatorOpener(c.TPM.Simulator); err != nil {
 			return nil, err
 		}
+		// The host's own event log does not describe the simulator's PCRs.
+		cfg.NoEventLog = true
 	}
-	return tpm.NewAttestor(open, prefer...)
+	return tpm.New(open, cfg)
 }
 
 func newAttestor(c *config.NodeConfig) (attestor.Attestor, error) {

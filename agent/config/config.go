@@ -164,6 +164,18 @@ type TPMConfig struct {
 	// EndorsementKeys lists EK kinds to prefer (rsa2048, ecc-p256,
 	// ecc-p384); by default the first with a certificate in that order.
 	EndorsementKeys []string `json:"endorsementKeys,omitempty"`
+	// PCRBank and PCRs are what the quote of TPM evidence v2 covers: a bank
+	// (sha1, sha256, sha384, sha512; default sha256) and PCR numbers
+	// (default 0-9). A Cluster whose boot-state policy names other PCRs
+	// needs them here.
+	PCRBank string `json:"pcrBank,omitempty"`
+	PCRs    []int  `json:"pcrs,omitempty"`
+	// EventLogPath is the measured-boot event log sent with the quote
+	// (default /sys/kernel/security/tpm0/binary_bios_measurements; a
+	// missing file sends none). NoEventLog sends none even where there is
+	// one.
+	EventLogPath string `json:"eventLogPath,omitempty"`
+	NoEventLog   bool   `json:"noEventLog,omitempty"`
 	// Simulator configures the in-process simulator (test builds only):
 	// a fixed seed stands for one machine's TPM, and its EK certificate is
 	// issued at start by the manufacturer CA saved in ManufacturerCADir.

@@ -221,6 +221,13 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 	if err != nil {
 		if ds := attestor.Denials(err); len(ds) > 0 {
 			v.Result = VerifyResultDenied
+			if ds[0].Reason == attestor.ReasonUnsupportedEvidenceVersion {
+				// The verifier knows the version but its policy refuses it
+				// (boot state needs TPM evidence v2): tell the node which
+				// of the others to file, as version negotiation does.
+				others := slices.DeleteFunc(slices.Clone(p.Verifier.Versions()), func(v string) bool { return v == c.Request.Version })
+				d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: strings.Join(others, ",")}
+			}
 			return nil, deny(d, ds...)
 		}
 		v.Result = VerifyResultError
@@ -288,6 +295,9 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 	}
 	if first.Spec.Username != csr.Spec.Username {
 		return denyf(attestor.ReasonRequesterMismatch, "request %q was filed by %q, this one by %q", name, first.Spec.Username, csr.Spec.Username)
+	}
+	if c := FindCondition(first, certificatesv1.CertificateDenied); c != nil && c.Reason == attestor.ReasonChallengeExpired {
+		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired before it was answered; file a new first-round request", name)
 	}
 	if HasCondition(first, certificatesv1.CertificateApproved) || decided(first) {
 		return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
