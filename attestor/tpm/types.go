@@ -223,7 +223,7 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 		return nil, err
 	}
 	if ev.Version != VersionV1 && ev.Version != VersionV2 {
-		return nil, fmt.Errorf("unsupported TPM evidence version %q", ev.Version)
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "unsupported TPM evidence version %q", ev.Version)
 	}
 	switch {
 	case ev.Attestation != nil && ev.Response != nil:

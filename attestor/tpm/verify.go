@@ -179,7 +179,9 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 		}
 	}
 	ev, err := DecodeEvidence(in.Evidence)
-	if err != nil {
+	if d, ok := attestor.AsDenial(err); ok {
+		return nil, d // the evidence decoder's own reason
+	} else if err != nil {
 		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
 	}
 	switch {
