@@ -524,3 +524,36 @@ func (f fixedMachine) MatchMachine(context.Context, string, string) (*engine.Mac
 	return f.m, nil
 }
 func (f fixedMachine) ForNode(context.Context, string) (*engine.Machine, error) { return f.m, nil }
+
+// TestAnswerAcrossSigners: the signer name is part of what an answer must
+// match: an answer filed to the serving signer for a challenge written on
+// a client request is not taken, and the challenge stays open for its own
+// signer.
+func TestAnswerAcrossSigners(t *testing.T) {
+	r := newRig(t, false)
+	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+	_, key := req.Build(t)
+	req.Key = key
+	r.file("client-first", req, challengeEvidence{Version: "v1", ProviderID: pid})
+	if _, err := r.sync("client-first"); err != nil {
+		t.Fatal(err)
+	}
+	ch := r.get("client-first").Annotations[attestor.AnnotationChallenge]
+	if ch == "" {
+		t.Fatal("not challenged")
+	}
+	binding := attestor.Binding(mustSPKI(t, key))
+	answer := challengeEvidence{Version: "v1", ProviderID: pid, Answers: "client-first", Proof: proofFor([]byte(ch), binding)}
+
+	r.signer, r.kind = attestor.ServingSignerName("fake"), "serving"
+	r.file("serving-answer", req, answer)
+	if _, err := r.sync("serving-answer"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cond(r.get("serving-answer")); got != "Denied/"+attestor.ReasonChallengeNotFound {
+		t.Errorf("answer across signers: %s, want Denied/%s", got, attestor.ReasonChallengeNotFound)
+	}
+	if got := cond(r.get("client-first")); got != "pending" {
+		t.Errorf("the client challenge was closed by another signer's answer: %s", got)
+	}
+}
