@@ -32,12 +32,14 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 		machine, infra string // pinned EKs; "" = none
 		want           string // pin the verifier sees
 		reason         string
+		unserved       bool // the management cluster serves no such kind
 	}{
 		{name: "infrastructure only", infra: "ek-a", want: "ek-a"},
 		{name: "Machine only", machine: "ek-a", want: "ek-a"},
 		{name: "both agree", machine: "ek-a", infra: "ek-a", want: "ek-a"},
 		{name: "conflict", machine: "ek-a", infra: "ek-b", reason: attestor.ReasonEndorsementKeyConflict},
 		{name: "neither"},
+		{name: "kind not served", infra: "ek-b", machine: "ek-a", want: "ek-a", unserved: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine("m1", "test:///1")
@@ -58,6 +60,9 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 				WithIndex(&clusterv1.Machine{}, IndexProviderID, func(o client.Object) []string { return ProviderIDIndexer(o) }).
 				Build()
 			matcher := &Matcher{Cache: c, Live: c, Namespace: "ns", Cluster: "c", Mapper: mapper}
+			if tc.unserved {
+				matcher.Mapper = meta.NewDefaultRESTMapper(nil)
+			}
 			got, err := matcher.MatchMachine(context.Background(), "m1", "test:///1")
 			if tc.reason != "" {
 				if r, _, ok := attestor.Denial(err); !ok || r != tc.reason {

@@ -195,6 +195,11 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		return nil
 	}
 	mapping, err := m.Mapper.RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
+	if meta.IsNoMatchError(err) {
+		// The management cluster serves no such kind: nothing can pin a
+		// key there.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("unable to resolve infrastructure kind %s.%s of Machine %s: %w", ref.Kind, ref.APIGroup, machine.Name, err)
 	}
