@@ -53,8 +53,9 @@ It serves Prometheus metrics and /healthz on the sockets systemd passes
 (kubelet-authenticator-metrics.socket) or else on agent.metricsBindAddress
 (default: the root-only unix socket /run/kubelet-authenticator/metrics.sock);
 a listener that fails is logged, shown by status and retried, and never
-stops renewals or projections. It records its state for 'kubelet-authenticator status', and
-talks to systemd: READY, STATUS, WATCHDOG, RELOADING, STOPPING.
+stops renewals or projections. It records its state for
+'kubelet-authenticator status', and talks to systemd: READY, STATUS,
+WATCHDOG, RELOADING, STOPPING.
 
 Signals: SIGHUP reloads the config (an invalid one is logged and ignored);
 SIGTERM and SIGINT stop it after the write in progress.`,
