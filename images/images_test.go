@@ -220,6 +220,7 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 		"-e", "kubelet_authenticator_attestor=aws",
 		"-e", "kubelet_authenticator_request_timeout=3m",
 		"-e", `{"kubelet_authenticator_tpm_endorsement_keys": ["ecc-p256"]}`,
+		"-e", "kubelet_authenticator_metrics_socket=true",
 	}
 	out := run(t, "", env, tl["ansible-playbook"], args...)
 	if !regexp.MustCompile(`rootfs\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0`).MatchString(out) {
@@ -238,6 +239,8 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 			"etc/systemd/system/kubelet-authenticator.service":                   0o644,
 			"etc/systemd/system/kubelet.service.d/10-kubelet-authenticator.conf": 0o644,
 			"etc/tmpfiles.d/kubelet-authenticator.conf":                          0o644,
+			"etc/systemd/system/kubelet-authenticator-metrics.socket":            0o644,
+			"etc/sysusers.d/kubelet-authenticator.conf":                          0o644,
 			"etc/kubelet-authenticator/kubelet-kubeconfig.yaml":                  0o644,
 			"etc/kubelet-authenticator/config.yaml":                              0o644,
 			"var/lib/kubelet-authenticator":                                      0o700 | os.ModeDir,
@@ -257,11 +260,13 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 
 	t.Run("installed files are the ones systemd/ tests", func(t *testing.T) {
 		same := map[string]string{
-			"systemd/kubelet-authenticator.service":       "etc/systemd/system/kubelet-authenticator.service",
-			"systemd/10-kubelet-authenticator.conf":       "etc/systemd/system/kubelet.service.d/10-kubelet-authenticator.conf",
-			"systemd/kubelet-authenticator.tmpfiles.conf": "etc/tmpfiles.d/kubelet-authenticator.conf",
-			"systemd/kubelet-kubeconfig.yaml":             "etc/kubelet-authenticator/kubelet-kubeconfig.yaml",
-			"systemd/prepare-kubelet":                     "usr/local/libexec/kubelet-authenticator/prepare-kubelet",
+			"systemd/kubelet-authenticator.service":        "etc/systemd/system/kubelet-authenticator.service",
+			"systemd/10-kubelet-authenticator.conf":        "etc/systemd/system/kubelet.service.d/10-kubelet-authenticator.conf",
+			"systemd/kubelet-authenticator.tmpfiles.conf":  "etc/tmpfiles.d/kubelet-authenticator.conf",
+			"systemd/kubelet-kubeconfig.yaml":              "etc/kubelet-authenticator/kubelet-kubeconfig.yaml",
+			"systemd/prepare-kubelet":                      "usr/local/libexec/kubelet-authenticator/prepare-kubelet",
+			"systemd/kubelet-authenticator-metrics.socket": "etc/systemd/system/kubelet-authenticator-metrics.socket",
+			"systemd/kubelet-authenticator.sysusers.conf":  "etc/sysusers.d/kubelet-authenticator.conf",
 		}
 		for src, dst := range same {
 			a, err := os.ReadFile(filepath.Join(repo, src))
@@ -294,6 +299,22 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 		}
 	})
 
+	t.Run("groups", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(root, "etc/group"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range []string{"tss", "kubelet-authenticator-metrics"} {
+			if !regexp.MustCompile(`(?m)^` + g + `:`).Match(data) {
+				t.Errorf("no group %s in the image", g)
+			}
+		}
+		link := filepath.Join(root, "etc/systemd/system/sockets.target.wants/kubelet-authenticator-metrics.socket")
+		if _, err := os.Readlink(link); err != nil {
+			t.Errorf("metrics socket not enabled: %v", err)
+		}
+	})
+
 	t.Run("unit enabled", func(t *testing.T) {
 		for _, wants := range []string{"multi-user.target.wants", "kubelet.service.wants"} {
 			link := filepath.Join(root, "etc/systemd/system", wants, "kubelet-authenticator.service")
@@ -310,7 +331,7 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 
 	t.Run("systemd-analyze in the root", func(t *testing.T) {
 		out, err := exec.Command(tl["systemd-analyze"], "verify", "--root="+root, "--man=false",
-			"kubelet-authenticator.service", "kubelet.service").CombinedOutput()
+			"kubelet-authenticator.service", "kubelet-authenticator-metrics.socket", "kubelet.service").CombinedOutput()
 		if err != nil || len(bytes.TrimSpace(out)) > 0 {
 			t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 		}

@@ -7,8 +7,10 @@ package systemd_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -31,6 +33,8 @@ const maxExposure = 2.0
 
 const (
 	unitName      = "kubelet-authenticator.service"
+	socketName    = "kubelet-authenticator-metrics.socket"
+	sysusersName  = "kubelet-authenticator.sysusers.conf"
 	dropInName    = "10-kubelet-authenticator.conf"
 	templateName  = "kubelet-kubeconfig.yaml"
 	prepareScript = "prepare-kubelet"
@@ -92,6 +96,7 @@ func nodeRoot(t *testing.T, withBinary bool) string {
 	write(t, filepath.Join(systemUnits, "kubelet.service"), kubeletUnit, 0o644)
 	write(t, filepath.Join(root, "usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"), kubeadmDropIn, 0o644)
 	copyFile(t, unitName, filepath.Join(root, "etc/systemd/system", unitName), 0o644)
+	copyFile(t, socketName, filepath.Join(root, "etc/systemd/system", socketName), 0o644)
 	copyFile(t, dropInName, filepath.Join(root, "etc/systemd/system/kubelet.service.d", dropInName), 0o644)
 	copyFile(t, prepareScript, filepath.Join(root, libexecDir, prepareScript), 0o755)
 	write(t, filepath.Join(root, "usr/bin/kubelet"), "#!/bin/sh\nexit 0\n", 0o755)
@@ -115,7 +120,7 @@ func hostUnitDir(t *testing.T) string {
 func TestUnitsVerify(t *testing.T) {
 	analyze := systemdAnalyze(t)
 	root := nodeRoot(t, true)
-	out, err := exec.Command(analyze, "verify", "--root="+root, "--man=false", unitName, "kubelet.service").CombinedOutput()
+	out, err := exec.Command(analyze, "verify", "--root="+root, "--man=false", unitName, socketName, "kubelet.service").CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
@@ -247,6 +252,166 @@ func TestUnitSettings(t *testing.T) {
 	// kubeadm's to override KUBELET_KUBECONFIG_ARGS.
 	if !(dropInName > "10-kubeadm.conf") {
 		t.Errorf("%s sorts before 10-kubeadm.conf", dropInName)
+	}
+}
+
+// TestControlPlaneSecretsHidden: on a control-plane node the agent (root)
+// cannot reach kubeadm's private keys, the admin and component kubeconfigs
+// or etcd's data; each is optional ("-") so that workers, which have none,
+// start the unit. The cluster CA certificate stays reachable: a bootstrap
+// kubeconfig may name /etc/kubernetes/pki/ca.crt.
+func TestControlPlaneSecretsHidden(t *testing.T) {
+	var hidden []string
+	for _, v := range unitSettings(t, unitName)["Service.InaccessiblePaths"] {
+		hidden = append(hidden, strings.Fields(v)...)
+	}
+	for _, p := range []string{
+		"/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/apiserver.key", "/etc/kubernetes/pki/apiserver-kubelet-client.key",
+		"/etc/kubernetes/pki/apiserver-etcd-client.key", "/etc/kubernetes/pki/front-proxy-ca.key",
+		"/etc/kubernetes/pki/front-proxy-client.key", "/etc/kubernetes/pki/sa.key", "/etc/kubernetes/pki/etcd",
+		"/etc/kubernetes/admin.conf", "/etc/kubernetes/super-admin.conf",
+		"/etc/kubernetes/controller-manager.conf", "/etc/kubernetes/scheduler.conf", "/var/lib/etcd",
+	} {
+		if !slices.Contains(hidden, "-"+p) {
+			t.Errorf("InaccessiblePaths does not hide -%s: %q", p, hidden)
+		}
+	}
+	for _, h := range hidden {
+		if !strings.HasPrefix(h, "-") {
+			t.Errorf("InaccessiblePaths %s without '-': the unit fails where it is missing", h)
+		}
+		p := strings.TrimPrefix(h, "-")
+		for _, needed := range []string{"/etc/kubernetes/pki/ca.crt", config.DefaultBootstrapKubeconfig, config.DefaultCacheDir, config.DefaultPath, "/dev/tpmrm0"} {
+			if needed == p || strings.HasPrefix(needed, p+"/") {
+				t.Errorf("InaccessiblePaths %s hides %s, which the agent reads", h, needed)
+			}
+		}
+	}
+}
+
+// TestTPMDeviceAsUnitCredentials opens a stand-in for /dev/tpmrm0 owned
+// by tss:tss 0660, as udev leaves the device, with the credentials the
+// unit gives the agent: root with the unit's capability bounding set (none,
+// so no CAP_DAC_OVERRIDE) and its supplementary groups. A unit without
+// tss among them cannot open the TPM.
+func TestTPMDeviceAsUnitCredentials(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown the stand-in device and run as root without capabilities")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv is required (Debian package util-linux): %v", err)
+	}
+	s := unitSettings(t, unitName)
+	if got := s["Service.CapabilityBoundingSet"]; len(got) != 1 || got[0] != "" {
+		t.Fatalf("CapabilityBoundingSet = %q; this test models an empty one", got)
+	}
+	tss, err := user.LookupGroup("tss")
+	if err != nil {
+		t.Skipf("no tss group on this machine: %v", err)
+	}
+	gid, _ := strconv.Atoi(tss.Gid)
+	uid := gid // a tss user, if any, has no part in the check
+	if u, err := user.Lookup("tss"); err == nil {
+		uid, _ = strconv.Atoi(u.Uid)
+	}
+	var groups []string
+	for _, v := range s["Service.SupplementaryGroups"] {
+		for _, g := range strings.Fields(v) {
+			grp, err := user.LookupGroup(g)
+			if err != nil {
+				t.Fatalf("SupplementaryGroups %s: %v", g, err)
+			}
+			groups = append(groups, grp.Gid)
+		}
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dev := filepath.Join(dir, "tpmrm0")
+	write(t, dev, "", 0o660)
+	if err := os.Chown(dev, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	open := func(groups []string) error {
+		args := []string{"--reuid=0", "--regid=0", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"}
+		if len(groups) > 0 {
+			args = append(args, "--groups="+strings.Join(groups, ","))
+		} else {
+			args = append(args, "--clear-groups")
+		}
+		args = append(args, "--", "/bin/sh", "-c", `exec 3<>"$1"`, "sh", dev)
+		out, err := exec.Command(setpriv, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	// The check has teeth: without the group, root without capabilities
+	// is refused.
+	if err := open(nil); err == nil {
+		t.Fatal("opened a tss:tss 0660 file as root without capabilities or groups: the check proves nothing here")
+	}
+	if err := open(groups); err != nil {
+		t.Errorf("the agent, with SupplementaryGroups %q, cannot open a tss:tss 0660 TPM device: %v", s["Service.SupplementaryGroups"], err)
+	}
+}
+
+// TestMetricsSocketUnit: the optional socket unit listens where the agent
+// listens by default, hands the socket to the agent, is reachable by its
+// group only, and the group (and tss) come from the sysusers.d entry.
+func TestMetricsSocketUnit(t *testing.T) {
+	s := unitSettings(t, socketName)
+	want := map[string]string{
+		"Socket.ListenStream":  config.DefaultMetricsSocket,
+		"Socket.SocketMode":    "0660",
+		"Socket.SocketUser":    "root",
+		"Socket.SocketGroup":   "kubelet-authenticator-metrics",
+		"Socket.DirectoryMode": "0755",
+		"Socket.Service":       unitName,
+		"Install.WantedBy":     "sockets.target",
+	}
+	for k, v := range want {
+		if got := s[k]; !slices.Contains(got, v) {
+			t.Errorf("%s: %s = %q, want %q among them", socketName, k, got, v)
+		}
+	}
+	if config.DefaultMetricsBindAddress != "unix:"+config.DefaultMetricsSocket {
+		t.Errorf("default metrics address %s is not the socket unit's %s", config.DefaultMetricsBindAddress, config.DefaultMetricsSocket)
+	}
+	svc := unitSettings(t, unitName)
+	if !slices.Contains(svc["Unit.After"], socketName) {
+		t.Errorf("%s is not ordered after %s: the agent could take the socket's path first", unitName, socketName)
+	}
+	if got := svc["Service.RuntimeDirectory"]; !slices.Contains(got, strings.TrimPrefix(filepath.Dir(config.DefaultMetricsSocket), "/run/")) {
+		t.Errorf("RuntimeDirectory = %q: %s is not writable for the agent under ProtectSystem=strict", got, filepath.Dir(config.DefaultMetricsSocket))
+	}
+	if !slices.Contains(svc["Service.RuntimeDirectoryPreserve"], "yes") {
+		t.Error("RuntimeDirectoryPreserve is not yes: stopping the agent would remove prepare-kubelet's kubelet.env")
+	}
+
+	sysusers, err := exec.LookPath("systemd-sysusers")
+	if err != nil {
+		t.Fatalf("systemd-sysusers is required (Debian package systemd): %v", err)
+	}
+	root := t.TempDir()
+	mkdir(t, filepath.Join(root, "etc"))
+	abs, err := filepath.Abs(sysusersName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(sysusers, "--root="+root, abs).CombinedOutput(); err != nil {
+		t.Fatalf("systemd-sysusers: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "etc/group"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range append(svc["Service.SupplementaryGroups"], s["Socket.SocketGroup"]...) {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(g) + `:`).Match(data) {
+			t.Errorf("%s does not create group %s:\n%s", sysusersName, g, data)
+		}
 	}
 }
 

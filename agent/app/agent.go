@@ -9,10 +9,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -46,9 +49,13 @@ with exponential backoff (agent.renewalRetryInitial .. agent.renewalRetryMax).
 It projects the ClusterTrustBundles listed under trustBundles in the config
 to host files, authenticating as the node with its client certificate.
 
-It serves Prometheus metrics and /healthz on agent.metricsBindAddress
-(localhost), records its state for 'kubelet-authenticator status', and
-talks to systemd: READY, STATUS, WATCHDOG, RELOADING, STOPPING.
+It serves Prometheus metrics and /healthz on the sockets systemd passes
+(kubelet-authenticator-metrics.socket) or else on agent.metricsBindAddress
+(default: the root-only unix socket /run/kubelet-authenticator/metrics.sock);
+a listener that fails is logged, shown by status and retried, and never
+stops renewals or projections. It records its state for
+'kubelet-authenticator status', and talks to systemd: READY, STATUS,
+WATCHDOG, RELOADING, STOPPING.
 
 Signals: SIGHUP reloads the config (an invalid one is logged and ignored);
 SIGTERM and SIGINT stop it after the write in progress.`,
@@ -59,7 +66,7 @@ SIGTERM and SIGINT stop it after the write in progress.`,
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&o.metricsAddr, "metrics-bind-address", "", "host:port serving /metrics and /healthz, \"0\" for none (default "+config.DefaultMetricsBindAddress+")")
+	cmd.Flags().StringVar(&o.metricsAddr, "metrics-bind-address", "", "unix:/absolute/path or host:port serving /metrics and /healthz when not socket-activated, \"0\" for none (default "+config.DefaultMetricsBindAddress+")")
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	cmd.Flags().AddGoFlag(gfs.Lookup("v"))
@@ -112,18 +119,25 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 	defer wg.Wait()
 	srvCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-	if addr := cfg.Agent.MetricsBindAddress; addr != "0" {
-		l, err := metrics.Listen(addr)
-		if err != nil {
-			return err
+	// Socket activation (kubelet-authenticator-metrics.socket) wins over
+	// agent.metricsBindAddress: systemd bound the address before any
+	// local user could. The environment is read once, before any reload.
+	activated, err := activation.Listeners()
+	if err != nil {
+		logger.Error(err, "unable to use the sockets systemd passed; falling back to agent.metricsBindAddress")
+	}
+	activated = slices.DeleteFunc(activated, func(l net.Listener) bool { return l == nil })
+	if addr := cfg.Agent.MetricsBindAddress; len(activated) > 0 || addr != "0" {
+		if len(activated) > 0 && o.flags.Changed("metrics-bind-address") {
+			logger.Info("serving on the sockets systemd passed; --metrics-bind-address is not used", "metricsBindAddress", addr)
 		}
-		a.metricsAddr = l.Addr().String()
-		logger.Info("serving metrics", "address", "http://"+a.metricsAddr+"/metrics")
-		wg.Go(func() {
-			if err := metrics.Serve(srvCtx, l, m.Handler(a.healthz)); err != nil {
-				logger.Error(err, "metrics server stopped")
-			}
-		})
+		srv := &metrics.Server{
+			Handler:     m.Handler(a.healthz),
+			Activated:   activated,
+			BindAddress: addr,
+			OnState:     a.listenerState,
+		}
+		wg.Go(func() { srv.Run(srvCtx) })
 	}
 	if interval, err := sddaemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
 		wg.Go(func() {
@@ -164,7 +178,7 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 				logger.Error(err, "not reloading: the new configuration is invalid; keeping the running one")
 				goto wait
 			}
-			if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress {
+			if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress && len(activated) == 0 {
 				logger.Info("agent.metricsBindAddress changes take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
 			}
 			notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
@@ -178,16 +192,26 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 
 // agent is one run of the agent; run is called again on every reload.
 type agent struct {
-	metrics     *metrics.Metrics
-	log         logr.Logger
-	started     time.Time
-	metricsAddr string
+	metrics *metrics.Metrics
+	log     logr.Logger
+	started time.Time
 
 	mu        sync.Mutex
+	listener  metrics.ListenerState
 	renewal   *daemon.Renewal
 	beatLimit time.Duration
 	recorder  *status.Recorder
 	bundles   map[string]trustbundle.Status
+	cert      string // the certificate part of the last STATUS line
+}
+
+func (a *agent) certLine() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cert == "" {
+		return "no client certificate yet"
+	}
+	return a.cert
 }
 
 // healthz is healthy while the renewal loop wakes up as it should.
@@ -206,10 +230,43 @@ func (a *agent) healthz() error {
 	return nil
 }
 
+// listenerState records and logs what the metrics server reports. A
+// listener problem shows in the log, in status and in systemd's STATUS
+// line; it is not a health failure, which would have the watchdog restart
+// an agent whose renewals and projections are fine.
+func (a *agent) listenerState(st metrics.ListenerState) {
+	a.mu.Lock()
+	old := a.listener
+	a.listener = st
+	a.mu.Unlock()
+	switch {
+	case st.Err == nil:
+		a.log.Info("serving metrics and /healthz", "addresses", st.Addresses)
+	case old.Err == nil || old.Err.Error() != st.Err.Error():
+		a.log.Error(st.Err, "not serving metrics and /healthz; retrying", "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
+	default:
+		a.log.V(2).Info("still not serving metrics and /healthz", "error", st.Err.Error(), "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
+	}
+	a.record(func(s *status.State) { setListener(s, st) })
+	if (old.Err == nil) != (st.Err == nil) {
+		a.sdStatus(a.certLine())
+	}
+}
+
+func setListener(s *status.State, st metrics.ListenerState) {
+	s.MetricsAddress, s.MetricsError, s.MetricsNextAttempt = strings.Join(st.Addresses, ", "), "", time.Time{}
+	if st.Err != nil {
+		s.MetricsError, s.MetricsNextAttempt = st.Err.Error(), st.NextAttempt
+	}
+}
+
 func (a *agent) record(change func(*status.State)) {
 	a.mu.Lock()
 	rec := a.recorder
 	a.mu.Unlock()
+	if rec == nil {
+		return
+	}
 	if err := rec.Update(change); err != nil {
 		a.log.Error(err, "unable to record state")
 	}
@@ -225,10 +282,15 @@ func (a *agent) sdStatus(cert string) {
 		}
 	}
 	n := len(a.bundles)
+	listenErr := a.listener.Err
+	a.cert = cert
 	a.mu.Unlock()
 	line := cert
 	if n > 0 {
 		line += fmt.Sprintf("; trust bundles: %d current, %d stale", n-stale, stale)
+	}
+	if listenErr != nil {
+		line += "; metrics listener failing: " + listenErr.Error()
 	}
 	notify("STATUS=" + line)
 }
@@ -238,10 +300,12 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	rec := status.NewRecorder(cfg.CacheDir)
 	a.mu.Lock()
 	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
+	listener := a.listener
 	a.mu.Unlock()
 	a.cleanUp(ctx, cfg)
 	a.record(func(s *status.State) {
-		s.PID, s.Started, s.MetricsAddress = os.Getpid(), a.started, a.metricsAddr
+		s.PID, s.Started = os.Getpid(), a.started
+		setListener(s, listener)
 		s.TrustBundles = nil
 	})
 

@@ -36,8 +36,13 @@ const (
 	DefaultRequestTimeout      = 5 * time.Minute
 	DefaultAttestor            = "tpm"
 	// DefaultMetricsBindAddress is where the agent serves /metrics and
-	// /healthz unless configured otherwise: localhost only.
-	DefaultMetricsBindAddress  = "127.0.0.1:10279"
+	// /healthz unless configured otherwise or socket-activated: a unix
+	// socket in a root-owned directory, which no other local user can
+	// create first or connect to (see docs/node-configuration.md).
+	DefaultMetricsBindAddress = "unix:" + DefaultMetricsSocket
+	// DefaultMetricsSocket is the path of the default metrics socket, the
+	// same one kubelet-authenticator-metrics.socket listens on.
+	DefaultMetricsSocket       = "/run/kubelet-authenticator/metrics.sock"
 	DefaultRenewalRetryInitial = 10 * time.Second
 	DefaultRenewalRetryMax     = 5 * time.Minute
 	DefaultMaxTrustBundles     = 100
@@ -113,8 +118,12 @@ type NodeConfig struct {
 
 // AgentConfig configures the agent.
 type AgentConfig struct {
-	// MetricsBindAddress is the host:port serving /metrics and /healthz.
-	// "0" turns the server off. Default: 127.0.0.1:10279.
+	// MetricsBindAddress is where the agent serves /metrics and /healthz
+	// when systemd does not pass it a listening socket: "unix:" and an
+	// absolute path (the socket is created 0600), or host:port (opt-in:
+	// any local user can reach it, and one who binds it first keeps the
+	// agent from serving there). "0" turns the server off. Default:
+	// unix:/run/kubelet-authenticator/metrics.sock.
 	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
 	// RenewalRetryInitial is the wait after a first failed renewal; it
 	// doubles with every further failure up to RenewalRetryMax.
@@ -307,7 +316,11 @@ func (c *NodeConfig) Validate() error {
 
 func (a AgentConfig) validate() []error {
 	var errs []error
-	if addr := a.MetricsBindAddress; addr != "" && addr != "0" {
+	if path, ok := strings.CutPrefix(a.MetricsBindAddress, "unix:"); ok {
+		if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+			errs = append(errs, fmt.Errorf("agent.metricsBindAddress %q: want unix: and a clean absolute path", a.MetricsBindAddress))
+		}
+	} else if addr := a.MetricsBindAddress; addr != "" && addr != "0" {
 		if _, port, err := net.SplitHostPort(addr); err != nil {
 			errs = append(errs, fmt.Errorf("agent.metricsBindAddress %q: %w", addr, err))
 		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {

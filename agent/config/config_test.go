@@ -48,3 +48,27 @@ func TestValidateAgentAndTrustBundles(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMetricsBindAddress: the default is a unix socket; unix: takes a clean
+// absolute path, anything else is host:port or "0".
+func TestMetricsBindAddress(t *testing.T) {
+	c := &NodeConfig{NodeName: "n1", Attestor: "insecure", CacheDir: "/var/lib/ka"}
+	c.Default()
+	if c.Agent.MetricsBindAddress != "unix:"+DefaultMetricsSocket {
+		t.Errorf("default metricsBindAddress %q", c.Agent.MetricsBindAddress)
+	}
+	for addr, ok := range map[string]bool{
+		"unix:/run/kubelet-authenticator/metrics.sock": true,
+		"127.0.0.1:10279":                   true,
+		"0":                                 true,
+		"unix:metrics.sock":                 false,
+		"unix:/run/x/../metrics.sock":       false,
+		"unix:":                             false,
+		"/run/kubelet-authenticator/m.sock": false,
+	} {
+		c.Agent.MetricsBindAddress = addr
+		if err := c.Validate(); (err == nil) != ok {
+			t.Errorf("metricsBindAddress %q: valid %v, want %v (%v)", addr, err == nil, ok, err)
+		}
+	}
+}

@@ -1,5 +1,6 @@
-// Package metrics holds the agent's Prometheus metrics and its localhost
-// HTTP server (/metrics, /healthz). It implements the small metric
+// Package metrics holds the agent's Prometheus metrics and its HTTP server
+// (/metrics, /healthz) on a unix socket, socket-activated listeners or a
+// TCP address (listen.go). It implements the small metric
 // interfaces of agent/daemon and agent/trustbundle, which know nothing of
 // the exposition format, and writes the text format itself (see
 // exposition.go for why it does not link client_golang).
@@ -168,15 +169,6 @@ func (m *Metrics) Handler(healthz func() error) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
-}
-
-// Listen opens addr for Serve.
-func Listen(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("unable to listen on %s: %w", addr, err)
-	}
-	return l, nil
 }
 
 // Serve serves h on l until ctx is done.

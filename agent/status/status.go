@@ -38,8 +38,15 @@ type State struct {
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
 	Updated time.Time `json:"updated"`
-	// MetricsAddress is where the agent serves /metrics.
+	// MetricsAddress is where the agent serves /metrics and /healthz
+	// (comma-separated when systemd passed several sockets); empty while
+	// it does not.
 	MetricsAddress string `json:"metricsAddress,omitempty"`
+	// MetricsError is why it does not serve them, and MetricsNextAttempt
+	// when it tries again. A listener problem never stops renewals or
+	// projections.
+	MetricsError       string    `json:"metricsError,omitempty"`
+	MetricsNextAttempt time.Time `json:"metricsNextAttempt,omitzero"`
 	// Renewal and Attestation are the last results.
 	Renewal     RenewalState `json:"renewal"`
 	Attestation Result       `json:"attestation"`
@@ -278,6 +285,12 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 		fmt.Fprintf(tw, "  Last renewal:\t%s\n", result(a.Renewal.Last, ts))
 		if a.Renewal.ConsecutiveFailures > 0 {
 			fmt.Fprintf(tw, "  Failures in a row:\t%d, next attempt %s\n", a.Renewal.ConsecutiveFailures, ts(a.Renewal.NextAttempt))
+		}
+		switch {
+		case a.MetricsError != "":
+			fmt.Fprintf(tw, "  Metrics:\tNOT SERVING: %s (next attempt %s)\n", a.MetricsError, ts(a.MetricsNextAttempt))
+		case a.MetricsAddress != "":
+			fmt.Fprintf(tw, "  Metrics:\t%s\n", a.MetricsAddress)
 		}
 	} else {
 		fmt.Fprintln(tw, "  State:\tnone recorded (the agent has not run)")

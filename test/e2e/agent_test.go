@@ -291,6 +291,14 @@ func TestAgentRenewsWhileClientsWork(t *testing.T) {
 	cacheDir := filepath.Join(dir, "cache")
 	bundleDir := filepath.Join(dir, "trust-bundles")
 	metricsAddr := freeAddr(t)
+	// A local user holds the metrics address before the agent starts: the
+	// agent must still get its certificate and project bundles, and say
+	// why it does not serve metrics.
+	squatter, err := net.Listen("tcp", metricsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer squatter.Close()
 	configPath := filepath.Join(dir, "config.yaml")
 	writeConfig := func(projections ...string) {
 		t.Helper()
@@ -352,6 +360,16 @@ trustBundles:
 		b, err := os.ReadFile(rootPath)
 		return err == nil && bytes.Equal(b, ca1.CertPEM)
 	})
+	eventually(t, 10*time.Second, "status reporting the squatted metrics address", func() bool {
+		st, err := status.LoadState(cacheDir)
+		return err == nil && strings.Contains(st.MetricsError, "address already in use")
+	})
+	if line := sd.last("STATUS="); !strings.Contains(line, "metrics listener failing") {
+		t.Errorf("systemd STATUS does not mention the metrics listener: %q", line)
+	}
+	if err := squatter.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	// A client as kubelet has one: the exec plugin.
 	kc := cp.KubeconfigFor("", clientcmdapi.AuthInfo{Exec: &clientcmdapi.ExecConfig{
@@ -422,7 +440,16 @@ trustBundles:
 	}
 	t.Logf("%d certificates issued while %d requests through the exec plugin all succeeded (%d resent after client-go closed connections on a credential change)", signer.signed.Load(), requests.Load(), resets.Load())
 
-	// Metrics, health, status.
+	// Metrics, health, status: the agent took the address over once the
+	// squatter left.
+	eventually(t, 20*time.Second, "metrics served after the squatter left", func() bool {
+		resp, err := http.Get("http://" + metricsAddr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	body := scrape(t, "http://"+metricsAddr+"/metrics")
 	ok := metricValue(body, `kubelet_authenticator_client_certificate_renewals_total{result="success"}`)
 	if ok < renewals {
