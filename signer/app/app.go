@@ -134,13 +134,19 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopEvents()
+	// Trust-on-first-use records live in the controller's own namespace,
+	// where tenants cannot write (signer/tofu).
+	identities := &tofu.Store{Namespace: o.namespace(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
+	if err := (&tofu.Cleaner{Store: identities}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
 	r := &capi.ClusterReconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
 		Verifiers:     verifiers,
 		ClientOnly:    []string{insecure.Name},
 		ChallengeKey:  challengeKey,
-		Identities:    &tofu.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
+		Identities:    identities,
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,
 		Events:        events,
