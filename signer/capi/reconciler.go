@@ -38,8 +38,9 @@ import (
 // Defaults of ClusterReconciler.
 const (
 	// DefaultRecheckPeriod is how often an opted-in Cluster's Secrets are
-	// read again, in case a change was not seen (a Secret without the
-	// cluster-name label is not watched).
+	// read again: Secrets are not watched (a watch needs list on every
+	// Secret of the management cluster), so a rotated kubeconfig or CA is
+	// picked up within this period.
 	DefaultRecheckPeriod = 5 * time.Minute
 	// missingSecretRetry is how soon a Cluster whose Secrets do not exist yet
 	// is looked at again.
@@ -145,13 +146,6 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 		Named("kubelet-authenticator-cluster").
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4)}).
 		For(&clusterv1.Cluster{}).
-		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			nn, ok := clusterForSecret(o.GetNamespace(), o.GetName(), o.GetLabels())
-			if !ok {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: nn}}
-		})).
 		Watches(&clusterv1.Machine{}, handler.Funcs{
 			CreateFunc: func(_ context.Context, e event.CreateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				r.resync(e.Object)
