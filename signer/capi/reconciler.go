@@ -372,6 +372,8 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	if lockdown {
 		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+	} else {
+		go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 	}
 	published := make(chan struct{})
 	go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
