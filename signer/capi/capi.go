@@ -94,4 +94,3 @@ func readSecret(ctx context.Context, r client.Reader, ns, name string) (*corev1.
 	}
 	return &s, nil
 }
-

@@ -112,4 +112,3 @@ func TestAuthorizedAttestors(t *testing.T) {
 		t.Error(`"True" enabled the Cluster; only "true" does`)
 	}
 }
-
