@@ -27,6 +27,9 @@ const DefaultSweepPeriod = 10 * time.Minute
 // node still renews.
 type Cleaner struct {
 	Store *Store
+	// Machines is where a sweep looks Machines up first (the manager's
+	// cache, set by SetupWithManager); nil means the Store's Reader only.
+	Machines client.Reader
 	// SweepPeriod; 0 means DefaultSweepPeriod.
 	SweepPeriod time.Duration
 
@@ -41,6 +44,7 @@ func (c *Cleaner) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error 
 	}
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
 		workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "tofu-cleaner"})
+	c.Machines = mgr.GetCache()
 	informer, err := mgr.GetCache().GetInformer(ctx, &clusterv1.Machine{})
 	if err != nil {
 		return fmt.Errorf("unable to watch Machines: %w", err)
@@ -74,7 +78,7 @@ func (c *Cleaner) Start(ctx context.Context) error {
 		t := time.NewTicker(cmp.Or(c.SweepPeriod, DefaultSweepPeriod))
 		defer t.Stop()
 		for {
-			removed, err := c.Store.Sweep(ctx)
+			removed, err := c.Store.Sweep(ctx, c.Machines)
 			if len(removed) > 0 {
 				logger.Info("Removed the trust-on-first-use records of deleted Machines", "records", removed)
 			}

@@ -285,9 +285,11 @@ func (s *Store) Forget(ctx context.Context, uid types.UID) error {
 }
 
 // Sweep removes every record whose Machine no longer exists (or exists
-// under a new UID): the ones whose deletion was not seen. It returns the
-// names of the records removed.
-func (s *Store) Sweep(ctx context.Context) ([]string, error) {
+// under a new UID): the ones whose deletion was not seen. Machines are
+// looked up in cached first, when it is not nil (the manager's cache), and
+// a Machine it does not have is confirmed gone from the API server before
+// its record is removed. It returns the names of the records removed.
+func (s *Store) Sweep(ctx context.Context, cached client.Reader) ([]string, error) {
 	var list corev1.ConfigMapList
 	if err := s.Reader.List(ctx, &list, client.InNamespace(s.Namespace), client.HasLabels{LabelIdentity}); err != nil {
 		return nil, fmt.Errorf("unable to list trust-on-first-use records: %w", err)
@@ -301,6 +303,11 @@ func (s *Store) Sweep(ctx context.Context) ([]string, error) {
 			continue // not a record this package wrote: not ours to remove
 		}
 		var m clusterv1.Machine
+		if cached != nil {
+			if err := cached.Get(ctx, owner, &m); err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
+				continue
+			}
+		}
 		err := s.Reader.Get(ctx, owner, &m)
 		if err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
 			continue

@@ -168,7 +168,7 @@ func TestForgetAndSweep(t *testing.T) {
 	if err := s.Forget(ctx, m3.UID); err != nil {
 		t.Fatal(err)
 	}
-	removed, err := s.Sweep(ctx)
+	removed, err := s.Sweep(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
