@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -541,6 +542,43 @@ func TestRBACIsSufficient(t *testing.T) {
 	})
 	if err := store.Bind(ctx, cm(m2), "ek:abc"); err != nil {
 		t.Fatalf("bind to the new Machine: %v", err)
+	}
+
+	// Lockdown through deploy/workload's role: kubeadm's bootstrap
+	// auto-approve binding is disarmed (an update, which needs bind on its
+	// ClusterRole) and restored when lockdown is lifted.
+	bootstrapBinding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveBootstrap},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.NodeClientRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
+	}
+	if _, err := wl.Client.RbacV1().ClusterRoleBindings().Create(ctx, bootstrapBinding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setLockdown := func(v string) {
+		t.Helper()
+		var c clusterv1.Cluster
+		if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: cluster}, &c); err != nil {
+			t.Fatal(err)
+		}
+		c.Annotations[capi.AnnotationLockdown] = v
+		if err := mgmt.Client.Update(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bootstrapSubjects := func(want int) {
+		t.Helper()
+		harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+			b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, lockdown.KubeadmAutoApproveBootstrap, metav1.GetOptions{})
+			return err == nil && len(b.Subjects) == want, err
+		})
+	}
+	setLockdown("true")
+	bootstrapSubjects(0)
+	setLockdown("false")
+	bootstrapSubjects(1)
+	if log := readFile(t, replicas[second].log); strings.Contains(strings.ToLower(log), "forbidden") {
+		t.Errorf("%s logs a forbidden request:\n%s", replicas[second].proc.Name, grep(log, "orbidden"))
 	}
 }
 
