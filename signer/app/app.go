@@ -13,9 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/selection"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -84,13 +82,6 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Only the Secrets Cluster API labels with a cluster name are watched,
-	// and only their metadata: the data is read from the API server when a
-	// workload controller starts.
-	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
-	if err != nil {
-		return err
-	}
 	mgr, err := ctrl.NewManager(o.RESTConfig, ctrl.Options{
 		Scheme:                        scheme,
 		LeaderElection:                o.LeaderElect,
@@ -99,13 +90,11 @@ func (o *Options) Run(ctx context.Context) error {
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
-		Cache: cache.Options{
-			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Secret{}: {Label: labels.NewSelector().Add(*clusterSecrets)},
-			},
-		},
-		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		// Secrets are read one by one from the API server, never listed,
+		// watched or cached: the controller may get the Secrets it needs,
+		// not list every Secret of the management cluster.
+		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}}},
 		Controller: config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
 	})
 	if err != nil {
@@ -134,13 +123,19 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopEvents()
+	// Trust-on-first-use records live in the controller's own namespace,
+	// where tenants cannot write (signer/tofu).
+	identities := &tofu.Store{Namespace: o.namespace(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
+	if err := (&tofu.Cleaner{Store: identities}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
 	r := &capi.ClusterReconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
 		Verifiers:     verifiers,
 		ClientOnly:    []string{insecure.Name},
 		ChallengeKey:  challengeKey,
-		Identities:    &tofu.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
+		Identities:    identities,
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,
 		Events:        events,

@@ -145,7 +145,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.testAttestorOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
-	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader election Lease. Empty: the pod's namespace.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "The controller's own namespace: the leader election Lease and the trust-on-first-use records are kept there. Empty: the pod's namespace.")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader election Lease.")
 	fs.DurationVar(&o.MaxClientCertificateLifetime, "max-client-certificate-lifetime", o.MaxClientCertificateLifetime,
 		"Longest lifetime of an issued kubelet client certificate; a shorter spec.expirationSeconds wins, and no certificate outlives the cluster CA.")
@@ -201,14 +201,14 @@ func (o *Options) Validate() error {
 	} else if o.RESTConfig == nil {
 		errs = append(errs, errors.New("no management cluster configuration: call Complete"))
 	}
-	if o.LeaderElect {
-		if o.LeaderElectionID == "" {
-			errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
-		}
-		if o.LeaderElectionNamespace == "" {
-			if _, err := os.Stat(inClusterNamespaceFile); err != nil {
-				errs = append(errs, errors.New("--leader-election-namespace is required outside a cluster with --leader-elect"))
-			}
+	if o.LeaderElect && o.LeaderElectionID == "" {
+		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+	}
+	if o.LeaderElectionNamespace == "" {
+		// The controller's own namespace holds the Lease and the
+		// trust-on-first-use records.
+		if _, err := os.Stat(inClusterNamespaceFile); err != nil {
+			errs = append(errs, errors.New("--leader-election-namespace (the controller's own namespace: its Lease and trust-on-first-use records) is required outside a cluster"))
 		}
 	}
 	if l := o.MaxClientCertificateLifetime; l < MinClientCertificateLifetime || l > MaxClientCertificateLifetime {

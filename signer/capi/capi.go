@@ -115,17 +115,3 @@ func readSecret(ctx context.Context, r client.Reader, ns, name string) (*corev1.
 	}
 	return &s, nil
 }
-
-// clusterForSecret returns the Cluster a `<cluster>-kubeconfig` or
-// `<cluster>-ca` Secret belongs to.
-func clusterForSecret(ns, name string, labels map[string]string) (types.NamespacedName, bool) {
-	for _, suffix := range []string{KubeconfigSecretSuffix, ServingCASecretSuffix, CASecretSuffix} {
-		if c, ok := strings.CutSuffix(name, suffix); ok && c != "" {
-			if l := labels[clusterv1.ClusterNameLabel]; l != "" && l != c {
-				return types.NamespacedName{}, false
-			}
-			return types.NamespacedName{Namespace: ns, Name: c}, true
-		}
-	}
-	return types.NamespacedName{}, false
-}

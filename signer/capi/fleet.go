@@ -42,9 +42,10 @@ type ClusterStatus struct {
 	Synced bool
 	// QueueDepth is the number of CSRs waiting to be decided.
 	QueueDepth int
-	// Lockdown is true when auto-approve bindings are kept removed;
-	// LockdownRemoved counts the bindings removed since the controller
-	// started, and LockdownError is the last enforcement error.
+	// Lockdown is true when bootstrap auto-approve bindings are kept
+	// disarmed; LockdownRemoved counts the bindings disarmed since the
+	// controller started, and LockdownError is the last enforcement (or
+	// restoration) error.
 	Lockdown        bool
 	LockdownRemoved int
 	LockdownError   string

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -12,9 +13,10 @@ import (
 )
 
 // AnnotationLockdown, "true" on an opted-in Cluster, makes the controller
-// remove kubeadm's CSR auto-approve bindings from the workload cluster and
-// keep them removed, so that only attested nodes get client certificates.
-// Turning it off again does not restore them.
+// disarm the workload cluster's bootstrap auto-approve bindings (package
+// lockdown) and keep them disarmed, so that no node registers without
+// attestation; nodes keep renewing their own certificates. Any other value
+// on an opted-in Cluster restores what lockdown disarmed.
 const AnnotationLockdown = "kubelet-authenticator.x-k8s.io/lockdown"
 
 // Lockdown reports whether cluster asks for lockdown.
@@ -36,10 +38,31 @@ func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs
 			}
 		})
 		if len(removed) > 0 {
-			logger.Info("Lockdown removed CSR auto-approve bindings", "clusterRoleBindings", removed)
+			logger.Info("Lockdown disarmed CSR auto-approve bindings", "clusterRoleBindings", removed)
 		}
 		if err != nil {
 			logger.Info("Lockdown not enforced yet, will retry", "err", err.Error())
 		}
 	})
+}
+
+// unlock restores, once, what lockdown disarmed in a Cluster that no
+// longer asks for it, retrying until it succeeds or ctx is done.
+func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		restored, err := lockdown.Restore(ctx, cs)
+		if ctx.Err() != nil {
+			return
+		}
+		if len(restored) > 0 {
+			logger.Info("Lockdown lifted: restored CSR auto-approve bindings", "clusterRoleBindings", restored)
+		}
+		if err != nil {
+			st.update(func(s *ClusterStatus) { s.LockdownError = err.Error() })
+			logger.Info("Lockdown not lifted yet, will retry", "err", err.Error())
+			return
+		}
+		st.update(func(s *ClusterStatus) { s.LockdownError = "" })
+		<-ctx.Done() // done: nothing more until the controller restarts
+	}, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod))
 }

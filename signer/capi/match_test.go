@@ -112,22 +112,3 @@ func TestAuthorizedAttestors(t *testing.T) {
 		t.Error(`"True" enabled the Cluster; only "true" does`)
 	}
 }
-
-func TestClusterForSecret(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		labels map[string]string
-		want   string
-		ok     bool
-	}{
-		{"wl-kubeconfig", nil, "wl", true},
-		{"wl-ca", map[string]string{clusterv1.ClusterNameLabel: "wl"}, "wl", true},
-		{"wl-etcd", nil, "", false},
-		{"a-ca", map[string]string{clusterv1.ClusterNameLabel: "b"}, "", false},
-	} {
-		got, ok := clusterForSecret("ns", tt.name, tt.labels)
-		if ok != tt.ok || (ok && got.Name != tt.want) {
-			t.Errorf("clusterForSecret(%q) = %v, %v", tt.name, got, ok)
-		}
-	}
-}

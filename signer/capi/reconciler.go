@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -41,8 +40,9 @@ import (
 // Defaults of ClusterReconciler.
 const (
 	// DefaultRecheckPeriod is how often an opted-in Cluster's Secrets are
-	// read again, in case a change was not seen (a Secret without the
-	// cluster-name label is not watched).
+	// read again: Secrets are not watched (a watch needs list on every
+	// Secret of the management cluster), so a rotated kubeconfig or CA is
+	// picked up within this period.
 	DefaultRecheckPeriod = 5 * time.Minute
 	// missingSecretRetry is how soon a Cluster whose Secrets do not exist yet
 	// is looked at again.
@@ -148,13 +148,6 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 		Named("kubelet-authenticator-cluster").
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4)}).
 		For(&clusterv1.Cluster{}).
-		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			nn, ok := clusterForSecret(o.GetNamespace(), o.GetName(), o.GetLabels())
-			if !ok {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: nn}}
-		})).
 		Watches(&clusterv1.Machine{}, handler.Funcs{
 			CreateFunc: func(_ context.Context, e event.CreateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				r.resync(e.Object)
@@ -246,14 +239,28 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, nil
 	}
 
+	period := r.RecheckPeriod
+	if period <= 0 {
+		period = DefaultRecheckPeriod
+	}
 	var next time.Time // when the serving CAs change next
 	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
 	if err == nil {
-		var ca *issue.CA
-		var caPEM []byte
-		ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
+		// The kubeconfig is tenant input: checked before anything is
+		// read or connected to on its behalf.
+		var cfg *rest.Config
+		cfg, err = WorkloadRESTConfig(kubeconfig)
+		if fields, refused := refusedFields(err); refused {
+			r.refuseKubeconfig(logger, &cluster, fields, err)
+			return reconcile.Result{RequeueAfter: period}, nil
+		}
 		if err == nil {
-			next, err = r.ensure(ctx, logger, &cluster, kubeconfig, ca, caPEM)
+			var ca *issue.CA
+			var caPEM []byte
+			ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
+			if err == nil {
+				next, err = r.ensure(ctx, logger, &cluster, kubeconfig, cfg, ca, caPEM)
+			}
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -263,10 +270,6 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	period := r.RecheckPeriod
-	if period <= 0 {
-		period = DefaultRecheckPeriod
-	}
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)
 	}
@@ -275,7 +278,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 
 // ensure runs a controller for cluster with this configuration, replacing
 // one with another. It returns when the serving CAs change next.
-func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, ca *issue.CA, caPEM []byte) (time.Time, error) {
+func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, cfg *rest.Config, ca *issue.CA, caPEM []byte) (time.Time, error) {
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	authorized := AuthorizedAttestors(cluster)
 	servingCAs, err := r.ensureServingCA(ctx, cluster)
@@ -303,10 +306,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		return next, nil
 	}
 
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return next, fmt.Errorf("unable to load the workload cluster's kubeconfig: %w", err)
-	}
+	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "node-attestation-controller"
 	cfg.QPS, cfg.Burst = DefaultClientQPS, DefaultClientBurst
 	if r.ClientQPS > 0 {
@@ -380,6 +380,8 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	if lockdown {
 		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+	} else {
+		go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 	}
 	published := make(chan struct{})
 	go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
@@ -397,6 +399,23 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter,
 		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
 	return next, nil
+}
+
+// ReasonKubeconfigRefused is the reason of the Warning Event on a Cluster
+// whose `<cluster>-kubeconfig` Secret is refused (RefusedKubeconfigError).
+const ReasonKubeconfigRefused = "KubeconfigRefused"
+
+// refuseKubeconfig stops cluster's controller, if one runs, and says why:
+// in the log and in an Event on the Cluster, naming the fields refused.
+func (r *ClusterReconciler) refuseKubeconfig(logger klog.Logger, cluster *clusterv1.Cluster, fields []string, err error) {
+	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
+	r.stop(logger, nn, "kubeconfig refused")
+	secret := nn.Name + KubeconfigSecretSuffix
+	logger.Info("Refusing the workload cluster's kubeconfig: it must carry only inline credentials", "secret", secret, "fields", fields, "err", err.Error())
+	if r.Events != nil {
+		ref := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: nn.Namespace, Name: nn.Name, UID: cluster.UID}
+		r.Events.Eventf(ref, corev1.EventTypeWarning, ReasonKubeconfigRefused, "Secret %s not used: %v", secret, err)
+	}
 }
 
 func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, why string) {

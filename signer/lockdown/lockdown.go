@@ -1,17 +1,30 @@
-// Package lockdown removes, from a workload cluster, the RBAC bindings that
-// let kube-controller-manager auto-approve kubelet client certificates for
-// bootstrap tokens and renewing nodes (kubeadm's
-// kubeadm:node-autoapprove-bootstrap and
-// kubeadm:node-autoapprove-certificate-rotation, and any other binding of
-// the same ClusterRoles to bootstrap or node identities). With them gone, a
-// node that cannot attest cannot register through kube-controller-manager;
-// attested nodes get their certificates from this project's signer.
+// Package lockdown closes, in a workload cluster, kube-controller-manager's
+// auto-approval of kubelet TLS bootstrap: the ClusterRoleBindings that let
+// bootstrap tokens (or anyone authenticated) have their client CSRs
+// approved without attestation (kubeadm's kubeadm:node-autoapprove-bootstrap,
+// and any other binding of the nodeclient ClusterRole to bootstrap or
+// authenticated identities). With them disarmed, a node that cannot attest
+// cannot register; attested nodes get their certificates from this
+// project's signer.
 //
-// Enforce is idempotent; run it periodically to keep the bindings removed.
+// Renewal stays open: bindings of the selfnodeclient ClusterRole (kubeadm's
+// kubeadm:node-autoapprove-certificate-rotation) are left alone. Through
+// them kube-controller-manager approves a CSR only when its requester is
+// the very node the certificate names, authenticated by that node's current
+// certificate: it renews an existing node and never registers a new one.
+// Nodes that do not run the agent (control-plane nodes kubeadm joined, say)
+// keep renewing that way.
+//
+// Lockdown is reversible. A binding is not deleted: its subjects are
+// emptied and kept, as JSON, in the annotation AnnotationSubjects on the
+// binding itself; Restore puts them back. Enforce and Restore are
+// idempotent; run Enforce periodically to keep the bindings disarmed
+// (kubeadm upgrade writes them anew).
 package lockdown
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,33 +37,41 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Names of what lockdown removes.
+// Names of what lockdown disarms and keeps.
 const (
 	// KubeadmAutoApproveBootstrap lets bootstrap tokens' CSRs be
-	// auto-approved.
+	// auto-approved: disarmed.
 	KubeadmAutoApproveBootstrap = "kubeadm:node-autoapprove-bootstrap"
-	// KubeadmAutoApproveRotation lets nodes' renewal CSRs be auto-approved.
+	// KubeadmAutoApproveRotation lets nodes' renewal CSRs be auto-approved:
+	// kept.
 	KubeadmAutoApproveRotation = "kubeadm:node-autoapprove-certificate-rotation"
 	// NodeClientRole and SelfNodeClientRole are the ClusterRoles
-	// kube-controller-manager's csrapproving controller checks.
+	// kube-controller-manager's csrapproving controller checks: the first
+	// for a new node's CSR, the second for a node's renewal of its own.
 	NodeClientRole     = "system:certificates.k8s.io:certificatesigningrequests:nodeclient"
 	SelfNodeClientRole = "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"
+	// AnnotationSubjects, on a disarmed binding, holds its subjects (JSON)
+	// for Restore.
+	AnnotationSubjects = "kubelet-authenticator.x-k8s.io/lockdown-subjects"
 )
 
-// Offending reports whether a ClusterRoleBinding lets bootstrap tokens or
-// nodes have their client CSRs auto-approved.
+// Offending reports whether a ClusterRoleBinding lets bootstrap tokens (or
+// anyone who can authenticate) have kubelet client CSRs auto-approved.
 func Offending(b *rbacv1.ClusterRoleBinding) bool {
-	if b.Name == KubeadmAutoApproveBootstrap || b.Name == KubeadmAutoApproveRotation {
+	if len(b.Subjects) == 0 || b.RoleRef.Kind != "ClusterRole" {
+		return false
+	}
+	if b.Name == KubeadmAutoApproveBootstrap && b.RoleRef.Name == NodeClientRole {
 		return true
 	}
-	if b.RoleRef.Kind != "ClusterRole" || (b.RoleRef.Name != NodeClientRole && b.RoleRef.Name != SelfNodeClientRole) {
-		return false
+	if b.RoleRef.Name != NodeClientRole {
+		return false // selfnodeclient renews a node's own certificate only
 	}
 	return slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
 		switch s.Kind {
 		case rbacv1.GroupKind:
 			return s.Name == "system:nodes" || s.Name == "system:bootstrappers" || strings.HasPrefix(s.Name, "system:bootstrappers:") ||
-				s.Name == "system:authenticated"
+				s.Name == "system:authenticated" || s.Name == "system:unauthenticated"
 		case rbacv1.UserKind:
 			return strings.HasPrefix(s.Name, "system:node:") || strings.HasPrefix(s.Name, "system:bootstrap:")
 		}
@@ -58,38 +79,78 @@ func Offending(b *rbacv1.ClusterRoleBinding) bool {
 	})
 }
 
-// Enforce deletes every offending ClusterRoleBinding and returns the names
-// it deleted.
+// Enforce disarms every offending ClusterRoleBinding (its subjects moved
+// into AnnotationSubjects) and returns the names it disarmed.
 func Enforce(ctx context.Context, client kubernetes.Interface) ([]string, error) {
 	list, err := client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("unable to list ClusterRoleBindings: %w", err)
 	}
-	var removed []string
+	var disarmed []string
 	for i := range list.Items {
-		b := &list.Items[i]
+		b := list.Items[i].DeepCopy()
 		if !Offending(b) {
 			continue
 		}
-		uid := b.UID
-		err := client.RbacV1().ClusterRoleBindings().Delete(ctx, b.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		kept, err := json.Marshal(b.Subjects)
+		if err != nil {
+			return disarmed, err
+		}
+		if b.Annotations == nil {
+			b.Annotations = map[string]string{}
+		}
+		b.Annotations[AnnotationSubjects] = string(kept)
+		b.Subjects = nil
+		// Conditional on the resourceVersion listed: a concurrent change is
+		// looked at again next time.
+		_, err = client.RbacV1().ClusterRoleBindings().Update(ctx, b, metav1.UpdateOptions{})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return removed, fmt.Errorf("unable to delete ClusterRoleBinding %s: %w", b.Name, err)
+			return disarmed, fmt.Errorf("unable to disarm ClusterRoleBinding %s: %w", b.Name, err)
 		}
 		if err == nil {
-			removed = append(removed, b.Name)
+			disarmed = append(disarmed, b.Name)
 		}
 	}
-	return removed, nil
+	return disarmed, nil
+}
+
+// Restore gives every binding Enforce disarmed its subjects back and
+// returns the names it restored.
+func Restore(ctx context.Context, client kubernetes.Interface) ([]string, error) {
+	list, err := client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("unable to list ClusterRoleBindings: %w", err)
+	}
+	var restored []string
+	for i := range list.Items {
+		b := list.Items[i].DeepCopy()
+		kept, ok := b.Annotations[AnnotationSubjects]
+		if !ok {
+			continue
+		}
+		var subjects []rbacv1.Subject
+		if err := json.Unmarshal([]byte(kept), &subjects); err != nil {
+			return restored, fmt.Errorf("ClusterRoleBinding %s: annotation %s: %w", b.Name, AnnotationSubjects, err)
+		}
+		if len(b.Subjects) == 0 { // not rewritten since (by kubeadm, say)
+			b.Subjects = subjects
+		}
+		delete(b.Annotations, AnnotationSubjects)
+		if _, err := client.RbacV1().ClusterRoleBindings().Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+			return restored, fmt.Errorf("unable to restore ClusterRoleBinding %s: %w", b.Name, err)
+		}
+		restored = append(restored, b.Name)
+	}
+	return restored, nil
 }
 
 // Run calls Enforce every period until ctx is done, and reports each
 // result to report (which may be nil).
-func Run(ctx context.Context, client kubernetes.Interface, period time.Duration, report func(removed []string, err error)) {
+func Run(ctx context.Context, client kubernetes.Interface, period time.Duration, report func(disarmed []string, err error)) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		removed, err := Enforce(ctx, client)
+		disarmed, err := Enforce(ctx, client)
 		if report != nil {
-			report(removed, err)
+			report(disarmed, err)
 		}
 	}, period)
 }

@@ -20,38 +20,75 @@ func binding(name, role string, subjects ...rbacv1.Subject) *rbacv1.ClusterRoleB
 
 func group(n string) rbacv1.Subject { return rbacv1.Subject{Kind: rbacv1.GroupKind, Name: n} }
 
-func TestEnforce(t *testing.T) {
+func subjectsOf(t *testing.T, c *fake.Clientset) map[string][]rbacv1.Subject {
+	t.Helper()
+	list, err := c.RbacV1().ClusterRoleBindings().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]rbacv1.Subject{}
+	for _, b := range list.Items {
+		out[b.Name] = b.Subjects
+	}
+	return out
+}
+
+func TestEnforceAndRestore(t *testing.T) {
+	ctx := context.Background()
+	bootstrappers := group("system:bootstrappers:kubeadm:default-node-token")
 	client := fake.NewClientset(
-		binding(KubeadmAutoApproveBootstrap, NodeClientRole, group("system:bootstrappers:kubeadm:default-node-token")),
+		binding(KubeadmAutoApproveBootstrap, NodeClientRole, bootstrappers),
 		binding(KubeadmAutoApproveRotation, SelfNodeClientRole, group("system:nodes")),
 		binding("custom-autoapprove", NodeClientRole, group("system:bootstrappers")),
-		binding("node-user-autoapprove", SelfNodeClientRole, rbacv1.Subject{Kind: rbacv1.UserKind, Name: "system:node:worker-0"}),
-		binding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group("system:bootstrappers:kubeadm:default-node-token")),
+		binding("anyone-autoapprove", NodeClientRole, group("system:authenticated")),
+		binding("node-user-renewal", SelfNodeClientRole, rbacv1.Subject{Kind: rbacv1.UserKind, Name: "system:node:worker-0"}),
+		binding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", bootstrappers),
 		binding("approver-for-ops", NodeClientRole, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "approver", Namespace: "ops"}),
 	)
-	removed, err := Enforce(context.Background(), client)
+	before := subjectsOf(t, client)
+	disarmed, err := Enforce(ctx, client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(removed)
-	want := []string{"custom-autoapprove", KubeadmAutoApproveBootstrap, KubeadmAutoApproveRotation, "node-user-autoapprove"}
-	slices.Sort(want)
-	if !slices.Equal(removed, want) {
-		t.Fatalf("removed %v, want %v", removed, want)
+	slices.Sort(disarmed)
+	want := []string{"anyone-autoapprove", "custom-autoapprove", KubeadmAutoApproveBootstrap}
+	if !slices.Equal(disarmed, want) {
+		t.Fatalf("disarmed %v, want %v", disarmed, want)
 	}
-	left, err := client.RbacV1().ClusterRoleBindings().List(context.Background(), metav1.ListOptions{})
+	after := subjectsOf(t, client)
+	for name, subjects := range before {
+		if slices.Contains(want, name) {
+			if len(after[name]) != 0 {
+				t.Errorf("%s still has subjects %v", name, after[name])
+			}
+			continue
+		}
+		// Renewal (selfnodeclient), the right to file a CSR at all, and
+		// unrelated approvers stay.
+		if !slices.Equal(after[name], subjects) {
+			t.Errorf("%s: subjects %v, want them kept: %v", name, after[name], subjects)
+		}
+	}
+	if again, err := Enforce(ctx, client); err != nil || len(again) != 0 {
+		t.Fatalf("second run disarmed %v, %v", again, err)
+	}
+
+	restored, err := Restore(ctx, client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, b := range left.Items {
-		names = append(names, b.Name)
+	slices.Sort(restored)
+	if !slices.Equal(restored, want) {
+		t.Errorf("restored %v, want %v", restored, want)
 	}
-	slices.Sort(names)
-	if !slices.Equal(names, []string{"approver-for-ops", "kubeadm:kubelet-bootstrap"}) {
-		t.Fatalf("left %v: the bootstrap binding and unrelated approvers must stay", names)
+	final := subjectsOf(t, client)
+	for name, subjects := range before {
+		if !slices.Equal(final[name], subjects) {
+			t.Errorf("%s after restore: %v, want %v", name, final[name], subjects)
+		}
 	}
-	if again, err := Enforce(context.Background(), client); err != nil || len(again) != 0 {
-		t.Fatalf("second run removed %v, %v", again, err)
+	b, err := client.RbacV1().ClusterRoleBindings().Get(ctx, KubeadmAutoApproveBootstrap, metav1.GetOptions{})
+	if err != nil || b.Annotations[AnnotationSubjects] != "" {
+		t.Errorf("annotation left after restore: %v %v", b.Annotations, err)
 	}
 }

@@ -3,14 +3,25 @@
 // management cluster, and from then on that identity belongs to that
 // Machine only, and that Machine has that identity only.
 //
-// A record is a ConfigMap in the Machine's namespace named "ka-tofu-" +
-// hex(SHA-256(identity)), so that two requests racing to claim one identity
-// cannot both create it; it is owned by the Machine, so the garbage
-// collector deletes it with the Machine. A ConfigMap, not a custom resource:
-// the record is three strings, nothing in it is secret, and every management
-// cluster serves ConfigMaps, so there is no CRD to install, version and
-// upgrade before attestation works. The state lives in the API server only,
-// so it survives controller restarts and leader changes.
+// A record is a ConfigMap named "ka-tofu-" + hex(SHA-256(identity)) in one
+// namespace, the controller's own (Store.Namespace): only the controller
+// (and the management cluster's administrators) can write there, never a
+// tenant who administers the namespace of its Clusters and Machines. The
+// name derived from the identity makes the identity unique across the whole
+// management cluster, whichever namespace its Machine is in, and makes
+// claiming it atomic: of two requests racing to claim one identity only one
+// can create the record. Records of the old layout (in Machine namespaces,
+// owned by the Machine) are not read.
+//
+// A record cannot be owned by its Machine (owner references do not cross
+// namespaces), so Cleaner removes the records of a Machine once it is
+// deleted.
+//
+// A ConfigMap, not a custom resource: the record is a few strings, nothing
+// in it is secret, and every management cluster serves ConfigMaps, so there
+// is no CRD to install, version and upgrade before attestation works. The
+// state lives in the API server only, so it survives controller restarts
+// and leader changes.
 package tofu
 
 import (
@@ -26,6 +37,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -43,21 +55,28 @@ const (
 	ReasonMachineIdentityMismatch = attestor.ReasonMachineIdentityMismatch
 )
 
+// ClaimedByOtherMessage is all a denied requester learns when its identity
+// is bound to another Machine: that Machine may be another tenant's, so the
+// workload cluster is not told which one. The management cluster's log
+// says.
+const ClaimedByOtherMessage = "this identity is bound to another Machine; one device serves one Machine. The management cluster's administrator can see which one in the controller's log"
+
 // Names, labels and keys of a record.
 const (
 	// NamePrefix starts every record's name.
 	NamePrefix = "ka-tofu-"
 	// LabelIdentity holds the first 63 hex digits of SHA-256(identity) (a
-	// label value is at most 63 characters), to find an identity's record
-	// in any namespace.
+	// label value is at most 63 characters); every record has it.
 	LabelIdentity = "kubelet-authenticator.x-k8s.io/tofu-identity"
-	// LabelMachineUID holds the owning Machine's UID, to find a Machine's
+	// LabelMachineUID holds the Machine's UID, to find a Machine's
 	// records.
 	LabelMachineUID = "kubelet-authenticator.x-k8s.io/tofu-machine-uid"
-	// KeyIdentity, KeyMachine and KeyMachineUID are the record's data.
-	KeyIdentity   = "identity"
-	KeyMachine    = "machine"
-	KeyMachineUID = "machineUID"
+	// KeyIdentity, KeyMachineNamespace, KeyMachine and KeyMachineUID are
+	// the record's data.
+	KeyIdentity         = "identity"
+	KeyMachineNamespace = "machineNamespace"
+	KeyMachine          = "machine"
+	KeyMachineUID       = "machineUID"
 )
 
 // Name returns the name of identity's record.
@@ -68,9 +87,12 @@ func digest(identity string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// Store records identities in ConfigMaps. It implements
+// Store records identities in ConfigMaps in Namespace. It implements
 // engine.IdentityBinder.
 type Store struct {
+	// Namespace is where records are kept and looked up: the controller's
+	// own, where tenants cannot write. Required.
+	Namespace string
 	// Client creates and deletes records.
 	Client client.Writer
 	// Reader reads records and Machines from the API server (not a cache:
@@ -89,114 +111,126 @@ var _ engine.IdentityBinder = (*Store)(nil)
 
 // Bind implements engine.IdentityBinder: it records identity for m on
 // first use, and accepts it again for m only. A conflict is a
-// *attestor.DenyError; any other error is transient.
+// *attestor.DenyError; any other error is transient. A denial's message
+// names no other Machine; the log of ctx does.
 func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) error {
+	if s.Namespace == "" {
+		return errors.New("trust on first use has no namespace to keep its records in")
+	}
 	if m.UID == "" || identity == "" {
 		return errors.New("trust on first use needs the Machine's UID and an identity")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	// The identity, in any namespace: one device is one Machine, whichever
-	// namespace (tenant) it is in.
-	var byID corev1.ConfigMapList
-	if err := s.Reader.List(ctx, &byID, client.MatchingLabels{LabelIdentity: digest(identity)[:63]}); err != nil {
-		return fmt.Errorf("unable to list trust-on-first-use records: %w", err)
-	}
-	for i := range byID.Items {
-		rec := &byID.Items[i]
-		if rec.Data[KeyIdentity] != identity {
-			continue
-		}
-		if rec.Data[KeyMachineUID] == string(m.UID) {
-			return nil // bound before: the common case, every renewal
-		}
-		if err := s.claimedByOther(ctx, rec, m, identity); err != nil {
-			return err
-		}
+	// The identity's record, wherever its Machine is: one device is one
+	// Machine, whichever namespace (tenant) it is in.
+	key := types.NamespacedName{Namespace: s.Namespace, Name: Name(identity)}
+	rec := &corev1.ConfigMap{}
+	err := s.Reader.Get(ctx, key, rec)
+	switch {
+	case err == nil:
+		return s.decide(ctx, rec, m, identity)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("unable to read trust-on-first-use record %s: %w", key, err)
 	}
 
 	// The Machine's other identities.
-	mine, err := s.machineRecords(ctx, m)
+	mine, err := s.machineRecords(ctx, m.UID)
 	if err != nil {
 		return err
 	}
-	for _, rec := range mine {
-		if rec.Data[KeyIdentity] != identity {
-			return mismatch(m, identity, &rec)
+	for i := range mine {
+		if mine[i].Data[KeyIdentity] != identity {
+			return mismatch(m, identity, &mine[i])
 		}
 	}
 
-	rec := &corev1.ConfigMap{
+	rec = &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: m.Namespace,
-			Name:      Name(identity),
+			Namespace: key.Namespace,
+			Name:      key.Name,
 			Labels: map[string]string{
-				LabelIdentity:   digest(identity)[:63],
-				LabelMachineUID: string(m.UID),
+				LabelIdentity:                  digest(identity)[:63],
+				LabelMachineUID:                string(m.UID),
+				"app.kubernetes.io/managed-by": "node-attestation-controller",
 			},
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: clusterv1.GroupVersion.String(),
-				Kind:       "Machine",
-				Name:       m.Name,
-				UID:        m.UID,
-			}},
 		},
 		Data: map[string]string{
-			KeyIdentity:   identity,
-			KeyMachine:    m.Name,
-			KeyMachineUID: string(m.UID),
+			KeyIdentity:         identity,
+			KeyMachineNamespace: m.Namespace,
+			KeyMachine:          m.Name,
+			KeyMachineUID:       string(m.UID),
 		},
 	}
 	err = s.Client.Create(ctx, rec)
 	if apierrors.IsAlreadyExists(err) {
-		// Created by someone else since the list: decide on it.
+		// Created by someone else since the read: decide on it.
 		existing := &corev1.ConfigMap{}
-		if err := s.Reader.Get(ctx, client.ObjectKeyFromObject(rec), existing); err != nil {
-			return fmt.Errorf("unable to read trust-on-first-use record %s/%s: %w", rec.Namespace, rec.Name, err)
+		if err := s.Reader.Get(ctx, key, existing); err != nil {
+			return fmt.Errorf("unable to read trust-on-first-use record %s: %w", key, err)
 		}
-		if existing.Data[KeyMachineUID] == string(m.UID) && existing.Data[KeyIdentity] == identity {
-			return nil
-		}
-		if err := s.claimedByOther(ctx, existing, m, identity); err != nil {
-			return err
-		}
-		return fmt.Errorf("trust-on-first-use record %s/%s is not readable as a record", rec.Namespace, rec.Name)
+		return s.decide(ctx, existing, m, identity)
 	}
 	if err != nil {
-		return fmt.Errorf("unable to record identity %s for Machine %s/%s: %w", identity, m.Namespace, m.Name, err)
+		return fmt.Errorf("unable to record identity %s for Machine %s: %w", identity, m, err)
 	}
 	return s.checkAfterCreate(ctx, m, identity, rec)
 }
 
+// decide decides on the existing record of identity.
+func (s *Store) decide(ctx context.Context, rec *corev1.ConfigMap, m *engine.Machine, identity string) error {
+	if rec.Data[KeyIdentity] != identity || rec.Data[KeyMachineUID] == "" || rec.Data[KeyMachineNamespace] == "" || rec.Data[KeyMachine] == "" {
+		return fmt.Errorf("trust-on-first-use record %s/%s is not readable as a record of %s", rec.Namespace, rec.Name, identity)
+	}
+	if rec.Data[KeyMachineUID] == string(m.UID) {
+		return nil // bound before: the common case, every renewal
+	}
+	return s.claimedByOther(ctx, rec, m, identity)
+}
+
 // claimedByOther decides on a record of identity for another Machine: a
 // denial when that Machine exists, else (a Machine deleted or replaced under
-// the same name, whose record the garbage collector has not removed yet)
-// the stale record is removed and the caller retries.
+// the same name, whose record Cleaner has not removed yet) the stale record
+// is removed and the caller retries.
 func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *engine.Machine, identity string) error {
-	owner := rec.Data[KeyMachine]
+	owner := types.NamespacedName{Namespace: rec.Data[KeyMachineNamespace], Name: rec.Data[KeyMachine]}
 	var other clusterv1.Machine
-	err := s.Reader.Get(ctx, types.NamespacedName{Namespace: rec.Namespace, Name: owner}, &other)
+	err := s.Reader.Get(ctx, owner, &other)
 	switch {
 	case err == nil && string(other.UID) == rec.Data[KeyMachineUID]:
-		return &attestor.DenyError{Reason: ReasonIdentityClaimedByOtherMachine, Message: fmt.Sprintf(
-			"identity %s is bound to Machine %s/%s since %s (record ConfigMap %s/%s); one device serves one Machine. If the device moved to %s/%s on purpose, delete the old Machine or that ConfigMap",
-			identity, rec.Namespace, owner, rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), rec.Namespace, rec.Name, m.Namespace, m.Name)}
+		// The other Machine may be another tenant's: the requester (the
+		// workload cluster's CSR condition, the Machine's Event) is told
+		// only that it is another; the management cluster's log says which.
+		klog.FromContext(ctx).Info("Identity is bound to another Machine",
+			"identity", identity, "requestingMachine", m.String(), "boundMachine", owner.String(),
+			"boundSince", rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"),
+			"record", types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}.String(),
+			"fix", "if the device moved on purpose, delete the bound Machine or the record")
+		return &attestor.DenyError{Reason: ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage}
 	case err == nil || apierrors.IsNotFound(err):
-		uid := rec.UID
-		if derr := s.Client.Delete(ctx, rec, client.Preconditions{UID: &uid}); derr != nil && !apierrors.IsNotFound(derr) {
-			return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, derr)
+		if err := s.remove(ctx, rec); err != nil {
+			return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, err)
 		}
 		return fmt.Errorf("removed the stale trust-on-first-use record %s/%s of deleted Machine %s; deciding again", rec.Namespace, rec.Name, owner)
 	default:
-		return fmt.Errorf("unable to read Machine %s/%s that identity %s is bound to: %w", rec.Namespace, owner, identity, err)
+		return fmt.Errorf("unable to read Machine %s that identity %s is bound to: %w", owner, identity, err)
 	}
 }
 
-func (s *Store) machineRecords(ctx context.Context, m *engine.Machine) ([]corev1.ConfigMap, error) {
+// remove deletes rec, the very object read (UID precondition).
+func (s *Store) remove(ctx context.Context, rec *corev1.ConfigMap) error {
+	uid := rec.UID
+	if err := s.Client.Delete(ctx, rec, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return err
+	}
+	return nil
+}
+
+func (s *Store) machineRecords(ctx context.Context, uid types.UID) ([]corev1.ConfigMap, error) {
 	var list corev1.ConfigMapList
-	if err := s.Reader.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingLabels{LabelMachineUID: string(m.UID)}); err != nil {
-		return nil, fmt.Errorf("unable to list the trust-on-first-use records of Machine %s/%s: %w", m.Namespace, m.Name, err)
+	if err := s.Reader.List(ctx, &list, client.InNamespace(s.Namespace), client.MatchingLabels{LabelMachineUID: string(uid)}); err != nil {
+		return nil, fmt.Errorf("unable to list the trust-on-first-use records of Machine UID %s: %w", uid, err)
 	}
 	return list.Items, nil
 }
@@ -205,7 +239,7 @@ func (s *Store) machineRecords(ctx context.Context, m *engine.Machine) ([]corev1
 // change) that each recorded a different identity for m: the older record
 // (by creation time, then name) stands and the other is removed.
 func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identity string, created *corev1.ConfigMap) error {
-	mine, err := s.machineRecords(ctx, m)
+	mine, err := s.machineRecords(ctx, m.UID)
 	if err != nil {
 		return err
 	}
@@ -221,15 +255,72 @@ func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identit
 	if len(mine) == 0 || mine[0].Data[KeyIdentity] == identity {
 		return nil
 	}
-	uid := created.UID
-	if err := s.Client.Delete(ctx, created, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+	if err := s.remove(ctx, created); err != nil {
 		return fmt.Errorf("unable to withdraw trust-on-first-use record %s/%s: %w", created.Namespace, created.Name, err)
 	}
 	return mismatch(m, identity, &mine[0])
 }
 
+// mismatch denies m another identity than its recorded one. The message
+// names only the requester's own Machine and identities.
 func mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
 	return &attestor.DenyError{Reason: ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
-		"Machine %s/%s is bound to identity %s since %s (record ConfigMap %s/%s), not %s; if the machine's device was replaced on purpose, delete that ConfigMap",
-		m.Namespace, m.Name, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), rec.Namespace, rec.Name, identity)}
+		"Machine %s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, the management cluster's administrator deletes the record %s/%s",
+		m, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, rec.Namespace, rec.Name)}
+}
+
+// Forget removes the records of the Machine with uid, once it is deleted.
+func (s *Store) Forget(ctx context.Context, uid types.UID) error {
+	recs, err := s.machineRecords(ctx, uid)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range recs {
+		if err := s.remove(ctx, &recs[i]); err != nil {
+			errs = append(errs, fmt.Errorf("unable to remove trust-on-first-use record %s/%s: %w", recs[i].Namespace, recs[i].Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sweep removes every record whose Machine no longer exists (or exists
+// under a new UID): the ones whose deletion was not seen. Machines are
+// looked up in cached first, when it is not nil (the manager's cache), and
+// a Machine it does not have is confirmed gone from the API server before
+// its record is removed. It returns the names of the records removed.
+func (s *Store) Sweep(ctx context.Context, cached client.Reader) ([]string, error) {
+	var list corev1.ConfigMapList
+	if err := s.Reader.List(ctx, &list, client.InNamespace(s.Namespace), client.HasLabels{LabelIdentity}); err != nil {
+		return nil, fmt.Errorf("unable to list trust-on-first-use records: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for i := range list.Items {
+		rec := &list.Items[i]
+		owner := types.NamespacedName{Namespace: rec.Data[KeyMachineNamespace], Name: rec.Data[KeyMachine]}
+		if owner.Namespace == "" || owner.Name == "" {
+			continue // not a record this package wrote: not ours to remove
+		}
+		var m clusterv1.Machine
+		if cached != nil {
+			if err := cached.Get(ctx, owner, &m); err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
+				continue
+			}
+		}
+		err := s.Reader.Get(ctx, owner, &m)
+		if err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
+			continue
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("unable to read Machine %s: %w", owner, err))
+			continue
+		}
+		if err := s.remove(ctx, rec); err != nil {
+			errs = append(errs, fmt.Errorf("unable to remove trust-on-first-use record %s/%s: %w", rec.Namespace, rec.Name, err))
+			continue
+		}
+		removed = append(removed, rec.Name)
+	}
+	return removed, errors.Join(errs...)
 }

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -23,6 +25,8 @@ import (
 const (
 	ek1 = "tpm:ek-sha256:1111"
 	ek2 = "tpm:ek-sha256:2222"
+	// home is the controller's namespace.
+	home = "kubelet-authenticator-system"
 )
 
 func scheme(t *testing.T) *runtime.Scheme {
@@ -42,15 +46,15 @@ func machine(ns, name, uid string) (*clusterv1.Machine, *engine.Machine) {
 		&engine.Machine{Namespace: ns, Name: name, UID: types.UID(uid)}
 }
 
-func wantReason(t *testing.T, err error, reason string) {
+func newStore(c client.Client) *Store { return &Store{Namespace: home, Client: c, Reader: c} }
+
+func wantReason(t *testing.T, err error, reason string) string {
 	t.Helper()
 	r, msg, ok := attestor.Denial(err)
 	if !ok || r != reason {
 		t.Fatalf("got %v, want a denial %s", err, reason)
 	}
-	if !strings.Contains(msg, "ConfigMap") {
-		t.Errorf("the message does not say which record to look at: %s", msg)
-	}
+	return msg
 }
 
 func TestBind(t *testing.T) {
@@ -59,44 +63,79 @@ func TestBind(t *testing.T) {
 	m2obj, m2 := machine("fleet", "m2", "uid-2")
 	m3obj, m3 := machine("other-tenant", "m3", "uid-3")
 	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(m1obj, m2obj, m3obj).Build()
-	s := &Store{Client: c, Reader: c}
+	s := newStore(c)
 
 	if err := s.Bind(ctx, m1, ek1); err != nil {
 		t.Fatalf("first use: %v", err)
 	}
 	var rec corev1.ConfigMap
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "fleet", Name: Name(ek1)}, &rec); err != nil {
-		t.Fatalf("no record: %v", err)
+	if err := c.Get(ctx, types.NamespacedName{Namespace: home, Name: Name(ek1)}, &rec); err != nil {
+		t.Fatalf("no record in the controller's namespace: %v", err)
 	}
-	if len(rec.OwnerReferences) != 1 || rec.OwnerReferences[0].UID != "uid-1" || rec.OwnerReferences[0].Kind != "Machine" ||
-		rec.OwnerReferences[0].APIVersion != clusterv1.GroupVersion.String() {
-		t.Errorf("record owners = %+v, want Machine m1", rec.OwnerReferences)
-	}
-	if rec.Data[KeyIdentity] != ek1 || rec.Labels[LabelMachineUID] != "uid-1" || len(Name(ek1)) > 253 {
+	if rec.Data[KeyIdentity] != ek1 || rec.Data[KeyMachineNamespace] != "fleet" || rec.Data[KeyMachine] != "m1" ||
+		rec.Labels[LabelMachineUID] != "uid-1" || len(rec.OwnerReferences) != 0 || len(Name(ek1)) > 253 {
 		t.Errorf("record = %+v", rec)
+	}
+	var inFleet corev1.ConfigMapList
+	if err := c.List(ctx, &inFleet, client.InNamespace("fleet")); err != nil || len(inFleet.Items) != 0 {
+		t.Errorf("records in the Machine's namespace: %v %v", inFleet.Items, err)
 	}
 
 	// A fresh Store (a restarted controller) decides from the API alone.
-	s = &Store{Client: c, Reader: c}
+	s = newStore(c)
 	if err := s.Bind(ctx, m1, ek1); err != nil {
 		t.Fatalf("same identity, same Machine (renewal): %v", err)
 	}
 	wantReason(t, s.Bind(ctx, m2, ek1), ReasonIdentityClaimedByOtherMachine)
 	wantReason(t, s.Bind(ctx, m3, ek1), ReasonIdentityClaimedByOtherMachine)
-	wantReason(t, s.Bind(ctx, m1, ek2), ReasonMachineIdentityMismatch)
+	msg := wantReason(t, s.Bind(ctx, m1, ek2), ReasonMachineIdentityMismatch)
+	if !strings.Contains(msg, Name(ek1)) {
+		t.Errorf("the mismatch does not say which record to look at: %s", msg)
+	}
 	if err := s.Bind(ctx, m2, ek2); err != nil {
 		t.Fatalf("another Machine's own identity: %v", err)
+	}
+}
+
+// TestClaimedByOtherNamesNoOne: the denial a requester sees (it becomes the
+// workload cluster's CSR condition and the Machine's Event) names neither
+// the other Machine nor its namespace; the controller's log names both
+// (issue 14.6).
+func TestClaimedByOtherNamesNoOne(t *testing.T) {
+	victimObj, victim := machine("tenant-a", "secret-project-m1", "uid-a")
+	reqObj, req := machine("tenant-b", "m1", "uid-b")
+	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(victimObj, reqObj).Build()
+	s := newStore(c)
+	if err := s.Bind(context.Background(), victim, ek1); err != nil {
+		t.Fatal(err)
+	}
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx := klog.NewContext(context.Background(), logger)
+	msg := wantReason(t, s.Bind(ctx, req, ek1), ReasonIdentityClaimedByOtherMachine)
+	for _, leak := range []string{"tenant-a", "secret-project-m1", "uid-a", Name(ek1)} {
+		if strings.Contains(msg, leak) {
+			t.Errorf("the denial names %q: %s", leak, msg)
+		}
+	}
+	if msg != ClaimedByOtherMessage {
+		t.Errorf("message %q", msg)
+	}
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+	for _, want := range []string{"tenant-a/secret-project-m1", "tenant-b/m1", Name(ek1)} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the log does not name %q:\n%s", want, logs)
+		}
 	}
 }
 
 func TestBindStaleRecord(t *testing.T) {
 	ctx := context.Background()
 	// Machine m1 was deleted and recreated under the same name with the
-	// same device; the garbage collector has not removed the old record.
+	// same device; the cleaner has not removed the old record yet.
 	newObj, newM := machine("fleet", "m1", "uid-new")
 	_, oldM := machine("fleet", "m1", "uid-old")
 	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(newObj).Build()
-	s := &Store{Client: c, Reader: c}
+	s := newStore(c)
 	if err := s.Bind(ctx, oldM, ek1); err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +148,51 @@ func TestBindStaleRecord(t *testing.T) {
 	}
 }
 
+func TestForgetAndSweep(t *testing.T) {
+	ctx := context.Background()
+	m1obj, m1 := machine("fleet", "m1", "uid-1")
+	_, m2 := machine("fleet", "m2", "uid-2") // deleted while no one watched
+	_, m3 := machine("fleet", "m3", "uid-3")
+	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(m1obj).Build()
+	s := newStore(c)
+	for _, b := range []struct {
+		m  *engine.Machine
+		id string
+	}{{m1, ek1}, {m2, ek2}, {m3, "tpm:ek-sha256:3333"}} {
+		// Bind reads the Machine only on a conflict: records of absent
+		// Machines can be made here.
+		if err := s.Bind(ctx, b.m, b.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Forget(ctx, m3.UID); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := s.Sweep(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != Name(ek2) {
+		t.Errorf("sweep removed %v, want m2's record", removed)
+	}
+	var left corev1.ConfigMapList
+	if err := c.List(ctx, &left, client.InNamespace(home)); err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 1 || left.Items[0].Name != Name(ek1) {
+		t.Errorf("records left: %v, want m1's only", left.Items)
+	}
+}
+
+func TestBindNeedsNamespace(t *testing.T) {
+	_, m1 := machine("fleet", "m1", "uid-1")
+	c := fake.NewClientBuilder().WithScheme(scheme(t)).Build()
+	err := (&Store{Client: c, Reader: c}).Bind(context.Background(), m1, ek1)
+	if _, _, denied := attestor.Denial(err); err == nil || denied {
+		t.Fatalf("got %v, want a configuration error", err)
+	}
+}
+
 func TestBindTransientErrors(t *testing.T) {
 	ctx := context.Background()
 	_, m1 := machine("fleet", "m1", "uid-1")
@@ -116,8 +200,7 @@ func TestBindTransientErrors(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithInterceptorFuncs(interceptor.Funcs{
 		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error { return boom },
 	}).Build()
-	s := &Store{Client: c, Reader: c}
-	err := s.Bind(ctx, m1, ek1)
+	err := newStore(c).Bind(ctx, m1, ek1)
 	if _, _, denied := attestor.Denial(err); !errors.Is(err, boom) || denied {
 		t.Fatalf("got %v, want the transient error, not a denial", err)
 	}
@@ -126,23 +209,21 @@ func TestBindTransientErrors(t *testing.T) {
 func TestBindLostRace(t *testing.T) {
 	ctx := context.Background()
 	m1obj, m1 := machine("fleet", "m1", "uid-1")
-	m2obj, m2 := machine("fleet", "m2", "uid-2")
+	m2obj, m2 := machine("other-tenant", "m2", "uid-2")
 	base := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(m1obj, m2obj).Build()
-	// Another process creates m2's record of ek1 between our list and our
+	// Another process creates m2's record of ek1 between our read and our
 	// create.
 	raced := false
 	c := interceptor.NewClient(base, interceptor.Funcs{
 		Create: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			if !raced {
 				raced = true
-				other := &Store{Client: base, Reader: base}
-				if err := other.Bind(ctx, m2, ek1); err != nil {
+				if err := newStore(base).Bind(ctx, m2, ek1); err != nil {
 					t.Fatal(err)
 				}
 			}
 			return cl.Create(ctx, obj, opts...)
 		},
 	})
-	s := &Store{Client: c, Reader: c}
-	wantReason(t, s.Bind(ctx, m1, ek1), ReasonIdentityClaimedByOtherMachine)
+	wantReason(t, newStore(c).Bind(ctx, m1, ek1), ReasonIdentityClaimedByOtherMachine)
 }

@@ -163,7 +163,7 @@ func TestDemo(t *testing.T) {
 	} else {
 		evidence(ctx, t, env, n, att, clouds)
 	}
-	cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+	cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(scenario.ControllerNamespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,7 +247,7 @@ func (f *cloudFleet) attests(t *testing.T, n *scenario.Node, provider, providerI
 	if got, err := attestor.ProviderIDFromExtensions(req.CSR.Extensions); err != nil || got != providerID {
 		t.Fatalf("the CSR claims provider ID %q (%v), want %q", got, err, providerID)
 	}
-	cms, err := f.env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(f.env.Namespace).List(f.ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+	cms, err := f.env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(scenario.ControllerNamespace).List(f.ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
 	if err != nil {
 		t.Fatal(err)
 	}

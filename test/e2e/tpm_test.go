@@ -291,7 +291,7 @@ func TestTPMSimulator(t *testing.T) {
 		checkRound(t, env, n.Name)
 		// Trust on first use recorded the EK for the Machine.
 		var recs []string
-		cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(env.Namespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+		cms, err := env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(scenario.ControllerNamespace).List(ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -60,9 +60,12 @@ func TestSignerManyClusters(t *testing.T) {
 	metric := func(name, cluster string) (float64, bool) {
 		return gauge(t, "kubelet_authenticator_signer_"+name, ns+"/"+cluster)
 	}
+	// Secrets are not watched: a rotated kubeconfig is read at the next
+	// recheck (10s here), and replacing a controller stuck on an
+	// unreachable cluster waits up to 10s for it to stop.
 	waitMetric := func(name, cluster string, want float64) {
 		t.Helper()
-		harness.WaitFor(t, 20*time.Second, func() (bool, error) {
+		harness.WaitFor(t, 45*time.Second, func() (bool, error) {
 			v, ok := metric(name, cluster)
 			return ok && v == want, nil
 		})

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -71,9 +72,12 @@ func plainBootstrap(t *testing.T, c kubernetes.Interface, node string, wait time
 	return err == nil
 }
 
-// TestSignerLockdown shows that lockdown closes kube-controller-manager's
-// auto-approval of kubelet TLS bootstrap (and keeps it closed), while
-// attested nodes still get certificates.
+// TestSignerLockdown is issue 13.5: lockdown closes kube-controller-manager's
+// auto-approval of kubelet TLS bootstrap (and keeps it closed when kubeadm
+// writes the binding anew), while a control-plane node that kubeadm joined,
+// which does not attest, keeps renewing its own certificate through
+// kube-controller-manager (selfnodeclient), attested nodes still get
+// certificates, and lifting lockdown restores the bootstrap binding.
 func TestSignerLockdown(t *testing.T) {
 	harness.Binaries(t)
 	ctx := context.Background()
@@ -86,46 +90,83 @@ func TestSignerLockdown(t *testing.T) {
 	kubeadmAutoApprove(t, wl.Client)
 	wl.StartControllerManager(t, "csrapproving", "csrsigning")
 	bootstrap := bootstrapClient(t, wl)
+	// A control-plane node kubeadm joined: its kubelet holds a client
+	// certificate for its own name, and renews it itself.
+	cpCert, cpKey := wl.IssueClientCert(t, "system:node:control-plane-0", "system:nodes")
+	controlPlane, err := kubernetes.NewForConfig(wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: cpCert, ClientKeyData: cpKey}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
 
 	if !plainBootstrap(t, bootstrap, "plain-0", 30*time.Second) {
 		t.Fatal("before lockdown, kube-controller-manager did not approve and sign a plain kubelet TLS bootstrap")
 	}
 
-	var cluster clusterv1.Cluster
-	if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
-		t.Fatal(err)
+	setLockdown := func(v string) {
+		t.Helper()
+		var cluster clusterv1.Cluster
+		if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
+			t.Fatal(err)
+		}
+		cluster.Annotations[capi.AnnotationLockdown] = v
+		if err := mgmt.Client.Update(ctx, &cluster); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cluster.Annotations[capi.AnnotationLockdown] = "true"
-	if err := mgmt.Client.Update(ctx, &cluster); err != nil {
-		t.Fatal(err)
+	subjects := func(name string) []rbacv1.Subject {
+		t.Helper()
+		b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Subjects
 	}
-	gone := func() {
+	disarmed := func() {
 		t.Helper()
 		harness.WaitFor(t, 20*time.Second, func() (bool, error) {
-			for _, n := range []string{lockdown.KubeadmAutoApproveBootstrap, lockdown.KubeadmAutoApproveRotation} {
-				if _, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-					return false, nil
-				}
-			}
-			return true, nil
+			return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 0, nil
 		})
 	}
-	gone()
-	// Kept removed: kubeadm (an upgrade, a person) puts them back.
-	kubeadmAutoApprove(t, wl.Client)
-	gone()
-	if v, ok := gauge(t, "kubelet_authenticator_signer_lockdown_bindings_removed", signerNS+"/"+signerCluster); !ok || v < 4 {
-		t.Errorf("lockdown_bindings_removed = %v (present %t), want at least 4", v, ok)
+	setLockdown("true")
+	disarmed()
+	// Kept disarmed: kubeadm upgrade writes the binding anew.
+	b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, lockdown.KubeadmAutoApproveBootstrap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Annotations = nil
+	b.Subjects = []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}}
+	if _, err := wl.Client.RbacV1().ClusterRoleBindings().Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	disarmed()
+	if v, ok := gauge(t, "kubelet_authenticator_signer_lockdown_bindings_removed", signerNS+"/"+signerCluster); !ok || v < 2 {
+		t.Errorf("lockdown_bindings_removed = %v (present %t), want at least 2", v, ok)
+	}
+	if got := subjects(lockdown.KubeadmAutoApproveRotation); len(got) != 1 || got[0].Name != "system:nodes" {
+		t.Errorf("the renewal binding's subjects: %v, want system:nodes kept", got)
 	}
 
 	if plainBootstrap(t, bootstrap, "plain-1", 8*time.Second) {
 		t.Fatal("after lockdown, a plain kubelet TLS bootstrap was still approved")
 	}
+	if !plainBootstrap(t, controlPlane, "control-plane-0", 30*time.Second) {
+		t.Fatal("after lockdown, the control-plane node could not renew its own certificate")
+	}
 
 	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
 	mgmt.CreateMachine(t, signerNS, signerCluster, "attested-0", "test:///a0", true)
-	b, _ := signertest.Request{NodeName: "attested-0", ProviderID: "test:///a0"}.Build(t)
-	e.file(t, signertest.CSR("attested-0", b))
+	req, _ := signertest.Request{NodeName: "attested-0", ProviderID: "test:///a0"}.Build(t)
+	e.file(t, signertest.CSR("attested-0", req))
 	e.expectIssued(t, "attested-0", "attested-0", "test:///a0", 24*time.Hour)
+
+	// Lifted: the bootstrap binding has its subjects back.
+	setLockdown("false")
+	harness.WaitFor(t, 20*time.Second, func() (bool, error) {
+		return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 1, nil
+	})
+	if !plainBootstrap(t, bootstrap, "plain-2", 30*time.Second) {
+		t.Fatal("after lockdown was lifted, a plain kubelet TLS bootstrap was not approved")
+	}
 }

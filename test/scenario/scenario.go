@@ -25,6 +25,10 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
+// ControllerNamespace is the controller's own namespace in a scenario: its
+// leader election Lease, key Secret and trust-on-first-use records.
+const ControllerNamespace = "default"
+
 // Annotations that opt a Cluster in.
 const (
 	AnnotationEnabled    = "kubelet-authenticator.x-k8s.io/enabled"
@@ -139,7 +143,7 @@ func (e *Env) StartController(tb testing.TB, extra ...string) *harness.Process {
 	tb.Helper()
 	args := append([]string{
 		"--kubeconfig=" + e.Mgmt.AdminKubeconfig,
-		"--leader-election-namespace=default",
+		"--leader-election-namespace=" + ControllerNamespace,
 		"--metrics-bind-address=0",
 		"--health-probe-bind-address=0",
 		"-v=2",
