@@ -179,7 +179,7 @@ func requestErrorf(format string, args ...any) error {
 // whitespace, with no PEM headers and nothing after the last block.
 func ParseRequest(data []byte) (*AttestedRequest, error) {
 	if len(data) > MaxRequestSize {
-		return nil, requestErrorf("request is %d bytes, more than the %d allowed", len(data), MaxRequestSize)
+		return nil, requestErrorf("request is larger than the %d bytes allowed", MaxRequestSize)
 	}
 	want := []string{PEMTypeCSR, PEMTypeProvider, PEMTypeData}
 	var blocks []*pem.Block

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
@@ -156,9 +157,10 @@ func New(cfg Config) (*Controller, error) {
 	return c, nil
 }
 
-// forgetDecided drops what the controller never reads again from a decided
-// request before it is cached: its spec.request (as large as the API
-// server lets a requester make it) and every request's managed fields.
+// forgetDecided drops what the controller never reads before a request is
+// cached: a decided request's spec.request (as large as the API server lets
+// a requester make it), the part of a pending one's beyond the largest the
+// signer accepts, and every request's managed fields.
 // What stays (name, signer, requester, conditions, the certificate this
 // controller issued) is what Pending and a later answer to its challenge
 // are checked against.
@@ -168,8 +170,13 @@ func forgetDecided(obj any) (any, error) {
 		return obj, nil
 	}
 	csr.ManagedFields = nil
-	if len(csr.Status.Certificate) > 0 || engine.HasCondition(csr, certificatesv1.CertificateDenied) || engine.HasCondition(csr, certificatesv1.CertificateFailed) {
+	switch {
+	case len(csr.Status.Certificate) > 0 || engine.HasCondition(csr, certificatesv1.CertificateDenied) || engine.HasCondition(csr, certificatesv1.CertificateFailed):
 		csr.Spec.Request = nil
+	case len(csr.Spec.Request) > attestor.MaxRequestSize:
+		// More than the signer reads: kept only as far as needed to deny it
+		// as too large, however many such requests wait in the queue.
+		csr.Spec.Request = csr.Spec.Request[: attestor.MaxRequestSize+1 : attestor.MaxRequestSize+1]
 	}
 	return csr, nil
 }

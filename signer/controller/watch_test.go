@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -54,23 +57,46 @@ func TestWatchesOnlyItsSignerNames(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A pending request of ours far larger than the signer reads.
+	huge, _ := signertest.Request{NodeName: "node-1", ProviderID: pid, Trailer: bytes.Repeat([]byte("garbage\n"), 128<<10)}.Build(t)
+	mine.ObjectMeta.Name, mine.Spec.Request = "ours-huge", huge
+	if _, err := api.Create(ctx, mine, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	r := newRig(t, false, func(c *Config) { c.Client = cp.Client })
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var cached []any
+		cached := map[string]int{}
 		for _, inf := range r.c.informers {
-			cached = append(cached, inf.GetStore().List()...)
-		}
-		if len(cached) == 1 {
-			csr := cached[0].(*certificatesv1.CertificateSigningRequest)
-			if csr.Name != "ours" || len(csr.Spec.Request) != 0 {
-				t.Fatalf("cached %s with a %d-byte request, want ours without its request", csr.Name, len(csr.Spec.Request))
+			for _, obj := range inf.GetStore().List() {
+				csr := obj.(*certificatesv1.CertificateSigningRequest)
+				cached[csr.Name] = len(csr.Spec.Request)
 			}
-			return
 		}
-		if len(cached) > 1 || time.Now().After(deadline) {
-			t.Fatalf("the controller caches %d requests, want only its own one", len(cached))
+		if len(cached) == 2 {
+			if n, ok := cached["ours"]; !ok || n != 0 {
+				t.Errorf("the decided request is cached with %d request bytes (present: %t), want none", n, ok)
+			}
+			if n, ok := cached["ours-huge"]; !ok || n > attestor.MaxRequestSize+1 {
+				t.Errorf("the oversized request is cached with %d request bytes (present: %t), want at most %d", n, ok, attestor.MaxRequestSize+1)
+			}
+			break
+		}
+		if len(cached) > 2 || time.Now().After(deadline) {
+			t.Fatalf("the controller caches %v, want only its own two requests", cached)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The oversized request is denied for its size.
+	if _, err := r.c.sync(r.ctx, key{signer: mine.Spec.SignerName, name: "ours-huge"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := api.Get(ctx, "ours-huge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := engine.FindCondition(got, certificatesv1.CertificateDenied); d == nil || !strings.Contains(d.Message, attestor.ReasonMalformedRequest+": spec.request does not follow the wire contract: request is larger than") {
+		t.Errorf("oversized request: %+v, want denied %s for its size", got.Status.Conditions, attestor.ReasonMalformedRequest)
 	}
 }
