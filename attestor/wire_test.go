@@ -85,7 +85,7 @@ func TestParseRequestRejects(t *testing.T) {
 		"data array":         {csrB + prov + pemBlock(PEMTypeData, []byte(`[1]`)), "not a JSON object"},
 		"data json trailing": {csrB + prov + pemBlock(PEMTypeData, []byte(`{"version":"v1"} {}`)), "data after its JSON value"},
 		"unterminated block": {csrB + prov + "-----BEGIN " + PEMTypeData + "-----\nabc\n", "malformed PEM block"},
-		"too large":          {strings.Repeat(" ", MaxRequestSize+1), "more than"},
+		"too large":          {strings.Repeat(" ", MaxRequestSize+1), "larger than the"},
 		"empty":              {"", `no "CERTIFICATE REQUEST"`},
 		"bad version":        {csrB + prov + pemBlock(PEMTypeData, []byte(`{"version":"1.0"}`)), "invalid version"},
 	}
