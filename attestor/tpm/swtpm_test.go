@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,12 +49,15 @@ func startSwtpm(t *testing.T) (addr string, bundle []byte) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	// The socket file appears before swtpm listens on it: wait until it
+	// answers a connection.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := os.Stat(sock); err == nil {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("swtpm did not create its socket")
+			t.Fatal("swtpm did not listen on its socket")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
