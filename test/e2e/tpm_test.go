@@ -6,7 +6,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"fmt"
-	"os"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -423,12 +423,15 @@ func TestTPMSwtpm(t *testing.T) {
 		"--server", "type=unixio,path="+sock,
 		"--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
 		"--flags", "not-need-init,startup-clear")
+	// The socket file appears before swtpm listens on it: wait until it
+	// answers a connection.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("swtpm did not create its socket")
+			t.Fatal("swtpm did not listen on its socket")
 		}
 	}
 	otherDir, _ := manufacturerCA(t, "Another TPM Maker")
