@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
 // Defaults of the TPM attestor's options.
@@ -36,9 +37,10 @@ const (
 	// mounts the operator's bundle (docs/attestors/tpm.md). When it does
 	// not exist, no EK certificate is trusted.
 	DefaultTPMManufacturerCAFile = "/etc/kubelet-authenticator/tpm-ca-certificates.pem"
-	// MinTPMChallengeTTL and MaxTPMChallengeTTL bound --tpm-challenge-ttl.
+	// MinTPMChallengeTTL and MaxTPMChallengeTTL bound --tpm-challenge-ttl;
+	// the engine takes no challenge open longer than the latter.
 	MinTPMChallengeTTL = time.Second
-	MaxTPMChallengeTTL = time.Hour
+	MaxTPMChallengeTTL = engine.DefaultMaxChallengeTTL
 )
 
 // TPMOptions configure the TPM attestor's verifier half.

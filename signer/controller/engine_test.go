@@ -557,3 +557,18 @@ func TestAnswerAcrossSigners(t *testing.T) {
 		t.Errorf("the client challenge was closed by another signer's answer: %s", got)
 	}
 }
+
+// TestLongestChallengeTTL: a challenge as long-lived as the controller's
+// flags allow (--tpm-challenge-ttl up to engine.DefaultMaxChallengeTTL) is
+// written, not retried until the request is undecidable.
+func TestLongestChallengeTTL(t *testing.T) {
+	r := newRig(t, false)
+	r.v.ttl = engine.DefaultMaxChallengeTTL
+	r.file("long", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid})
+	if _, err := r.sync("long"); err != nil {
+		t.Fatalf("a challenge of %s: %v", engine.DefaultMaxChallengeTTL, err)
+	}
+	if r.get("long").Annotations[attestor.AnnotationChallenge] == "" {
+		t.Fatal("not challenged")
+	}
+}

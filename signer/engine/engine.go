@@ -163,8 +163,8 @@ type Config struct {
 }
 
 // DefaultMaxChallengeTTL bounds a challenge's lifetime when the Config does
-// not.
-const DefaultMaxChallengeTTL = 15 * time.Minute
+// not; the controller's flags allow no longer challenge lifetime.
+const DefaultMaxChallengeTTL = time.Hour
 
 // Engine decides requests.
 type Engine struct {
