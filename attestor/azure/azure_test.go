@@ -12,11 +12,12 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
-	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	azemu "sigs.k8s.io/kubelet-authenticator/test/emulators/azure"
@@ -345,6 +346,43 @@ func TestIssuingCAFetched(t *testing.T) {
 			t.Fatalf("an unreachable issuer was a denial (%v), want a transient error", d)
 		}
 	})
+}
+
+// TestIssuingCAURLNotServed: the issuing CA URL comes from the node's
+// certificate; an allowed host that does not serve it (404), or serves no
+// CA certificate there, is a denial, not a transient error retried and
+// fetched again; an issuer host's own trouble (5xx) is transient.
+func TestIssuingCAURLNotServed(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	host, _ := f.emu.ServeIssuer(t)
+	f.cfg.Intermediates = nil
+	f.cfg.Issuers = IssuersConfig{Hosts: []string{host}}
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		deny   bool
+	}{
+		{"not found", http.StatusNotFound, "", true},
+		{"not a certificate", http.StatusOK, "<html>a page</html>", true},
+		{"issuer down", http.StatusServiceUnavailable, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := f.verifier(t)
+			v.issuers.client = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				return &http.Response{StatusCode: tc.status, Status: http.StatusText(tc.status), Body: io.NopCloser(strings.NewReader(tc.body)), Request: r}, nil
+			})}
+			_, err := v.Verify(ctx, f.request(f.attest(t)))
+			if tc.deny {
+				attestortest.WantDenial(t, err, ReasonUntrustedSigner)
+				return
+			}
+			if _, ok := attestor.AsDenial(err); ok || err == nil {
+				t.Fatalf("Verify = %v, want a transient error", err)
+			}
+		})
+	}
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

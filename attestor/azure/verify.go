@@ -381,8 +381,13 @@ func (ic *issuerCache) get(ctx context.Context, raw string) (*x509.Certificate, 
 		return nil, fmt.Errorf("unable to fetch issuing CA %s: %w", raw, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("issuing CA %s: %s", raw, resp.Status)
+	switch {
+	case resp.StatusCode >= 500:
+		return nil, fmt.Errorf("issuing CA %s: %s", raw, resp.Status) // the host's trouble: retried
+	case resp.StatusCode != http.StatusOK:
+		// The URL comes from the node's own certificate: a path the host
+		// does not serve is the node's to answer for, not retried.
+		return nil, attestor.Deny(ReasonUntrustedSigner, "issuing CA URL %s named by the document's signing certificate answers %s", raw, resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
@@ -393,7 +398,7 @@ func (ic *issuerCache) get(ctx context.Context, raw string) (*x509.Certificate, 
 	}
 	ca, err := x509.ParseCertificate(body)
 	if err != nil || !ca.IsCA {
-		return nil, fmt.Errorf("issuing CA %s is not a CA certificate (%v)", raw, err)
+		return nil, attestor.Deny(ReasonUntrustedSigner, "issuing CA URL %s named by the document's signing certificate serves no CA certificate (%v)", raw, err)
 	}
 	return ca, nil
 }
