@@ -32,7 +32,9 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 		machine, infra string // pinned EKs; "" = none
 		want           string // pin the verifier sees
 		reason         string
-		unserved       bool // the management cluster serves no such kind
+		unserved       bool   // the management cluster serves no such kind
+		group          string // the reference's group, when not the infrastructure one
+		missing        bool   // no infrastructure object
 	}{
 		{name: "infrastructure only", infra: "ek-a", want: "ek-a"},
 		{name: "Machine only", machine: "ek-a", want: "ek-a"},
@@ -40,10 +42,16 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 		{name: "conflict", machine: "ek-a", infra: "ek-b", reason: attestor.ReasonEndorsementKeyConflict},
 		{name: "neither"},
 		{name: "kind not served", infra: "ek-b", machine: "ek-a", want: "ek-a", unserved: true},
+		{name: "a reference outside the infrastructure group is not followed", infra: "ek-b", machine: "ek-a", want: "ek-a", group: "example.com"},
+		{name: "infrastructure object gone", machine: "ek-a", missing: true, reason: attestor.ReasonMachineNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine("m1", "test:///1")
 			m.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: gvk.Kind, Name: "m1-infra"}
+			if tc.group != "" {
+				m.Spec.InfrastructureRef.APIGroup = tc.group
+				mapper.Add(schema.GroupVersionKind{Group: tc.group, Version: "v1", Kind: gvk.Kind}, meta.RESTScopeNamespace)
+			}
 			if tc.machine != "" {
 				m.Annotations = map[string]string{attestor.AnnotationEndorsementKey: tc.machine}
 			}
@@ -55,8 +63,12 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 			if tc.infra != "" {
 				infra.SetAnnotations(map[string]string{attestor.AnnotationEndorsementKey: tc.infra})
 			}
+			objs := []client.Object{&m}
+			if !tc.missing {
+				objs = append(objs, infra)
+			}
 			c := fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).
-				WithObjects(&m, infra).
+				WithObjects(objs...).
 				WithIndex(&clusterv1.Machine{}, IndexProviderID, func(o client.Object) []string { return ProviderIDIndexer(o) }).
 				Build()
 			matcher := &Matcher{Cache: c, Live: c, Namespace: "ns", Cluster: "c", Mapper: mapper}

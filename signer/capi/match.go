@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -27,6 +28,11 @@ const (
 	ReasonDuplicateProviderID       = attestor.ReasonDuplicateProviderID
 	ReasonMachineDeleting           = attestor.ReasonMachineDeleting
 )
+
+// infrastructureGroup is the API group of Cluster API infrastructure
+// providers' objects, the only group a Machine's infrastructureRef is
+// followed into.
+const infrastructureGroup = "infrastructure.cluster.x-k8s.io"
 
 // IndexProviderID is the field index of Machines by spec.providerID.
 const IndexProviderID = "spec.providerID"
@@ -191,7 +197,9 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 // request is denied: the signer cannot tell which one is right.
 func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Machine, out *engine.Machine) error {
 	ref := machine.Spec.InfrastructureRef
-	if m.Mapper == nil || ref.Name == "" || ref.Kind == "" {
+	if m.Mapper == nil || ref.Name == "" || ref.Kind == "" || ref.APIGroup != infrastructureGroup {
+		// The reference is the tenant's to write: only an infrastructure
+		// provider's object is read, never another kind it names.
 		return nil
 	}
 	mapping, err := m.Mapper.RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
@@ -205,7 +213,11 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 	}
 	infra := &unstructured.Unstructured{}
 	infra.SetGroupVersionKind(mapping.GroupVersionKind)
-	if err := m.Live.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, infra); err != nil {
+	err = m.Live.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, infra)
+	if apierrors.IsNotFound(err) {
+		return deny(ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
+	}
+	if err != nil {
 		return fmt.Errorf("unable to read infrastructure object %s %s of Machine %s: %w", ref.Kind, ref.Name, machine.Name, err)
 	}
 	pinned, ok := infra.GetAnnotations()[attestor.AnnotationEndorsementKey]
