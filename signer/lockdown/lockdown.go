@@ -25,6 +25,7 @@ package lockdown
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -122,26 +123,32 @@ func Restore(ctx context.Context, client kubernetes.Interface) ([]string, error)
 		return nil, fmt.Errorf("unable to list ClusterRoleBindings: %w", err)
 	}
 	var restored []string
+	var errs []error
 	for i := range list.Items {
 		b := list.Items[i].DeepCopy()
 		kept, ok := b.Annotations[AnnotationSubjects]
-		if !ok {
+		// Only what Enforce disarms is restored: the annotation is
+		// writable by anyone who may edit bindings in the workload
+		// cluster, and names no role of its own.
+		if !ok || b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != NodeClientRole {
 			continue
 		}
 		var subjects []rbacv1.Subject
 		if err := json.Unmarshal([]byte(kept), &subjects); err != nil {
-			return restored, fmt.Errorf("ClusterRoleBinding %s: annotation %s: %w", b.Name, AnnotationSubjects, err)
+			errs = append(errs, fmt.Errorf("ClusterRoleBinding %s: annotation %s: %w", b.Name, AnnotationSubjects, err))
+			continue
 		}
 		if len(b.Subjects) == 0 { // not rewritten since (by kubeadm, say)
 			b.Subjects = subjects
 		}
 		delete(b.Annotations, AnnotationSubjects)
 		if _, err := client.RbacV1().ClusterRoleBindings().Update(ctx, b, metav1.UpdateOptions{}); err != nil {
-			return restored, fmt.Errorf("unable to restore ClusterRoleBinding %s: %w", b.Name, err)
+			errs = append(errs, fmt.Errorf("unable to restore ClusterRoleBinding %s: %w", b.Name, err))
+			continue
 		}
 		restored = append(restored, b.Name)
 	}
-	return restored, nil
+	return restored, errors.Join(errs...)
 }
 
 // Run calls Enforce every period until ctx is done, and reports each

@@ -3,6 +3,7 @@ package lockdown
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -90,5 +91,30 @@ func TestEnforceAndRestore(t *testing.T) {
 	b, err := client.RbacV1().ClusterRoleBindings().Get(ctx, KubeadmAutoApproveBootstrap, metav1.GetOptions{})
 	if err != nil || b.Annotations[AnnotationSubjects] != "" {
 		t.Errorf("annotation left after restore: %v %v", b.Annotations, err)
+	}
+}
+
+// TestRestoreOnlyWhatEnforceDisarms: a subjects annotation planted on a
+// binding to another role is not acted on, and one binding whose annotation
+// does not parse does not stop the others from being restored.
+func TestRestoreOnlyWhatEnforceDisarms(t *testing.T) {
+	ctx := context.Background()
+	planted := binding("planted", "cluster-admin")
+	planted.Annotations = map[string]string{AnnotationSubjects: `[{"kind":"Group","name":"system:bootstrappers"}]`}
+	broken := binding("a-broken", NodeClientRole)
+	broken.Annotations = map[string]string{AnnotationSubjects: `not json`}
+	client := fake.NewClientset(planted, broken, binding(KubeadmAutoApproveBootstrap, NodeClientRole, group("system:bootstrappers:kubeadm:default-node-token")))
+	if _, err := Enforce(ctx, client); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := Restore(ctx, client)
+	if err == nil || !strings.Contains(err.Error(), "a-broken") {
+		t.Errorf("Restore error = %v, want one naming the broken binding", err)
+	}
+	if !slices.Equal(restored, []string{KubeadmAutoApproveBootstrap}) {
+		t.Errorf("restored %v, want only %s", restored, KubeadmAutoApproveBootstrap)
+	}
+	if s := subjectsOf(t, client)["planted"]; len(s) != 0 {
+		t.Errorf("a planted annotation gave cluster-admin subjects %v", s)
 	}
 }
