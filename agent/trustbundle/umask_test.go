@@ -69,3 +69,31 @@ func TestWriterModesUnderUmask077(t *testing.T) {
 	}
 	checkModes(t)
 }
+
+// TestWriterKeepsAnOperatorsDirectoryMode: a projection directory the
+// operator made, with a mode of their choosing, keeps it; only the agent's
+// own private 0700 is opened to consumers.
+func TestWriterKeepsAnOperatorsDirectoryMode(t *testing.T) {
+	for _, mode := range []fs.FileMode{0o750, fs.ModeSticky | 0o777, 0o711} {
+		dir := filepath.Join(t.TempDir(), "bundles")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		w := &Writer{Dir: dir, File: "ca.crt"}
+		for range 2 { // a write, then an unchanged one
+			if _, err := w.Write([]byte("bundle\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode() & (fs.ModePerm | fs.ModeSticky); got != mode {
+			t.Errorf("directory of mode %o is now %o", mode, got)
+		}
+	}
+}

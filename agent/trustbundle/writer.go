@@ -85,7 +85,7 @@ func (w *Writer) Write(data []byte) (bool, error) {
 	if err := mkdirAll(w.Dir); err != nil {
 		return false, fmt.Errorf("unable to create %s: %w", w.Dir, err)
 	}
-	if err := chmodIfNot(w.Dir, DirMode); err != nil {
+	if err := repairDirMode(w.Dir); err != nil {
 		return false, err
 	}
 	now := time.Now
@@ -137,14 +137,36 @@ func (w *Writer) Write(data []byte) (bool, error) {
 // their modes, in case an earlier write (or an older agent, under a
 // restrictive umask) left them unreadable to consumers.
 func (w *Writer) ensureModes() error {
+	if err := repairDirMode(w.Dir); err != nil {
+		return err
+	}
 	data := filepath.Join(w.Dir, DataDirName)
 	for _, c := range []struct {
 		path string
 		mode fs.FileMode
-	}{{w.Dir, DirMode}, {data, DirMode}, {filepath.Join(data, w.File), FileMode}} {
+	}{{data, DirMode}, {filepath.Join(data, w.File), FileMode}} {
 		if err := chmodIfNot(c.path, c.mode); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// repairDirMode opens the projection directory to consumers when it is
+// private the way an agent under UMask=0077 made it (0700), and otherwise
+// leaves it alone: an operator may have chosen the directory and its mode
+// (0750 for a group of consumers, a sticky 1777), and the agent widens or
+// narrows nothing it did not make.
+func repairDirMode(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("unable to read the mode of %s: %w", dir, err)
+	}
+	if fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid) != 0o700 {
+		return nil
+	}
+	if err := os.Chmod(dir, DirMode); err != nil {
+		return fmt.Errorf("unable to set the mode of %s: %w", dir, err)
 	}
 	return nil
 }
