@@ -229,9 +229,10 @@ func (p *Projector) Run(ctx context.Context) error {
 // every trigger and, after a failed write, with exponential backoff
 // (RetryInitial to RetryMax). Every ResyncPeriod it reads the objects from
 // the API server (confirm) and syncs those: a file changed or removed
-// behind the agent's back is put back, and LastSync says when the content
-// was last confirmed by the server, not merely by a watch that may have
-// lost it.
+// behind the agent's back is put back. LastSync is when the file last
+// matched what the server sent (a watch event or the periodic read); a
+// watch that went quiet is caught by the periodic read, and while the
+// server cannot be read LastSync ages.
 func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string, confirm func(context.Context) (map[string]string, error)) {
 	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
 	if retryInitial <= 0 {
