@@ -19,6 +19,7 @@ RELEASE_CMDS := kubelet-authenticator node-attestation-controller
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
 k8s_bin = $(shell test/tools/setup.sh)
+capi_bin = $(shell test/tools/install-capi.sh)
 
 .PHONY: help
 help: ## Show this help
@@ -44,9 +45,10 @@ tools: ## Install test dependencies (Debian packages, Kubernetes binaries built 
 	@test/tools/setup.sh
 
 .PHONY: test
-test: ## Run every test: unit, integration and end-to-end against real kube-apiserver + etcd
+test: ## Run every test: unit, integration and end-to-end against real kube-apiserver + etcd (and the real Cluster API controllers)
 	@bin_dir="$(k8s_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
-	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -timeout $(TEST_TIMEOUT) -count=1 ./...
+	capi_dir="$(capi_bin)"; test -x "$$capi_dir/capi-manager" || { echo "no Cluster API binaries"; exit 1; }; \
+	KA_K8S_BIN="$$bin_dir" KA_CAPI_BIN="$$capi_dir" $(GO) test -tags '$(TEST_TAGS)' -timeout $(TEST_TIMEOUT) -count=1 ./...
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane

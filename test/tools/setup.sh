@@ -22,4 +22,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
+# Cluster API (core manager, CABPK, clusterctl) for the lifecycle tests.
+"$here/install-capi.sh" >/dev/null
 "$here/install-k8s.sh" | tail -n 1
