@@ -98,6 +98,10 @@ const (
 	// ReasonUndecidable: the request stayed undecidable (a transient error
 	// every time) for longer than the signer retries one request.
 	ReasonUndecidable = "Undecidable"
+	// ReasonTooManyPending: the requester has as many undecided requests
+	// (for this node, or in all) as the signer holds for one requester;
+	// this, newer, one is not looked at.
+	ReasonTooManyPending = "TooManyPendingRequests"
 
 	// ReasonChallengeAnswered closes a challenged request whose challenge a
 	// later request answered (and was approved instead).

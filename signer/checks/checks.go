@@ -319,6 +319,22 @@ func checkServingSANTypes(x *x509.CertificateRequest) []*attestor.DenyError {
 	return out
 }
 
+// RequestedNodeName returns the node name a request asks a certificate for
+// (the CN of its first PEM block, a PKCS#10 request, less the
+// system:node: prefix), without checking anything else: for counting a
+// requester's requests per node, never for deciding one.
+func RequestedNodeName(request []byte) (string, bool) {
+	block, _ := pem.Decode(request)
+	if block == nil || block.Type != attestor.PEMTypeCSR {
+		return "", false
+	}
+	x, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return "", false
+	}
+	return strings.CutPrefix(x.Subject.CommonName, NodeUserPrefix)
+}
+
 // parsePlain parses spec.request of a kubernetes.io signer: one PKCS#10
 // PEM block and nothing else.
 func parsePlain(b []byte) (*x509.CertificateRequest, error) {

@@ -572,3 +572,115 @@ func TestLongestChallengeTTL(t *testing.T) {
 		t.Fatal("not challenged")
 	}
 }
+
+// TestPendingBound: one requester's undecided requests are bounded, per node
+// and in all. The newest requests beyond a bound are denied
+// TooManyPendingRequests without a verifier call; the older ones (here
+// challenged, waiting for their answers) are untouched; once an older one is
+// decided, a new request is looked at again.
+func TestPendingBound(t *testing.T) {
+	r := newRig(t, false, func(c *Config) {
+		c.Engine.MaxPendingPerNode = 2
+		c.Engine.MaxPendingPerRequester = 3
+	})
+	base := time.Now().Truncate(time.Second)
+	n := 0
+	file := func(name, node string) {
+		t.Helper()
+		n++
+		at := metav1.NewTime(base.Add(time.Duration(n) * time.Second))
+		r.fileWith(name, signertest.Request{NodeName: node, ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
+			func(c *certificatesv1.CertificateSigningRequest) { c.CreationTimestamp = at })
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	challenged := func(name string) bool {
+		return r.get(name).Annotations[attestor.AnnotationChallenge] != ""
+	}
+
+	file("a-1", "node-1")
+	file("a-2", "node-1")
+	if !challenged("a-1") || !challenged("a-2") {
+		t.Fatalf("the first two requests for node-1 were not challenged: %s, %s", cond(r.get("a-1")), cond(r.get("a-2")))
+	}
+	calls := r.v.calls
+	file("a-3", "node-1")
+	if got := cond(r.get("a-3")); got != "Denied/"+attestor.ReasonTooManyPending {
+		t.Fatalf("a third pending request for node-1: %s, want Denied/%s", got, attestor.ReasonTooManyPending)
+	}
+	if r.v.calls != calls {
+		t.Errorf("the verifier was called %d times for a request over the bound", r.v.calls-calls)
+	}
+	if msg := r.get("a-3").Status.Conditions[0].Message; !strings.Contains(msg, `node "node-1"`) || !strings.Contains(msg, "2 older undecided") {
+		t.Errorf("denial does not say why: %q", msg)
+	}
+	// The older requests stay as they were.
+	for _, name := range []string{"a-1", "a-2"} {
+		if got := cond(r.get(name)); got != "pending" {
+			t.Errorf("%s: %s after a newer request was turned away", name, got)
+		}
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+		if got := cond(r.get(name)); got != "pending" {
+			t.Errorf("%s: %s on a later sync", name, got)
+		}
+	}
+
+	// Another node of the same requester: within the bound in all (two
+	// older pending), so looked at (and denied for its own reason: no
+	// Machine).
+	file("b-1", "node-2")
+	if got := cond(r.get("b-1")); got != "Denied/"+attestor.ReasonMachineNotFound {
+		t.Errorf("a request for another node: %s, want it looked at (Denied/%s)", got, attestor.ReasonMachineNotFound)
+	}
+	// Another requester is not counted against this one.
+	r.fileWith("other", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
+		func(c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Username = "system:bootstrap:zzzzzz"
+			c.CreationTimestamp = metav1.NewTime(base.Add(time.Hour))
+		})
+	if _, err := r.sync("other"); err != nil {
+		t.Fatal(err)
+	}
+	if !challenged("other") {
+		t.Errorf("another requester's request: %s, want it challenged", cond(r.get("other")))
+	}
+
+	// Once the older challenges expire (and are closed), node-1 may ask again.
+	r.clock.Step(6 * time.Minute)
+	for _, name := range []string{"a-1", "a-2"} {
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file("a-4", "node-1")
+	if !challenged("a-4") {
+		t.Errorf("a request after the older ones were decided: %s, want it challenged", cond(r.get("a-4")))
+	}
+}
+
+// TestPendingBoundInAll: the bound on one requester's undecided requests
+// in all, across node names.
+func TestPendingBoundInAll(t *testing.T) {
+	r := newRig(t, false, func(c *Config) {
+		c.Engine.MaxPendingPerNode = 10
+		c.Engine.MaxPendingPerRequester = 2
+	})
+	base := time.Now().Truncate(time.Second)
+	for i, name := range []string{"p-1", "p-2", "p-3"} {
+		at := metav1.NewTime(base.Add(time.Duration(i) * time.Second))
+		r.fileWith(name, signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
+			func(c *certificatesv1.CertificateSigningRequest) { c.CreationTimestamp = at })
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := cond(r.get("p-3")); got != "Denied/"+attestor.ReasonTooManyPending {
+		t.Fatalf("third pending request of one requester: %s, want Denied/%s", got, attestor.ReasonTooManyPending)
+	}
+	if msg := r.get("p-3").Status.Conditions[0].Message; !strings.Contains(msg, "2 older undecided requests (at most 2") {
+		t.Errorf("denial does not say why: %q", msg)
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
@@ -139,6 +140,9 @@ func New(cfg Config) (*Controller, error) {
 		if err := inf.SetTransform(forgetDecided); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
+		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys}); err != nil {
+			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
+		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: func(obj any) {
 				if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && c.engine.Pending(csr) {
@@ -171,7 +175,7 @@ func forgetDecided(obj any) (any, error) {
 	}
 	csr.ManagedFields = nil
 	switch {
-	case len(csr.Status.Certificate) > 0 || engine.HasCondition(csr, certificatesv1.CertificateDenied) || engine.HasCondition(csr, certificatesv1.CertificateFailed):
+	case engine.Decided(csr):
 		csr.Spec.Request = nil
 	case len(csr.Spec.Request) > attestor.MaxRequestSize:
 		// More than the signer reads: kept only as far as needed to deny it
@@ -192,6 +196,50 @@ func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSi
 		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
 	}
 	return csr, err
+}
+
+// byRequester indexes CSRs by requester, and by requester and the node name
+// they ask for.
+const byRequester = "requester"
+
+func requesterKeys(obj any) ([]string, error) {
+	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
+	if !ok {
+		return nil, nil
+	}
+	keys := []string{requesterKey(csr.Spec.Username, "")}
+	// A decided request's spec.request is not cached, and it is never
+	// counted: only pending ones are parsed.
+	if !engine.Decided(csr) {
+		if node, ok := checks.RequestedNodeName(csr.Spec.Request); ok {
+			keys = append(keys, requesterKey(csr.Spec.Username, node))
+		}
+	}
+	return keys, nil
+}
+
+func requesterKey(username, nodeName string) string {
+	if nodeName == "" {
+		return username
+	}
+	return username + "\x00" + nodeName
+}
+
+// ByRequester implements engine.CSRs from the informers' indexes.
+func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	var out []*certificatesv1.CertificateSigningRequest
+	for signer, inf := range c.informers {
+		objs, err := inf.GetIndexer().ByIndex(byRequester, requesterKey(username, nodeName))
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range objs {
+			if csr, ok := o.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == signer {
+				out = append(out, csr)
+			}
+		}
+	}
+	return out, nil
 }
 
 func (c *Controller) enqueue(obj any) {

@@ -22,10 +22,12 @@ import (
 // still needs work: not issued, denied or failed.
 func (e *Engine) Pending(csr *certificatesv1.CertificateSigningRequest) bool {
 	_, ours := e.profiles[csr.Spec.SignerName]
-	return ours && !decided(csr)
+	return ours && !Decided(csr)
 }
 
-func decided(csr *certificatesv1.CertificateSigningRequest) bool {
+// Decided reports whether csr was issued, denied or failed: nothing is left
+// to decide.
+func Decided(csr *certificatesv1.CertificateSigningRequest) bool {
 	return len(csr.Status.Certificate) > 0 || HasCondition(csr, certificatesv1.CertificateDenied) || HasCondition(csr, certificatesv1.CertificateFailed)
 }
 
@@ -35,7 +37,7 @@ func decided(csr *certificatesv1.CertificateSigningRequest) bool {
 func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) *Decision {
 	p, ok := e.profiles[csr.Spec.SignerName]
 	d := &Decision{Outcome: Skip, Profile: p}
-	if !ok || decided(csr) {
+	if !ok || Decided(csr) {
 		return d
 	}
 	approvedByUs := false
@@ -86,6 +88,11 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	}
 
 	if dd, ok := e.challengeGuard(d, csr); ok {
+		return dd
+	}
+	// After the guard: a request that was challenged was admitted, and is
+	// never turned away by newer requests while its node answers.
+	if dd := e.pendingBound(d, csr, checked.NodeName); dd != nil {
 		return dd
 	}
 
@@ -299,7 +306,7 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 	if c := FindCondition(first, certificatesv1.CertificateDenied); c != nil && c.Reason == attestor.ReasonChallengeExpired {
 		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired before it was answered; file a new first-round request", name)
 	}
-	if HasCondition(first, certificatesv1.CertificateApproved) || decided(first) {
+	if HasCondition(first, certificatesv1.CertificateApproved) || Decided(first) {
 		return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
 	}
 	ch, err := e.openChallenge(first)

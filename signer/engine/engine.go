@@ -88,11 +88,16 @@ type CertificateSigner interface {
 	Sign(req *issue.Request) ([]byte, error)
 }
 
-// CSRs reads the workload cluster's CSRs of one signer name (an informer's
-// lister). It returns an error satisfying apierrors.IsNotFound when there is
-// no such CSR.
+// CSRs reads the workload cluster's CSRs of the signer names served (an
+// informer's cache).
 type CSRs interface {
+	// Get returns a CSR of one signer name, or an error satisfying
+	// apierrors.IsNotFound when there is no such CSR.
 	Get(signerName, name string) (*certificatesv1.CertificateSigningRequest, error)
+	// ByRequester returns the CSRs of every served signer name that
+	// username filed (decided ones too); with a nodeName, only those that
+	// ask for that node's certificate (checks.RequestedNodeName).
+	ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error)
 }
 
 // Profile is what one signer name issues, and how.
@@ -158,6 +163,15 @@ type Config struct {
 	// MaxChallengeTTL bounds how long a challenge may stay open; 0 means
 	// DefaultMaxChallengeTTL.
 	MaxChallengeTTL time.Duration
+	// MaxPendingPerNode bounds the undecided requests one requester may
+	// have for one node name; newer ones beyond it are denied
+	// TooManyPendingRequests without being verified. 0 means
+	// DefaultMaxPendingPerNode.
+	MaxPendingPerNode int
+	// MaxPendingPerRequester bounds one requester's undecided requests in
+	// all (a bootstrap token shared by nodes joining together); 0 means
+	// DefaultMaxPendingPerRequester.
+	MaxPendingPerRequester int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -165,6 +179,17 @@ type Config struct {
 // DefaultMaxChallengeTTL bounds a challenge's lifetime when the Config does
 // not; the controller's flags allow no longer challenge lifetime.
 const DefaultMaxChallengeTTL = time.Hour
+
+// DefaultMaxPendingPerNode leaves a node room for both rounds of a
+// challenge and a retry of each; DefaultMaxPendingPerRequester for a
+// bootstrap token shared by the nodes of a scale-up joining together (two
+// rounds each for TPM nodes). A pending request costs the controller at
+// most attestor.MaxRequestSize of cache (TPM evidence, the largest, is
+// under 100 KiB), so one requester holds at most 50 MiB of it.
+const (
+	DefaultMaxPendingPerNode      = 4
+	DefaultMaxPendingPerRequester = 200
+)
 
 // Engine decides requests.
 type Engine struct {
@@ -202,6 +227,12 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.cfg.MaxChallengeTTL <= 0 {
 		e.cfg.MaxChallengeTTL = DefaultMaxChallengeTTL
+	}
+	if e.cfg.MaxPendingPerNode <= 0 {
+		e.cfg.MaxPendingPerNode = DefaultMaxPendingPerNode
+	}
+	if e.cfg.MaxPendingPerRequester <= 0 {
+		e.cfg.MaxPendingPerRequester = DefaultMaxPendingPerRequester
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
