@@ -162,6 +162,14 @@ func (e *Env) StopController() {
 	}
 }
 
+// ControllerPID returns the running controller's process ID.
+func (e *Env) ControllerPID() int {
+	if e.controller == nil {
+		return 0
+	}
+	return e.controller.PID()
+}
+
 // ControllerLog returns the controller's log so far.
 func (e *Env) ControllerLog() string {
 	b, _ := os.ReadFile(filepath.Join(e.Dir, "controller.log"))
