@@ -18,6 +18,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -136,11 +137,15 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 	case !force && rotation.Fresh(current.Leaf, s.now()):
 		return current, rotation.Expiration(current.Leaf), nil
 	}
+	var lapsed *x509.Certificate
 	if current != nil && !rotation.Usable(current.Leaf, s.now()) {
-		current = nil
+		lapsed, current = current.Leaf, nil
 	}
 	cred, err := s.obtain(ctx, current)
 	if err != nil {
+		if current == nil && apierrors.IsUnauthorized(err) {
+			err = s.bootstrapRefused(lapsed, err)
+		}
 		if current != nil && !force {
 			retry := s.now().Add(time.Minute)
 			if end := current.Leaf.NotAfter.Add(-rotation.Margin(current.Leaf)); end.Before(retry) {
@@ -333,6 +338,22 @@ func (s *Source) nextVersion(ctx context.Context, client *csr.Client, name strin
 		}
 	}
 	return "", annotation, false
+}
+
+// RecoveryDoc is where a person finds the way back for a node that has
+// neither a usable certificate nor a valid bootstrap credential.
+const RecoveryDoc = "docs/troubleshooting.md#a-node-whose-certificate-and-bootstrap-token-expired"
+
+// bootstrapRefused explains an Unauthorized answer to the bootstrap
+// credential: with no usable certificate of its own, the node cannot get
+// one until a person gives it a valid bootstrap token.
+func (s *Source) bootstrapRefused(lapsed *x509.Certificate, err error) error {
+	own := "the node has no certificate of its own yet"
+	if lapsed != nil {
+		own = "the node's own certificate expired at " + lapsed.NotAfter.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("the API server refused the bootstrap credential in %s (its token expired or was deleted), and %s: "+
+		"put a new bootstrap token in %s and the node attests again (%s): %w", s.Config.BootstrapKubeconfig, own, s.Config.BootstrapKubeconfig, RecoveryDoc, err)
 }
 
 // restConfig returns the client configuration for filing the CSR. A

@@ -163,6 +163,12 @@ type CertificateInfo struct {
 	TimeToRenewal string `json:"timeToRenewal"`
 	TimeToExpiry  string `json:"timeToExpiry"`
 	Usable        bool   `json:"usable"`
+	// RenewalOverdue is true when the certificate is past its renewal
+	// point or the agent's renewals are failing: unless one succeeds
+	// before NotAfter, kubelet loses the API server then (what a
+	// management cluster out of reach for longer than the renewal window
+	// does).
+	RenewalOverdue bool `json:"renewalOverdue"`
 }
 
 // BundleReport is one configured projection.
@@ -243,6 +249,7 @@ func describe(c *x509.Certificate, state *State, now time.Time) *CertificateInfo
 	if state != nil && !state.Renewal.NextAttempt.IsZero() && state.Renewal.NextAttempt.Before(info.RenewAt) {
 		info.RenewAt = state.Renewal.NextAttempt
 	}
+	info.RenewalOverdue = info.Usable && (!now.Before(rotation.RenewBy(c)) || (state != nil && state.Renewal.ConsecutiveFailures > 0))
 	info.TimeToRenewal = info.RenewAt.Sub(now).Round(time.Second).String()
 	info.TimeToExpiry = c.NotAfter.Sub(now).Round(time.Second).String()
 	return info
@@ -273,7 +280,10 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 		fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
 		fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
 		if !c.Usable {
-			fmt.Fprintf(tw, "  Usable:\tno (expired or about to)\n")
+			fmt.Fprintf(tw, "  Usable:\tno (expired or about to): the node needs a valid bootstrap token to attest again\n")
+		}
+		if c.RenewalOverdue {
+			fmt.Fprintf(tw, "  Goes dark:\t%s unless a renewal succeeds first (renewals go through the management cluster's signer)\n", ts(c.NotAfter))
 		}
 	} else {
 		fmt.Fprintf(tw, "  Error:\t%s\n", r.CertificateError)

@@ -57,7 +57,7 @@ func TestCollect(t *testing.T) {
 	if err := rep.WriteText(&text, now); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CN=system:node:n1", "CN=status-ca", "FAILED", "Failures in a row:  2", "STALE", "ClusterTrustBundle root not found"} {
+	for _, want := range []string{"CN=system:node:n1", "CN=status-ca", "FAILED", "Failures in a row:  2", "Goes dark:", "STALE", "ClusterTrustBundle root not found"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, text.String())
 		}
@@ -67,7 +67,20 @@ func TestCollect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back Report
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Certificate.Subject != rep.Certificate.Subject {
-		t.Fatalf("JSON round trip: %v", err)
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Certificate.Subject != rep.Certificate.Subject || !back.Certificate.RenewalOverdue {
+		t.Fatalf("JSON round trip: %v (renewalOverdue %v)", err, back.Certificate.RenewalOverdue)
+	}
+
+	// Renewals succeeding again: nothing goes dark.
+	if err := rec.Update(func(s *State) { s.Renewal.ConsecutiveFailures = 0 }); err != nil {
+		t.Fatal(err)
+	}
+	rep = Collect(cfg, now)
+	text.Reset()
+	if err := rep.WriteText(&text, now); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Certificate.RenewalOverdue || strings.Contains(text.String(), "Goes dark") {
+		t.Errorf("a certificate renewed on time is reported overdue:\n%s", text.String())
 	}
 }

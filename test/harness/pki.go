@@ -77,6 +77,9 @@ type CertSpec struct {
 	IPs      []net.IP
 	// Server asks for the server auth usage; otherwise the certificate is for client auth.
 	Server bool
+	// NotAfter, when set, ends the validity (a past one makes an expired
+	// certificate).
+	NotAfter time.Time
 }
 
 // Issue makes a new ECDSA P-256 key and a certificate for it signed by the CA.
@@ -108,13 +111,17 @@ func (ca *CA) Sign(spec CertSpec, pub crypto.PublicKey) ([]byte, error) {
 		usage = x509.ExtKeyUsageServerAuth
 	}
 	now := time.Now()
+	notAfter := now.Add(certValidity)
+	if !spec.NotAfter.IsZero() {
+		notAfter = spec.NotAfter
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: spec.CommonName, Organization: spec.Organization},
 		DNSNames:              spec.DNSNames,
 		IPAddresses:           spec.IPs,
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(certValidity),
+		NotBefore:             notAfter.Add(-certValidity - time.Hour),
+		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:           []x509.ExtKeyUsage{usage},
 		BasicConstraintsValid: true,
