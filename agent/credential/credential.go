@@ -17,8 +17,8 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
-	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
