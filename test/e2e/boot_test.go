@@ -15,12 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
-	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
@@ -40,10 +37,8 @@ func TestBootState(t *testing.T) {
 	const sbName, noSBName = "rhel8-uefi.bin", "ubuntu-2104-no-secure-boot.bin"
 	sbLog, sbRaw := realEventLog(t, sbName)
 	noSBLog, noSBRaw := realEventLog(t, noSBName)
-	sbSock, sbBundle := startSwtpm(t)
-	noSBSock, noSBBundle := startSwtpm(t)
-	bootSwtpm(t, sbSock, sbRaw)
-	bootSwtpm(t, noSBSock, noSBRaw)
+	sbSock, sbBundle := harness.StartSwtpm(t, sbRaw)
+	noSBSock, noSBBundle := harness.StartSwtpm(t, noSBRaw)
 
 	golden := goldenPolicy(t, sbLog)
 	goldenPol, err := tpm.ParsePolicy(golden)
@@ -57,7 +52,7 @@ func TestBootState(t *testing.T) {
 
 	args := []string{"--tpm-manufacturer-ca=" + sbBundle, "--tpm-manufacturer-ca=" + noSBBundle}
 	env := scenario.Start(t, scenario.Options{Attestors: "tpm", NoController: true})
-	setTPMPolicy(t, env, golden)
+	env.AnnotateCluster(t, annotationTPMPolicy, string(golden))
 	env.StartController(t, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -120,7 +115,7 @@ func TestBootState(t *testing.T) {
 		if next == string(golden) {
 			t.Fatalf("the golden policy does not name kernel %s", kernel)
 		}
-		setTPMPolicy(t, env, []byte(next))
+		env.AnnotateCluster(t, annotationTPMPolicy, next)
 		// A new process reads the new policy before it sees the request.
 		env.StopController()
 		env.StartController(t, args...)
@@ -167,20 +162,6 @@ func realEventLog(t *testing.T, name string) (string, []byte) {
 	return path, raw
 }
 
-// bootSwtpm extends the boot rawLog records into the PCRs of the swtpm at
-// sock, as that machine's firmware and boot loader did.
-func bootSwtpm(t *testing.T, sock string, rawLog []byte) {
-	t.Helper()
-	tp, err := device.Open("unix://" + sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tp.Close()
-	if err := tpmtest.ExtendEventLog(tp, rawLog); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // goldenPolicy builds and runs the golden-values tool on an event log and
 // returns the policy it prints.
 func goldenPolicy(t *testing.T, log string) []byte {
@@ -201,24 +182,6 @@ func goldenPolicy(t *testing.T, log string) []byte {
 		t.Fatalf("tpm-boot-policy: %v", err)
 	}
 	return out
-}
-
-// setTPMPolicy sets the Cluster's tpm-policy annotation.
-func setTPMPolicy(t *testing.T, env *scenario.Env, policy []byte) {
-	t.Helper()
-	ctx := context.Background()
-	c := &clusterv1.Cluster{}
-	if err := env.Mgmt.Client.Get(ctx, client.ObjectKey{Namespace: env.Namespace, Name: env.Cluster}, c); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFrom(c.DeepCopy())
-	if c.Annotations == nil {
-		c.Annotations = map[string]string{}
-	}
-	c.Annotations[annotationTPMPolicy] = string(policy)
-	if err := env.Mgmt.Client.Patch(ctx, c, patch); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // wantEvent waits for the controller's Event on the named Machine of the

@@ -6,8 +6,6 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"fmt"
-	"net"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -400,50 +398,11 @@ func TestTPMSimulator(t *testing.T) {
 	})
 }
 
-// startSwtpm manufactures a swtpm (libtpms) TPM with
-// test/tools/swtpm-provision.sh, its EK certificates issued by a self-made
-// manufacturer CA, and runs it on a Unix socket until the test ends, PCRs
-// at zero. It returns the socket's path and the CA bundle's.
-func startSwtpm(t *testing.T) (sock, bundle string) {
-	t.Helper()
-	for _, tool := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: install the packages in test/tools/apt-packages.txt", tool)
-		}
-	}
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command(filepath.Join(root, "test", "tools", "swtpm-provision.sh"), dir).CombinedOutput(); err != nil {
-		t.Fatalf("swtpm-provision.sh: %v\n%s", err, out)
-	}
-	sock = filepath.Join(dir, "tpm.sock")
-	harness.StartProcess(t, "swtpm", filepath.Join(dir, "swtpm.log"), "swtpm", "socket", "--tpm2",
-		"--tpmstate", "dir="+filepath.Join(dir, "state"),
-		"--server", "type=unixio,path="+sock,
-		"--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
-		"--flags", "not-need-init,startup-clear")
-	// The socket file appears before swtpm listens on it: wait until it
-	// answers a connection.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("swtpm did not listen on its socket")
-		}
-	}
-	return sock, filepath.Join(dir, "manufacturer-ca.pem")
-}
-
 // TestTPMSwtpm runs the node binary against swtpm (libtpms), a second,
 // independent TPM implementation, over its socket, with EK certificates
 // issued by swtpm_setup from a self-made manufacturer CA.
 func TestTPMSwtpm(t *testing.T) {
-	sock, bundle := startSwtpm(t)
+	sock, bundle := harness.StartSwtpm(t, nil)
 	otherDir, _ := manufacturerCA(t, "Another TPM Maker")
 
 	env := scenario.Start(t, scenario.Options{Attestors: "tpm", ControllerArgs: []string{
