@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -76,7 +77,7 @@ func TestBootState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.Version != tpm.VersionV2 || len(ev.Attestation.Quote) == 0 || string(ev.Attestation.EventLog) != string(sbRaw) {
+		if ev.Version != tpm.VersionV2 || len(ev.Attestation.Quote) == 0 || !bytes.Equal(ev.Attestation.EventLog, sbRaw) {
 			t.Errorf("CSR #1 carries evidence %s, quote %d bytes, event log %d bytes; want v2 with a quote and the node's %d-byte log",
 				ev.Version, len(ev.Attestation.Quote), len(ev.Attestation.EventLog), len(sbRaw))
 		}
