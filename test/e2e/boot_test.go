@@ -116,10 +116,17 @@ func TestBootState(t *testing.T) {
 		if next == string(golden) {
 			t.Fatalf("the golden policy does not name kernel %s", kernel)
 		}
+		// The running controller takes the new policy: it replaces the
+		// Cluster's CSR controller (the old one stopped first).
+		started := strings.Count(env.ControllerLog(), "Started the CSR controller")
 		env.AnnotateCluster(t, annotationTPMPolicy, next)
-		// A new process reads the new policy before it sees the request.
-		env.StopController()
-		env.StartController(t, args...)
+		harness.WaitFor(t, time.Minute, func() (bool, error) {
+			log := env.ControllerLog()
+			if strings.Contains(log, "CSR controller is still stopping") {
+				return false, fmt.Errorf("the old CSR controller did not stop in time:\n%s", tail(log, 20))
+			}
+			return strings.Count(log, "Started the CSR controller") > started, nil
+		})
 		if err := os.RemoveAll(sb.CacheDir); err != nil {
 			t.Fatal(err)
 		}
