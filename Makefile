@@ -66,6 +66,7 @@ bench: ## Benchmarks: exec plugin cached path against the floor (ratio, peak RSS
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkCachedPath -benchtime 500x -count=1 ./test/bench/ && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkColdPath -benchtime 30x -count=1 ./test/bench/ && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkColdIssuance$$' -benchtime 50x -count=1 ./test/bench/
+	@KA_K8S_BIN="$(k8s_bin)" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkTPMBootState$$' -benchtime 20x -count=1 ./test/bench/
 
 .PHONY: bench-signer
 bench-signer: ## Benchmarks: controller CSRs/s on 500 pending CSRs (vs kube-controller-manager csrsigning); its memory with 0 and 10,000 Machines

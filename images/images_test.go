@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
 
 // rootfsPackages are installed on top of mmdebstrap's minbase variant:
@@ -187,7 +189,8 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	bin := filepath.Join(work, "bin")
 	t0 := time.Now()
 	run(t, repo, nil, tl["go"], "build", "-o", filepath.Join(bin, "kubelet-authenticator"), "./cmd/kubelet-authenticator")
-	t.Logf("built kubelet-authenticator in %s", time.Since(t0).Round(time.Second))
+	run(t, repo, []string{"CGO_ENABLED=0"}, tl["go"], "build", "-o", filepath.Join(bin, "tpm-boot-policy"), "./attestor/tpm/cmd/tpm-boot-policy")
+	t.Logf("built kubelet-authenticator and tpm-boot-policy in %s", time.Since(t0).Round(time.Second))
 
 	tarball := rootfsTarball(t, tl["mmdebstrap"])
 	root := filepath.Join(work, "rootfs")
@@ -202,6 +205,21 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 		}
 		writeFile(t, filepath.Join(root, path), content, mode)
 	}
+
+	// The image's boot, for the golden-values step: a real machine's
+	// event log (go-tpm-tools', from the module cache) where the kernel
+	// would publish its own.
+	bootLog, err := tpmtest.RealEventLogPath("rhel8-uefi.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawLog, err := os.ReadFile(bootLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const imageLog = "/run/reference-boot/binary_bios_measurements"
+	writeFile(t, filepath.Join(root, imageLog), string(rawLog), 0o444)
+	policyOut := filepath.Join(work, "tpm-boot-policy.yaml")
 
 	// Apply the role as image-builder would, through the chroot connection.
 	inventory := filepath.Join(work, "inventory")
@@ -221,6 +239,9 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 		"-e", "kubelet_authenticator_request_timeout=3m",
 		"-e", `{"kubelet_authenticator_tpm_endorsement_keys": ["ecc-p256"]}`,
 		"-e", "kubelet_authenticator_metrics_socket=true",
+		"-e", "kubelet_authenticator_boot_policy_tool=" + filepath.Join(bin, "tpm-boot-policy"),
+		"-e", "kubelet_authenticator_boot_policy_event_log=" + imageLog,
+		"-e", "kubelet_authenticator_boot_policy_dest=" + policyOut,
 	}
 	out := run(t, "", env, tl["ansible-playbook"], args...)
 	if !regexp.MustCompile(`rootfs\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0`).MatchString(out) {
@@ -296,6 +317,24 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 		c.Default()
 		if err := c.Validate(); err != nil {
 			t.Errorf("the written configuration does not validate: %v", err)
+		}
+	})
+
+	t.Run("boot policy recorded on the build host, tool gone from the image", func(t *testing.T) {
+		doc, err := os.ReadFile(policyOut)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := tpm.ParsePolicy(doc)
+		if err != nil {
+			t.Fatalf("the recorded policy does not parse: %v\n%s", err, doc)
+		}
+		if !p.RequireSecureBoot || len(p.AllowedKernelDigests) != 1 {
+			t.Errorf("the policy does not pin the image's Secure Boot boot:\n%s", doc)
+		}
+		left, _ := filepath.Glob(filepath.Join(root, "tmp", "*tpm-boot-policy*"))
+		if len(left) > 0 {
+			t.Errorf("left in the image: %q", left)
 		}
 	})
 

@@ -9,40 +9,19 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-eventlog/register"
-	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
 
-// bootTPM makes tp's SHA-256 PCRs those of the machine that wrote rawLog:
-// it extends every measured event's SHA-256 digest into its PCR, in log
-// order, as that machine's firmware and boot loader did. tp must be fresh
-// (PCRs at zero) and the log must not start PCR 0 at another locality.
+// bootTPM makes tp's SHA-256 PCRs those of the machine that wrote rawLog
+// (tpmtest.ExtendEventLog).
 func bootTPM(t *testing.T, tp transport.TPM, rawLog []byte) {
 	t.Helper()
-	el, err := tcg.ParseEventLog(rawLog, tcg.ParseOpts{})
-	if err != nil {
+	if err := tpmtest.ExtendEventLog(tp, rawLog); err != nil {
 		t.Fatal(err)
-	}
-	for _, e := range el.Events(register.HashSHA256) {
-		if e.Type == 0x03 { // EV_NO_ACTION: not measured
-			if strings.HasPrefix(string(e.Data), "StartupLocality") {
-				t.Fatal("the log starts PCR 0 at another locality, which a test cannot reproduce")
-			}
-			continue
-		}
-		if len(e.Digest) != 32 {
-			t.Fatalf("event %d of PCR %d has no SHA-256 digest", e.Num(), e.Index)
-		}
-		if _, err := (tpm2.PCRExtend{
-			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(e.Index), Auth: tpm2.PasswordAuth(nil)},
-			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: e.Digest}}},
-		}).Execute(tp); err != nil {
-			t.Fatalf("extending PCR %d: %v", e.Index, err)
-		}
 	}
 }
 

@@ -3,22 +3,20 @@ package tpm
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/google/go-eventlog/tcg"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
 
 // goTPMToolsDir is the go-tpm-tools module directory in the module cache:
 // its real event logs are read from there at test time, never copied.
 func goTPMToolsDir(tb testing.TB) string {
 	tb.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/google/go-tpm-tools").Output()
-	dir := strings.TrimSpace(string(out))
-	if err != nil || dir == "" {
-		tb.Fatalf("unable to locate go-tpm-tools in the module cache (go list: %v): the real event logs must be present", err)
+	dir, err := tpmtest.GoTPMToolsDir()
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return dir
 }

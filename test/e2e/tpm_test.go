@@ -6,8 +6,6 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"fmt"
-	"net"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -404,40 +402,11 @@ func TestTPMSimulator(t *testing.T) {
 // independent TPM implementation, over its socket, with EK certificates
 // issued by swtpm_setup from a self-made manufacturer CA.
 func TestTPMSwtpm(t *testing.T) {
-	for _, tool := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: install the packages in test/tools/apt-packages.txt", tool)
-		}
-	}
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command(filepath.Join(root, "test", "tools", "swtpm-provision.sh"), dir).CombinedOutput(); err != nil {
-		t.Fatalf("swtpm-provision.sh: %v\n%s", err, out)
-	}
-	sock := filepath.Join(dir, "tpm.sock")
-	harness.StartProcess(t, "swtpm", filepath.Join(dir, "swtpm.log"), "swtpm", "socket", "--tpm2",
-		"--tpmstate", "dir="+filepath.Join(dir, "state"),
-		"--server", "type=unixio,path="+sock,
-		"--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
-		"--flags", "not-need-init,startup-clear")
-	// The socket file appears before swtpm listens on it: wait until it
-	// answers a connection.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("swtpm did not listen on its socket")
-		}
-	}
+	sock, bundle := harness.StartSwtpm(t, nil)
 	otherDir, _ := manufacturerCA(t, "Another TPM Maker")
 
 	env := scenario.Start(t, scenario.Options{Attestors: "tpm", ControllerArgs: []string{
-		"--tpm-manufacturer-ca=" + filepath.Join(dir, "manufacturer-ca.pem"),
+		"--tpm-manufacturer-ca=" + bundle,
 		"--tpm-manufacturer-ca=" + filepath.Join(otherDir, tpmtest.BundleFile),
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

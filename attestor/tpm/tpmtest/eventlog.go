@@ -1,0 +1,68 @@
+package tpmtest
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/go-eventlog/register"
+	"github.com/google/go-eventlog/tcg"
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+)
+
+// GoTPMToolsDir returns the directory of the go-tpm-tools module in the
+// module cache (go list -m, run in the current directory, which must be
+// inside this module). Its internal/test holds real machines' event logs
+// and real GCE attestations, which tests read in place.
+func GoTPMToolsDir() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/google/go-tpm-tools").Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		return "", fmt.Errorf("unable to locate go-tpm-tools in the module cache (go list: %v): the real event logs must be present", err)
+	}
+	return dir, nil
+}
+
+// RealEventLogPath returns the path of one of go-tpm-tools' real
+// measured-boot event logs (internal/test/eventlogs/name, e.g.
+// "rhel8-uefi.bin") in the module cache.
+func RealEventLogPath(name string) (string, error) {
+	dir, err := GoTPMToolsDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "internal", "test", "eventlogs", name), nil
+}
+
+// ExtendEventLog makes tp's SHA-256 PCRs those of the machine that wrote
+// rawLog: it extends every measured event's SHA-256 digest into its PCR,
+// in log order, as that machine's firmware and boot loader did. tp must be
+// freshly started (PCRs at zero), and the log must not start PCR 0 at
+// another locality, which only the platform can do.
+func ExtendEventLog(tp transport.TPM, rawLog []byte) error {
+	el, err := tcg.ParseEventLog(rawLog, tcg.ParseOpts{})
+	if err != nil {
+		return fmt.Errorf("unable to parse the event log: %w", err)
+	}
+	for _, e := range el.Events(register.HashSHA256) {
+		if e.Type == 0x03 { // EV_NO_ACTION: not measured
+			if bytes.HasPrefix(e.Data, []byte("StartupLocality")) {
+				return fmt.Errorf("the log starts PCR 0 at another locality, which software cannot reproduce")
+			}
+			continue
+		}
+		if len(e.Digest) != 32 {
+			return fmt.Errorf("event %d of PCR %d has no SHA-256 digest", e.Num(), e.Index)
+		}
+		if _, err := (tpm2.PCRExtend{
+			PCRHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(e.Index), Auth: tpm2.PasswordAuth(nil)},
+			Digests:   tpm2.TPMLDigestValues{Digests: []tpm2.TPMTHA{{HashAlg: tpm2.TPMAlgSHA256, Digest: e.Digest}}},
+		}).Execute(tp); err != nil {
+			return fmt.Errorf("unable to extend PCR %d: %w", e.Index, err)
+		}
+	}
+	return nil
+}
