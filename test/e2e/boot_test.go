@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
@@ -108,10 +109,10 @@ func TestBootState(t *testing.T) {
 		wantEvent(t, env, "machine-"+n.Name, corev1.EventTypeWarning, tpm.ReasonSecureBootDisabled, "denied")
 	})
 
-	t.Run("a kernel the policy no longer allows is denied with its digest", func(t *testing.T) {
+	t.Run("renewal re-attests: a kernel the policy no longer allows cannot renew, and status says why", func(t *testing.T) {
 		// The fleet moves on to another kernel: the policy allows only
 		// that one, and the machine that still boots the old kernel
-		// attests again (its certificate gone, as after a reinstall).
+		// reaches its renewal point.
 		next := strings.Replace(string(golden), kernel, strings.Repeat("ab", 32), 1)
 		if next == string(golden) {
 			t.Fatalf("the golden policy does not name kernel %s", kernel)
@@ -127,16 +128,44 @@ func TestBootState(t *testing.T) {
 			}
 			return strings.Count(log, "Started the CSR controller") > started, nil
 		})
-		if err := os.RemoveAll(sb.CacheDir); err != nil {
+
+		// The node's certificate is past its renewal point (issued a day
+		// ago, half an hour left): the agent renews at once, with fresh
+		// evidence from the TPM.
+		cached, err := (cache.Dir{Path: sb.CacheDir}).Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		due, err := env.Workload.CA.Sign(harness.CertSpec{CommonName: "system:node:" + sb.Name, Organization: []string{"system:nodes"},
+			NotAfter: time.Now().Add(30 * time.Minute)}, cached.Key.Public())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := (cache.Dir{Path: sb.CacheDir}).Store(due, cached.KeyPEM); err != nil {
 			t.Fatal(err)
 		}
 		before := map[string]bool{}
 		for _, c := range nodeCSRs(t, env, sb.Name) {
 			before[c.Name] = true
 		}
-		r := sb.Credential(ctx)
-		if r.Err == nil {
-			t.Fatal("a node booting a kernel outside the allow list got a certificate")
+		agent := harness.StartProcess(t, "agent-"+sb.Name, filepath.Join(env.Dir, "agent-"+sb.Name+".log"),
+			filepath.Join(env.BinDir, "kubelet-authenticator"), "agent", "--config="+sb.ConfigPath, "--metrics-bind-address=0", "-v=2")
+		defer agent.Stop(10 * time.Second)
+
+		// The renewal is denied with the kernel's digest, and status says so.
+		var text string
+		harness.WaitFor(t, 3*time.Minute, func() (bool, error) {
+			out, err := exec.Command(filepath.Join(env.BinDir, "kubelet-authenticator"), "status", "--config="+sb.ConfigPath).Output()
+			if err != nil {
+				return false, err
+			}
+			text = string(out)
+			return strings.Contains(text, "Last renewal:") && strings.Contains(text, "FAILED") && strings.Contains(text, tpm.ReasonKernelNotAllowed), nil
+		})
+		for _, want := range []string{kernel, "Goes dark:"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("status does not say %q:\n%s", want, text)
+			}
 		}
 		var filed []string
 		for _, c := range nodeCSRs(t, env, sb.Name) {
@@ -144,14 +173,19 @@ func TestBootState(t *testing.T) {
 				filed = append(filed, c.Name)
 			}
 		}
-		if len(filed) != 1 {
-			t.Fatalf("the node filed %q, want the one attestation", filed)
+		if len(filed) == 0 {
+			t.Fatal("the agent filed no renewal")
 		}
 		c := wantDenied(t, env, filed[0], tpm.ReasonKernelNotAllowed)
 		if msg := strings.Join(conditions(c), "\n"); !strings.Contains(msg, kernel) {
 			t.Errorf("the denial does not name the kernel's digest %s: %s", kernel, msg)
 		}
 		wantEvent(t, env, "machine-"+sb.Name, corev1.EventTypeWarning, tpm.ReasonKernelNotAllowed, kernel)
+		// A failed renewal keeps the certificate the node has.
+		kept, err := (cache.Dir{Path: sb.CacheDir}).Load()
+		if err != nil || !bytes.Equal(kept.CertPEM, due) {
+			t.Errorf("the failed renewal replaced the node's certificate (%v)", err)
+		}
 	})
 }
 
