@@ -13,7 +13,7 @@ HELM_VERSION="${HELM_VERSION:-3.22.0}"
 KA_CACHE="${KA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubelet-authenticator}"
 
 # The suffix names the build recipe: bump it when the way helm is built changes.
-out="$KA_CACHE/bin/helm-v${HELM_VERSION}-r1"
+out="$KA_CACHE/bin/helm-v${HELM_VERSION}-r2"
 if [ -x "$out/helm" ]; then
   echo "$out"
   exit 0
@@ -50,9 +50,15 @@ GO
 go mod edit -require="helm.sh/helm/v3@v${HELM_VERSION}"
 GOFLAGS="-mod=mod" go mod tidy -e >/dev/null 2>&1 || true
 
+# helm's default Kubernetes version (helm template, helm lint) is the one of
+# the client-go it links, as helm's own Makefile sets it.
+cgo="$(GOFLAGS=-mod=mod go list -m -f '{{.Version}}' k8s.io/client-go)"   # v0.MINOR.PATCH
+kminor="${cgo#v0.}"; kminor="${kminor%%.*}"
 log "building helm v${HELM_VERSION} (about a minute warm)"
 GOFLAGS="-mod=mod" go build -trimpath \
-  -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION}" \
+  -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION} \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${kminor} \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${kminor}" \
   -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm
 mv "$out/helm.tmp" "$out/helm"
 echo "$out"
