@@ -45,7 +45,7 @@ const (
 // variables are the clusterctl variables the components declare, each with
 // a default, so that `clusterctl init --addon` works with none set.
 var variables = []string{
-	"KUBELET_AUTHENTICATOR_ATTESTOR_CONFIGMAP",
+	"KUBELET_AUTHENTICATOR_ATTESTOR_CONFIG_ARG",
 	"KUBELET_AUTHENTICATOR_LOGGING_FORMAT",
 	"KUBELET_AUTHENTICATOR_LOG_LEVEL",
 	"KUBELET_AUTHENTICATOR_MAX_CLIENT_CERTIFICATE_LIFETIME",
@@ -325,7 +325,8 @@ func TestClusterctlReadsTheReleaseArtifacts(t *testing.T) {
 					} `json:"containers"`
 					Volumes []struct {
 						ConfigMap struct {
-							Name string `json:"name"`
+							Name     string `json:"name"`
+							Optional bool   `json:"optional"`
 						} `json:"configMap"`
 					} `json:"volumes"`
 				} `json:"spec"`
@@ -340,13 +341,16 @@ func TestClusterctlReadsTheReleaseArtifacts(t *testing.T) {
 		"v":                               "0",
 		"metrics-bind-address":            app.DefaultMetricsBindAddress,
 		"insecure-diagnostics":            "false",
+		"attestor-config":                 "",
 	} {
 		if got := flag(name); got != want {
 			t.Errorf("default components: --%s=%s, want %s", name, got, want)
 		}
 	}
-	if got := d.Spec.Template.Spec.Volumes[0].ConfigMap.Name; got != "node-attestation-controller-attestors" || objs.find("ConfigMap", got) == nil {
-		t.Errorf("default components mount ConfigMap %q, want the node-attestation-controller-attestors they ship", got)
+	// The attestor ConfigMap is the operator's, never the provider's (an
+	// upgrade would overwrite it).
+	if got := d.Spec.Template.Spec.Volumes[0].ConfigMap; got.Name != "node-attestation-controller-attestors" || !got.Optional || objs.find("ConfigMap", got.Name) != nil {
+		t.Errorf("default components mount ConfigMap %+v, want an optional node-attestation-controller-attestors they do not ship", got)
 	}
 	for _, u := range objs {
 		if _, ok := u.GetLabels()["clusterctl.cluster.x-k8s.io"]; !ok {
@@ -359,16 +363,18 @@ func TestClusterctlReadsTheReleaseArtifacts(t *testing.T) {
 		"KUBELET_AUTHENTICATOR_MAX_CLIENT_CERTIFICATE_LIFETIME=24h",
 		"KUBELET_AUTHENTICATOR_LOGGING_FORMAT=json",
 		"KUBELET_AUTHENTICATOR_LOG_LEVEL=4",
-		"KUBELET_AUTHENTICATOR_ATTESTOR_CONFIGMAP=my-attestors")
+		"KUBELET_AUTHENTICATOR_ATTESTOR_CONFIG_ARG=--attestor-config=/etc/node-attestation-controller/attestor-config.yaml")
 	objs.get(t, "Deployment", deployment, &d)
 	flag = controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
-	for name, want := range map[string]string{"max-client-certificate-lifetime": "24h0m0s", "logging-format": "json", "v": "4"} {
+	for name, want := range map[string]string{
+		"max-client-certificate-lifetime": "24h0m0s",
+		"logging-format":                  "json",
+		"v":                               "4",
+		"attestor-config":                 "/etc/node-attestation-controller/attestor-config.yaml",
+	} {
 		if got := flag(name); got != want {
 			t.Errorf("with variables set: --%s=%s, want %s", name, got, want)
 		}
-	}
-	if got := d.Spec.Template.Spec.Volumes[0].ConfigMap.Name; got != "my-attestors" {
-		t.Errorf("with KUBELET_AUTHENTICATOR_ATTESTOR_CONFIGMAP set, the Deployment mounts %q", got)
 	}
 }
 

@@ -18,3 +18,10 @@ app.kubernetes.io/part-of: kubelet-authenticator
 {{- define "kubelet-authenticator.attestorConfigMap" -}}
 {{- .Values.existingAttestorConfigMap | default "node-attestation-controller-attestors" }}
 {{- end }}
+
+{{/* --attestor-config: the mounted file, or empty (no cloud attestor). */}}
+{{- define "kubelet-authenticator.attestorConfigFile" -}}
+{{- if or .Values.attestorConfig .Values.existingAttestorConfigMap -}}
+/etc/node-attestation-controller/attestor-config.yaml
+{{- end }}
+{{- end }}
