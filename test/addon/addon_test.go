@@ -234,13 +234,11 @@ func (r *repository) components(t *testing.T, env ...string) ([]byte, objects) {
 	return y, decode(t, "clusterctl generate provider", y)
 }
 
-// chart renders the Helm chart into namespace with the given --set values.
-func chart(t *testing.T, tl tools, namespace string, set ...string) ([]byte, objects) {
+// chart renders the Helm chart into namespace with the given helm flags
+// (--set ...).
+func chart(t *testing.T, tl tools, namespace string, flags ...string) ([]byte, objects) {
 	t.Helper()
-	args := []string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace}
-	for _, s := range set {
-		args = append(args, "--set", s)
-	}
+	args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace}, flags...)
 	y := run(t, nil, nil, tl.helm, args...)
 	return y, decode(t, "helm template", y)
 }
@@ -476,4 +474,178 @@ func differences(a, b any) []string {
 	walk("", a, b)
 	slices.Sort(out)
 	return out
+}
+
+// TestChartValues renders the chart's options and checks that each does
+// what values.yaml says: the ServiceMonitor scrapes the Service's metrics
+// port over HTTPS with a token (plain HTTP with metrics.insecure, which the
+// controller is told); attestorConfig becomes a valid AttestorConfig that
+// --attestor-config reads from its mount; metrics.certSecretName is the
+// directory --metrics-cert-dir names; metrics.readers are bound to the
+// metrics-reader ClusterRole.
+func TestChartValues(t *testing.T) {
+	tl := getTools(t)
+	const ns = "ka"
+
+	type container struct {
+		Args         []string `json:"args"`
+		VolumeMounts []struct {
+			Name      string `json:"name"`
+			MountPath string `json:"mountPath"`
+		} `json:"volumeMounts"`
+	}
+	type deploymentSpec struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []container `json:"containers"`
+					Volumes    []struct {
+						Name      string `json:"name"`
+						ConfigMap *struct {
+							Name string `json:"name"`
+						} `json:"configMap"`
+						Secret *struct {
+							SecretName string `json:"secretName"`
+						} `json:"secret"`
+					} `json:"volumes"`
+				} `json:"spec"`
+			} `json:"template"`
+		} `json:"spec"`
+	}
+	mountOf := func(c container, volume string) string {
+		for _, m := range c.VolumeMounts {
+			if m.Name == volume {
+				return m.MountPath
+			}
+		}
+		return ""
+	}
+	type serviceMonitor struct {
+		Spec struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			NamespaceSelector struct {
+				MatchNames []string `json:"matchNames"`
+			} `json:"namespaceSelector"`
+			Endpoints []struct {
+				Port            string         `json:"port"`
+				Path            string         `json:"path"`
+				Scheme          string         `json:"scheme"`
+				BearerTokenFile string         `json:"bearerTokenFile"`
+				TLSConfig       map[string]any `json:"tlsConfig"`
+			} `json:"endpoints"`
+		} `json:"spec"`
+	}
+	type service struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+		Spec struct {
+			Ports []struct {
+				Name string `json:"name"`
+			} `json:"ports"`
+		} `json:"spec"`
+	}
+
+	t.Run("no ServiceMonitor by default", func(t *testing.T) {
+		_, objs := chart(t, tl, ns)
+		if objs.find("ServiceMonitor", deployment) != nil {
+			t.Error("the chart renders a ServiceMonitor by default")
+		}
+	})
+
+	for _, insecure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ServiceMonitor, metrics.insecure=%v", insecure), func(t *testing.T) {
+			_, objs := chart(t, tl, ns, "--set", "serviceMonitor.enabled=true", "--set", fmt.Sprintf("metrics.insecure=%v", insecure))
+			var sm serviceMonitor
+			objs.get(t, "ServiceMonitor", deployment, &sm)
+			var svc service
+			objs.get(t, "Service", "node-attestation-controller-metrics", &svc)
+			for k, v := range sm.Spec.Selector.MatchLabels {
+				if svc.Metadata.Labels[k] != v {
+					t.Errorf("the ServiceMonitor selects %s=%s, the Service has %q", k, v, svc.Metadata.Labels[k])
+				}
+			}
+			if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{ns}) {
+				t.Errorf("the ServiceMonitor looks in namespaces %v, want %s", sm.Spec.NamespaceSelector.MatchNames, ns)
+			}
+			if len(sm.Spec.Endpoints) != 1 || len(svc.Spec.Ports) != 1 {
+				t.Fatalf("ServiceMonitor endpoints %+v, Service ports %+v", sm.Spec.Endpoints, svc.Spec.Ports)
+			}
+			ep := sm.Spec.Endpoints[0]
+			if ep.Port != svc.Spec.Ports[0].Name || ep.Path != "/metrics" {
+				t.Errorf("the ServiceMonitor scrapes port %q path %q, the Service's port is %q", ep.Port, ep.Path, svc.Spec.Ports[0].Name)
+			}
+			var d deploymentSpec
+			objs.get(t, "Deployment", deployment, &d)
+			flag := controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
+			if got := flag("insecure-diagnostics"); got != fmt.Sprint(insecure) {
+				t.Errorf("--insecure-diagnostics=%s with metrics.insecure=%v", got, insecure)
+			}
+			switch {
+			case insecure && ep.Scheme != "http":
+				t.Errorf("scheme %q over plain HTTP", ep.Scheme)
+			case !insecure && (ep.Scheme != "https" || ep.BearerTokenFile == "" || ep.TLSConfig == nil):
+				t.Errorf("endpoint %+v: want https with Prometheus' token", ep)
+			}
+		})
+	}
+
+	t.Run("attestorConfig", func(t *testing.T) {
+		_, objs := chart(t, tl, ns, "--set-json", `attestorConfig={"aws":{"accounts":["111122223333"],"allowedRoles":["nodes.cluster-api-provider-aws.sigs.k8s.io"]}}`)
+		var d deploymentSpec
+		objs.get(t, "Deployment", deployment, &d)
+		c := d.Spec.Template.Spec.Containers[0]
+		path := controllerArgs(t, c.Args)("attestor-config")
+		var cmName string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil && path != "" && filepath.Dir(path) == mountOf(c, v.Name) {
+				cmName = v.ConfigMap.Name
+			}
+		}
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if cmName == "" {
+			t.Fatalf("--attestor-config=%q is not in a mounted ConfigMap", path)
+		}
+		objs.get(t, "ConfigMap", cmName, &cm)
+		file := filepath.Join(t.TempDir(), "attestor-config.yaml")
+		write(t, file, []byte(cm.Data[filepath.Base(path)]))
+		ac, err := app.LoadAttestorConfig(file)
+		if err == nil {
+			err = ac.Validate()
+		}
+		if err != nil {
+			t.Errorf("the chart's AttestorConfig: %v\n%s", err, cm.Data[filepath.Base(path)])
+		}
+	})
+
+	t.Run("metrics certificate and readers", func(t *testing.T) {
+		_, objs := chart(t, tl, ns, "--set", "metrics.certSecretName=metrics-tls",
+			"--set", "metrics.readers[0].kind=ServiceAccount,metrics.readers[0].name=prometheus,metrics.readers[0].namespace=monitoring")
+		var d deploymentSpec
+		objs.get(t, "Deployment", deployment, &d)
+		c := d.Spec.Template.Spec.Containers[0]
+		dir := controllerArgs(t, c.Args)("metrics-cert-dir")
+		found := false
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			found = found || (v.Secret != nil && v.Secret.SecretName == "metrics-tls" && mountOf(c, v.Name) == dir)
+		}
+		if dir == "" || !found {
+			t.Errorf("--metrics-cert-dir=%q is not where the Secret metrics-tls is mounted", dir)
+		}
+		var crb struct {
+			RoleRef struct {
+				Name string `json:"name"`
+			} `json:"roleRef"`
+			Subjects []map[string]string `json:"subjects"`
+		}
+		objs.get(t, "ClusterRoleBinding", "kubelet-authenticator:node-attestation-controller-metrics-reader", &crb)
+		want := []map[string]string{{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}}
+		if crb.RoleRef.Name != "kubelet-authenticator:node-attestation-controller-metrics-reader" || !reflect.DeepEqual(crb.Subjects, want) {
+			t.Errorf("metrics reader binding %+v", crb)
+		}
+	})
 }
