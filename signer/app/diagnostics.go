@@ -53,7 +53,7 @@ func (o *diagnosticsOptions) validate() []error {
 	var errs []error
 	if o.logging != nil {
 		if err := logsv1.Validate(o.logging, nil, nil).ToAggregate(); err != nil {
-			errs = append(errs, fmt.Errorf("logging: %w", err))
+			errs = append(errs, fmt.Errorf("logging flags (--logging-format, -v, --vmodule): %w", err))
 		}
 	}
 	if o.MetricsCertDir == "" {
@@ -71,9 +71,11 @@ func (o *diagnosticsOptions) validate() []error {
 }
 
 // applyLogging makes the logging flags take effect. It is called first,
-// so that everything after logs in the chosen format; once per process.
+// so that everything after logs in the chosen format; once per process. An
+// invalid logging configuration is left for Validate to report with every
+// other problem.
 func (o *diagnosticsOptions) applyLogging() error {
-	if o.logging == nil {
+	if o.logging == nil || len(logsv1.Validate(o.logging, nil, nil)) > 0 {
 		return nil
 	}
 	if err := logsv1.ValidateAndApply(o.logging, nil); err != nil {
