@@ -36,7 +36,8 @@ import (
 // the installed ServiceAccount. Every line it logs is a JSON object; its
 // /metrics answers over HTTPS, with the certificate it was given, a token
 // bound to the metrics-reader ClusterRole and nobody else: 403 for another
-// token, 401 without one.
+// token, 401 without one. The installed pod passes Pod Security
+// "restricted".
 func TestInstallOnManagementCluster(t *testing.T) {
 	tl := getTools(t)
 	r := newRepository(t, tl)
@@ -71,8 +72,20 @@ func TestInstallOnManagementCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Labels["app.kubernetes.io/managed-by"] != "Helm" || d.Labels["clusterctl.cluster.x-k8s.io"] != "" {
+	if _, ok := d.Labels["clusterctl.cluster.x-k8s.io"]; !ok || d.Labels["app.kubernetes.io/managed-by"] != "Helm" {
 		t.Errorf("Deployment labels %v: want both clusterctl's and Helm's", d.Labels)
+	}
+	// The installed pod passes the namespace's Pod Security level
+	// (restricted, from the components' Namespace).
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: deployment + "-", Namespace: namespace, Labels: d.Spec.Template.Labels},
+		Spec:       *d.Spec.Template.Spec.DeepCopy(),
+	}
+	if _, err := cs.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("the installed Deployment's pod is not admitted: %v", err)
+	}
+	if ns, err := cs.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("namespace %s does not enforce Pod Security restricted: %v", namespace, err)
 	}
 
 	// The operator asks for JSON logs through clusterctl's variable.
