@@ -20,6 +20,7 @@ RELEASE_CMDS := kubelet-authenticator node-attestation-controller
 # repository); computed only by the targets that need them.
 k8s_bin = $(shell test/tools/setup.sh)
 capi_bin = $(shell test/tools/install-capi.sh)
+helm_bin = $(shell test/tools/install-helm.sh)
 
 .PHONY: help
 help: ## Show this help
@@ -40,6 +41,14 @@ images: build ## Build the controller's container image (OCI layout and archive,
 	$(GO) run ./images/oci --version '$(VERSION)' --output $(BIN)/images/node-attestation-controller \
 	  $(foreach p,$(PLATFORMS),--binary $(p)=$(BIN)/$(subst /,_,$(p))/node-attestation-controller)
 
+.PHONY: release-manifests
+release-manifests: ## Write the clusterctl add-on provider artifacts (addon-components.yaml, metadata.yaml) and the packaged Helm chart into bin/release/
+	@bin_dir="$(k8s_bin)"; helm_dir="$(helm_bin)"; set -e; mkdir -p $(BIN)/release; \
+	"$$bin_dir/kubectl" kustomize deploy/release > $(BIN)/release/addon-components.yaml; \
+	cp deploy/release/metadata.yaml $(BIN)/release/metadata.yaml; \
+	"$$helm_dir/helm" package deploy/helm/kubelet-authenticator --destination $(BIN)/release >/dev/null; \
+	ls -1 $(BIN)/release
+
 .PHONY: tools
 tools: ## Install test dependencies (Debian packages, Kubernetes binaries built from Go modules)
 	@test/tools/setup.sh
@@ -48,7 +57,8 @@ tools: ## Install test dependencies (Debian packages, Kubernetes binaries built 
 test: ## Run every test: unit, integration and end-to-end against real kube-apiserver + etcd (and the real Cluster API controllers)
 	@bin_dir="$(k8s_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
 	capi_dir="$(capi_bin)"; test -x "$$capi_dir/capi-manager" || { echo "no Cluster API binaries"; exit 1; }; \
-	KA_K8S_BIN="$$bin_dir" KA_CAPI_BIN="$$capi_dir" $(GO) test -tags '$(TEST_TAGS)' -timeout $(TEST_TIMEOUT) -count=1 ./...
+	helm_dir="$(helm_bin)"; test -x "$$helm_dir/helm" || { echo "no helm"; exit 1; }; \
+	KA_K8S_BIN="$$bin_dir" KA_CAPI_BIN="$$capi_dir" KA_HELM_BIN="$$helm_dir" $(GO) test -tags '$(TEST_TAGS)' -timeout $(TEST_TIMEOUT) -count=1 ./...
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane

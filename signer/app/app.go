@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"errors"
-	goflag "flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -23,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
@@ -49,7 +46,6 @@ with the cluster's CA, or denies it with a reason.`,
 		RunE:         runE(o),
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
 	cmd.AddCommand(NewStandaloneCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "version",
@@ -88,7 +84,7 @@ func (o *Options) Run(ctx context.Context) error {
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		Metrics:                       o.metricsServer(), // diagnostics.go
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		// Secrets are read one by one from the API server, never listed,
 		// watched or cached: the controller may get the Secrets it needs,
@@ -197,8 +193,10 @@ func (m *decisionMetrics) Decision(cluster, decision, reason string) {
 	m.decisions.WithLabelValues(cluster, decision, reason).Inc()
 }
 
-// runner is what a command runs: options completed, validated, then run.
+// runner is what a command runs: logging applied, options completed,
+// validated, then run.
 type runner interface {
+	applyLogging() error
 	Complete() error
 	Validate() error
 	Run(ctx context.Context) error
@@ -207,6 +205,10 @@ type runner interface {
 // runE completes and validates o, then runs it until SIGINT or SIGTERM.
 func runE(o runner) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
+		if err := o.applyLogging(); err != nil {
+			return err
+		}
+		defer flushLogs()
 		if err := o.Complete(); err != nil {
 			return err
 		}
@@ -217,11 +219,4 @@ func runE(o runner) func(*cobra.Command, []string) error {
 		defer cancel()
 		return o.Run(ctx)
 	}
-}
-
-// addKlogFlags adds klog's flags (-v, ...) to fs.
-func addKlogFlags(fs *pflag.FlagSet) {
-	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
 }

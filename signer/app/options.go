@@ -116,6 +116,9 @@ type Options struct {
 	// testAttestorOptions: --null-versions, in test builds only
 	// (testattestors_*.go).
 	testAttestorOptions
+	// diagnosticsOptions: logging flags, how /metrics is secured
+	// (diagnostics.go).
+	diagnosticsOptions
 
 	completeErr error
 }
@@ -126,7 +129,7 @@ func NewOptions() *Options {
 		LeaderElect:                  true,
 		LeaderElectionID:             DefaultLeaderElectionID,
 		MaxClientCertificateLifetime: DefaultMaxClientCertificateLifetime,
-		MetricsBindAddress:           ":8080",
+		MetricsBindAddress:           DefaultMetricsBindAddress,
 		HealthProbeBindAddress:       ":8081",
 		WorkersPerCluster:            2,
 		KubeAPIQPS:                   50,
@@ -143,13 +146,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.fleetOptions.addFlags(fs)
 	o.cloudOptions.addFlags(fs)
 	o.testAttestorOptions.addFlags(fs)
+	o.diagnosticsOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "The controller's own namespace: the leader election Lease and the trust-on-first-use records are kept there. Empty: the pod's namespace.")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader election Lease.")
 	fs.DurationVar(&o.MaxClientCertificateLifetime, "max-client-certificate-lifetime", o.MaxClientCertificateLifetime,
 		"Longest lifetime of an issued kubelet client certificate; a shorter spec.expirationSeconds wins, and no certificate outlives the cluster CA.")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; \"0\" disables it.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (HTTPS unless --insecure-diagnostics); \"0\" disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the management cluster's API server.")
@@ -242,5 +246,6 @@ func (o *Options) Validate() error {
 	errs = append(errs, o.fleetOptions.validate()...)
 	errs = append(errs, o.cloudOptions.validate()...)
 	errs = append(errs, o.testAttestorOptions.validate()...)
+	errs = append(errs, o.diagnosticsOptions.validate()...)
 	return errors.Join(errs...)
 }

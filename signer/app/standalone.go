@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
@@ -121,7 +120,6 @@ Machines, and certificates are signed with a CA from files or a Secret.`,
 		RunE:         runE(o),
 	}
 	o.AddFlags(cmd.Flags())
-	addKlogFlags(cmd.Flags())
 	return cmd
 }
 
@@ -140,7 +138,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		Metrics:                       o.metricsServer(), // diagnostics.go
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 	})
 	if err != nil {

@@ -245,13 +245,15 @@ func signerProcStatus(b *testing.B, pid int) (rss, hwm int64) {
 }
 
 // signerControllerArgs are the controller's flags: defaults but for the
-// management kubeconfig, no leader election and the metrics address.
+// management kubeconfig, no leader election and the metrics address
+// (plain HTTP, read by the benchmark without a token).
 func signerControllerArgs(mgmt *harness.Management, metrics string) []string {
 	return []string{
 		"--kubeconfig=" + mgmt.AdminKubeconfig,
 		"--leader-elect=false",
 		"--leader-election-namespace=default", // also where the TPM attestor keeps its key
 		"--metrics-bind-address=" + metrics,
+		"--insecure-diagnostics",
 		"--health-probe-bind-address=0",
 	}
 }

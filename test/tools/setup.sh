@@ -2,7 +2,7 @@
 # Installs what the tests and the demo need on a fresh machine, idempotently:
 # the Debian packages in test/tools/apt-packages.txt (swtpm, ...) and the
 # Kubernetes and etcd binaries (built from Go modules, cached outside the
-# repository by test/tools/install-k8s.sh). Prints the binaries' directory.
+# repository by test/tools/install-k8s.sh), Cluster API's and helm. Prints the binaries' directory.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -24,4 +24,6 @@ fi
 
 # Cluster API (core manager, CABPK, clusterctl) for the lifecycle tests.
 "$here/install-capi.sh" >/dev/null
+# helm, for the chart test (test/addon).
+"$here/install-helm.sh" >/dev/null
 "$here/install-k8s.sh" | tail -n 1
