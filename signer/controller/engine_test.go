@@ -9,13 +9,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"k8s.io/apimachinery/pkg/api/equality"
-	k8stesting "k8s.io/client-go/testing"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	k8stesting "k8s.io/client-go/testing"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
