@@ -119,6 +119,12 @@ type ClusterReconciler struct {
 	// Clock decides serving CA rotation and serving certificates' validity;
 	// nil means the real clock.
 	Clock clock.PassiveClock
+	// TokenLifetime and TokenRenewBefore are the lifetime of the tokens of
+	// the controller's identity in each workload cluster and how long
+	// before expiry they are renewed (package scoped; 0 means its defaults).
+	TokenLifetime, TokenRenewBefore time.Duration
+	// IdentityMetrics, when set, counts token renewals and failures.
+	IdentityMetrics IdentityMetrics
 
 	mu      sync.Mutex
 	base    context.Context
@@ -318,6 +324,18 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if r.RESTConfig != nil {
 		r.RESTConfig(cfg)
 	}
+	generation := 1
+	if cur != nil {
+		generation = cur.state.snapshot().Generation + 1
+	}
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
+		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
+	// The admin credential installs the controller's own identity; all
+	// that follows works through that identity's tokens (identity.go).
+	cfg, id, err := r.steadyConfig(ctx, logger, cluster, cfg, st)
+	if err != nil {
+		return next, err
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
@@ -369,14 +387,11 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	generation := 1
-	if cur != nil {
-		generation = cur.state.snapshot().Generation + 1
-	}
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
-		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
 	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
+	if id != nil {
+		go id.Run(wctx)
+	}
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	if lockdown {
 		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
