@@ -6,8 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -41,35 +39,43 @@ type IdentityMetrics interface {
 	IdentityFailed(cluster, step string)
 }
 
-// steadyConfig returns the client configuration the workload cluster's
-// steady-state work uses. With an admin credential (one that may request
-// tokens for the controller's ServiceAccount) it installs deploy/workload
-// and returns a configuration that authenticates with the ServiceAccount's
-// tokens, and the Identity that renews them (not yet running). With any
-// other credential it returns admin, as given, and says so. A failure is
-// reported (log, Event, metric) and returned, to be retried.
-func (r *ClusterReconciler) steadyConfig(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, admin *rest.Config, st *state) (*rest.Config, *scoped.Identity, error) {
-	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
-	obs := &identityObserver{r: r, logger: logger, cluster: cluster, st: st}
-	id, err := scoped.Start(ctx, scoped.Config{Admin: admin, TokenLifetime: r.TokenLifetime, RenewBefore: r.TokenRenewBefore, Observer: obs})
-	if errors.Is(err, scoped.ErrNotAdmin) {
-		logger.Info("The workload kubeconfig's user may not request tokens for the controller's ServiceAccount, so it is not an admin: working as that user, as given; it needs deploy/workload's rules")
-		r.clusterEvent(cluster, corev1.EventTypeNormal, ReasonScopedIdentityNotInstalled,
-			"The user of Secret %s may not request tokens for the controller's ServiceAccount: the controller works as that user, which needs the rules of deploy/workload", nn.Name+KubeconfigSecretSuffix)
-		return admin, nil, nil
-	}
-	if err != nil {
+// connect installs the controller's identity in the workload cluster
+// (package scoped), retrying with backoff and reporting each failure (log,
+// Event, metric), until it succeeds or ctx is done; it reports whether it
+// succeeded. A credential that may not request tokens is no admin: the
+// clients then work as that credential, as given, and it says so.
+func (r *ClusterReconciler) connect(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, id *scoped.Identity, obs *identityObserver) bool {
+	retry := time.Second
+	for {
+		err := id.Connect(ctx)
+		if ctx.Err() != nil {
+			return false
+		}
+		switch {
+		case err == nil:
+			obs.st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.TokenExpiry, s.IdentityError = true, id.Expiry(), "" })
+			logger.Info("Installed the controller's identity in the workload cluster: working through its tokens", "serviceAccount", id.ServiceAccount(), "tokenExpires", id.Expiry())
+			return true
+		case errors.Is(err, scoped.ErrNotAdmin):
+			obs.st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.IdentityError = false, "" })
+			logger.Info("The workload kubeconfig's user may not request tokens for the controller's ServiceAccount, so it is not an admin: working as that user, as given; it needs deploy/workload's rules")
+			r.clusterEvent(cluster, corev1.EventTypeNormal, ReasonScopedIdentityNotInstalled,
+				"The user of Secret %s may not request tokens for the controller's ServiceAccount: the controller works as that user, which needs the rules of deploy/workload", cluster.Name+KubeconfigSecretSuffix)
+			return true
+		}
 		step := scoped.StepInstall
 		var e *scoped.Error
 		if errors.As(err, &e) {
 			step = e.Step
 		}
-		obs.failed(step, err, "")
-		return nil, nil, err
+		obs.Failed(step, err, retry)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, time.Minute)
 	}
-	st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.TokenExpiry = true, id.Expiry() })
-	logger.Info("Installed the controller's identity in the workload cluster: working through its tokens", "serviceAccount", id.ServiceAccount(), "tokenExpires", id.Expiry())
-	return id.RESTConfig(admin), id, nil
 }
 
 // identityObserver reports what one workload cluster's Identity does: in
@@ -103,19 +109,11 @@ func (o *identityObserver) Renewed(expiry time.Time, rejected, reinstalled bool)
 
 // Failed implements scoped.Observer.
 func (o *identityObserver) Failed(step string, err error, retry time.Duration) {
-	o.failed(step, err, retry.String())
-}
-
-func (o *identityObserver) failed(step string, err error, retry string) {
 	o.st.update(func(s *ClusterStatus) { s.IdentityError = err.Error() })
 	if m := o.r.IdentityMetrics; m != nil {
 		m.IdentityFailed(o.name(), step)
 	}
-	kv := []any{"step", step, "err", err.Error()}
-	if retry != "" {
-		kv = append(kv, "retryIn", retry)
-	}
-	o.logger.Info("Unable to keep the controller's identity in the workload cluster, will retry", kv...)
+	o.logger.Info("Unable to keep the controller's identity in the workload cluster, will retry", "step", step, "err", err.Error(), "retryIn", retry)
 	o.r.clusterEvent(o.cluster, corev1.EventTypeWarning, ReasonScopedIdentityFailed,
 		"Unable to %s the controller's identity in the workload cluster (retried; nothing else is done with the admin credential meanwhile): %v", stepVerb(step), err)
 }

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
@@ -330,12 +331,16 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	}
 	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
 		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
-	// The admin credential installs the controller's own identity; all
-	// that follows works through that identity's tokens (identity.go).
-	cfg, id, err := r.steadyConfig(ctx, logger, cluster, cfg, st)
+	// The admin credential installs the controller's own identity (once
+	// connected); every client below works through that identity's tokens
+	// (identity.go).
+	obs := &identityObserver{r: r, logger: logger, cluster: cluster, st: st}
+	id, err := scoped.New(scoped.Config{Admin: cfg, TokenLifetime: r.TokenLifetime, RenewBefore: r.TokenRenewBefore,
+		Providers: slices.Sorted(maps.Keys(r.Verifiers)), Observer: obs})
 	if err != nil {
-		return next, err
+		return next, fmt.Errorf("unable to set up the controller's identity in the workload cluster: %w", err)
 	}
+	cfg = id.RESTConfig()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
@@ -389,19 +394,22 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	wctx, cancel := context.WithCancel(r.base)
 	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
-	if id != nil {
-		go id.Run(wctx)
-	}
+	// The probe reports the cluster disconnected until the identity is
+	// installed; everything else waits for it.
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
-	if lockdown {
-		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
-	} else {
-		go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
-	}
-	published := make(chan struct{})
-	go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 	go func() {
 		defer close(w.done)
+		if !r.connect(wctx, logger, cluster, id, obs) {
+			return
+		}
+		go id.Run(wctx)
+		if lockdown {
+			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+		} else {
+			go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+		}
+		published := make(chan struct{})
+		go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 		select { // a new serving CA signs once it is published
 		case <-published:
 		case <-wctx.Done():

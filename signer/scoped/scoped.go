@@ -9,6 +9,11 @@
 // (and their informers) being rebuilt. The admin credential is used again
 // only to renew the token, and with it to apply the manifests again, which
 // re-creates the ServiceAccount if it was deleted.
+//
+// The clients can be built before the identity is installed (New makes no
+// request); they fail every request until Connect has succeeded. A
+// credential that may not request tokens is no admin: Connect then
+// installs nothing and the clients work as that credential, as given.
 package scoped
 
 import (
@@ -16,6 +21,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +31,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -30,6 +39,7 @@ import (
 	"k8s.io/client-go/transport"
 	"k8s.io/utils/clock"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/deploy/workload"
 )
 
@@ -80,11 +90,15 @@ type Error struct {
 func (e *Error) Error() string { return e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
 
-// ErrNotAdmin is returned by Start when the workload credential may not
+// ErrNotAdmin is returned by Connect when the workload credential may not
 // request tokens of the controller's ServiceAccount: it is not an admin
-// credential, so there is nothing to install it with. The caller decides
-// whether to work as that credential.
+// credential, so there is nothing to install the identity with, and the
+// Identity's clients work as that credential, as given.
 var ErrNotAdmin = errors.New("the workload cluster's credential may not request tokens for the controller's ServiceAccount")
+
+// errNotConnected fails the requests of an Identity's clients until
+// Connect has succeeded.
+var errNotConnected = errors.New("the controller's identity in the workload cluster is not installed yet")
 
 // Config configures an Identity.
 type Config struct {
@@ -97,7 +111,13 @@ type Config struct {
 	// means DefaultRenewBefore. When a token lives no longer than that, it
 	// is renewed halfway through its life.
 	RenewBefore time.Duration
-	// Observer hears about renewals and failures after Start; may be nil.
+	// Providers are the attestors the controller serves. A signer rule of
+	// deploy/workload that names client (or serving) signer names of ours
+	// is installed naming the client (serving) signer names of each of
+	// them too: deploy/workload lists the release attestors, and a test
+	// build serves more (null).
+	Providers []string
+	// Observer hears about renewals and failures in Run; may be nil.
 	Observer Observer
 	// Clock; nil means the real clock.
 	Clock clock.WithTicker
@@ -116,8 +136,7 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Observer hears what an Identity does after Start. Its methods must not
-// block.
+// Observer hears what an Identity's Run does. Its methods must not block.
 type Observer interface {
 	// Renewed: a new token, valid until expiry. rejected is true when the
 	// API server had rejected the previous one (401), reinstalled when the
@@ -140,6 +159,7 @@ type Identity struct {
 	reset   chan struct{}
 
 	mu        sync.Mutex
+	given     http.RoundTripper // set when the credential is used as given
 	tok       *oauth2.Token
 	issued    time.Time // when the request for tok was made
 	uid       types.UID // of the ServiceAccount the token is for
@@ -148,40 +168,57 @@ type Identity struct {
 	resetWait time.Duration
 }
 
-// Start installs deploy/workload in the workload cluster with the admin
-// credential and gets a first token. It returns ErrNotAdmin when the
-// credential may not request tokens, and otherwise an *Error naming the
-// step that failed. Run keeps the token renewed.
-func Start(ctx context.Context, cfg Config) (*Identity, error) {
+// New returns the Identity of the controller in the workload cluster that
+// cfg.Admin reaches. It makes no request: Connect installs it.
+func New(cfg Config) (*Identity, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	m, err := workload.Load()
 	if err != nil {
-		return nil, &Error{Step: StepInstall, Err: err}
+		return nil, err
 	}
-	admin := cfg.Admin
-	cs, err := kubernetes.NewForConfig(admin)
+	extendSignerRules(m, cfg.Providers)
+	cs, err := kubernetes.NewForConfig(cfg.Admin)
 	if err != nil {
-		return nil, &Error{Step: StepCheck, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+		return nil, fmt.Errorf("unable to build the admin client: %w", err)
 	}
-	dyn, err := dynamic.NewForConfig(admin)
+	dyn, err := dynamic.NewForConfig(cfg.Admin)
 	if err != nil {
-		return nil, &Error{Step: StepCheck, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+		return nil, fmt.Errorf("unable to build the admin client: %w", err)
 	}
 	id := &Identity{cfg: cfg, sa: m.ServiceAccount, objects: m, admin: cs, dyn: dyn, clock: cfg.Clock, reset: make(chan struct{}, 1)}
 	if id.clock == nil {
 		id.clock = clock.RealClock{}
 	}
+	return id, nil
+}
+
+// Connect asks whether the admin credential may request tokens of the
+// controller's ServiceAccount; if so it installs deploy/workload and gets
+// a first token, and the Identity's clients work with it (Run renews it).
+// If not, it returns ErrNotAdmin and the clients work as that credential,
+// as given. Any other failure is an *Error naming the step; Connect may be
+// called again.
+func (id *Identity) Connect(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	if err := id.check(ctx); err != nil {
-		return nil, err
+	err := id.check(ctx)
+	if errors.Is(err, ErrNotAdmin) {
+		rt, terr := rest.TransportFor(id.cfg.Admin)
+		if terr != nil {
+			return &Error{Step: StepCheck, Err: fmt.Errorf("unable to build the workload cluster's transport: %w", terr)}
+		}
+		id.mu.Lock()
+		id.given = rt
+		id.mu.Unlock()
+		return ErrNotAdmin
 	}
-	if _, err := id.renew(ctx); err != nil {
-		return nil, err
+	if err != nil {
+		return err
 	}
-	return id, nil
+	_, err = id.renew(ctx)
+	return err
 }
 
 // ServiceAccount names the identity.
@@ -192,20 +229,50 @@ func (id *Identity) Username() string {
 	return "system:serviceaccount:" + id.sa.Namespace + ":" + id.sa.Name
 }
 
-// Expiry is when the current token expires.
+// Expiry is when the current token expires (zero before Connect, or
+// when the credential is used as given).
 func (id *Identity) Expiry() time.Time {
 	id.mu.Lock()
 	defer id.mu.Unlock()
+	if id.tok == nil {
+		return time.Time{}
+	}
 	return id.tok.Expiry
 }
 
-// RESTConfig returns a client configuration of the workload cluster that
-// authenticates with the identity's current token: base's server, TLS
-// and client settings without any of its credentials.
-func (id *Identity) RESTConfig(base *rest.Config) *rest.Config {
-	cfg := rest.AnonymousClientConfig(base)
-	cfg.WrapTransport = transport.ResettableTokenSourceWrapTransport(id)
+// RESTConfig returns the client configuration of the workload cluster's
+// steady-state clients: the admin configuration's server, TLS and client
+// settings without any of its credentials, authenticated by the
+// identity's current token (client-go's resettable token source
+// transport), or, after Connect returned ErrNotAdmin, by the credential as
+// given. Until Connect has succeeded its requests fail.
+func (id *Identity) RESTConfig() *rest.Config {
+	cfg := rest.AnonymousClientConfig(id.cfg.Admin)
+	cfg.WrapTransport = func(base http.RoundTripper) http.RoundTripper {
+		return &credentialTransport{id: id, scoped: transport.ResettableTokenSourceWrapTransport(id)(base)}
+	}
 	return cfg
+}
+
+// credentialTransport sends a request with the identity's token, or
+// through the given credential's transport, or not at all.
+type credentialTransport struct {
+	id     *Identity
+	scoped http.RoundTripper
+}
+
+func (t *credentialTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.id.mu.Lock()
+	tok, given := t.id.tok, t.id.given
+	t.id.mu.Unlock()
+	switch {
+	case tok != nil:
+		return t.scoped.RoundTrip(req)
+	case given != nil:
+		return given.RoundTrip(req)
+	default:
+		return nil, errNotConnected
+	}
 }
 
 // Token implements oauth2.TokenSource: the current token. It never makes a
@@ -213,6 +280,9 @@ func (id *Identity) RESTConfig(base *rest.Config) *rest.Config {
 func (id *Identity) Token() (*oauth2.Token, error) {
 	id.mu.Lock()
 	defer id.mu.Unlock()
+	if id.tok == nil {
+		return nil, errNotConnected
+	}
 	return id.tok, nil
 }
 
@@ -236,8 +306,12 @@ func (id *Identity) ResetTokenOlderThan(t time.Time) {
 
 // Run renews the token before it expires, and early when the API server
 // rejects it, until ctx is done. A failed renewal is retried with backoff
-// (and reported to the Observer); the old token is used until then.
+// (and reported to the Observer); the old token is used until then. It
+// returns at once unless Connect has got a token.
 func (id *Identity) Run(ctx context.Context) {
+	if id.Expiry().IsZero() {
+		return
+	}
 	retry := minRetry
 	next := id.renewAt()
 	for {
@@ -390,6 +464,42 @@ func (id *Identity) install(ctx context.Context) (types.UID, error) {
 		}
 	}
 	return uid, nil
+}
+
+// extendSignerRules makes every ClusterRole rule on signers that names a
+// client (serving) signer name of ours name the client (serving) signer
+// names of providers too.
+func extendSignerRules(m *workload.Manifests, providers []string) {
+	for _, o := range m.Objects {
+		if o.GetKind() != "ClusterRole" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			rule, ok := r.(map[string]any)
+			if !ok {
+				continue
+			}
+			resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
+			names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+			if !slices.Contains(resources, "signers") {
+				continue
+			}
+			out := slices.Clone(names)
+			for _, prefix := range []string{attestor.ClientSignerPrefix, attestor.ServingSignerPrefix} {
+				if !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, prefix) }) {
+					continue
+				}
+				for _, p := range providers {
+					if n := prefix + p; !slices.Contains(out, n) {
+						out = append(out, n)
+					}
+				}
+			}
+			_ = unstructured.SetNestedStringSlice(rule, out, "resourceNames")
+		}
+		_ = unstructured.SetNestedSlice(o.Object, rules, "rules")
+	}
 }
 
 func namespacedName(ns, name string) string {

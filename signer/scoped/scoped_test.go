@@ -3,23 +3,29 @@ package scoped
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/deploy/workload"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
 // recorder is an Observer that keeps what it hears.
 type recorder struct {
-	mu                              sync.Mutex
+	mu                             sync.Mutex
 	renewed, rejected, reinstalled int
-	failures                        []string
+	failures                       []string
 }
 
 func (r *recorder) Renewed(_ time.Time, rejected, reinstalled bool) {
@@ -59,20 +65,41 @@ func TestIdentity(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	t.Run("renewed before expiry, under the same client", func(t *testing.T) {
-		rec := &recorder{}
-		// The API server's shortest lifetime, renewed 3 s into it.
-		id, err := Start(ctx, Config{Admin: wl.AdminConfig, TokenLifetime: MinTokenLifetime, RenewBefore: MinTokenLifetime - 3*time.Second, Observer: rec})
+	t.Run("a credential that may not request tokens installs nothing", func(t *testing.T) {
+		certPEM, keyPEM := wl.IssueClientCert(t, "not-an-admin")
+		id, err := New(Config{Admin: wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})})
 		if err != nil {
 			t.Fatal(err)
 		}
+		cs, err := kubernetes.NewForConfig(id.RESTConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := harness.WhoAmI(ctx, cs); err == nil || !strings.Contains(err.Error(), errNotConnected.Error()) {
+			t.Fatalf("before Connect a request went out: %v", err)
+		}
+		if err := id.Connect(ctx); !errors.Is(err, ErrNotAdmin) {
+			t.Fatalf("Connect = %v, want ErrNotAdmin", err)
+		}
+		if user, err := harness.WhoAmI(ctx, cs); err != nil || user.Username != "not-an-admin" {
+			t.Errorf("the clients of a credential used as given authenticate as %q, %v; want not-an-admin", user.Username, err)
+		}
+		if _, err := wl.Client.CoreV1().ServiceAccounts("kube-system").Get(ctx, id.ServiceAccount().Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the ServiceAccount exists (%v): a credential that may not request tokens installed it", err)
+		}
+	})
+
+	t.Run("renewed before expiry, under the same client", func(t *testing.T) {
+		rec := &recorder{}
+		// The API server's shortest lifetime, renewed 3 s into it.
+		id := connect(t, Config{Admin: wl.AdminConfig, TokenLifetime: MinTokenLifetime, RenewBefore: MinTokenLifetime - 3*time.Second, Observer: rec})
 		if id.Username() != wantUser {
 			t.Errorf("Username = %s, want %s", id.Username(), wantUser)
 		}
 		if life := time.Until(id.Expiry()); life > MinTokenLifetime || life < MinTokenLifetime-time.Minute {
 			t.Errorf("the token lives another %s, want about %s", life, MinTokenLifetime)
 		}
-		cs, err := kubernetes.NewForConfig(id.RESTConfig(wl.AdminConfig))
+		cs, err := kubernetes.NewForConfig(id.RESTConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,15 +141,12 @@ func TestIdentity(t *testing.T) {
 	t.Run("deleted ServiceAccount installed again when its token is rejected", func(t *testing.T) {
 		rec := &recorder{}
 		// Default renewal (40 min): only a rejected token renews it here.
-		id, err := Start(ctx, Config{Admin: wl.AdminConfig, Observer: rec})
-		if err != nil {
-			t.Fatal(err)
-		}
+		id := connect(t, Config{Admin: wl.AdminConfig, Observer: rec})
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); id.Run(rctx) }()
 		defer func() { stop(); <-done }()
-		cs, err := kubernetes.NewForConfig(id.RESTConfig(wl.AdminConfig))
+		cs, err := kubernetes.NewForConfig(id.RESTConfig())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,13 +175,66 @@ func TestIdentity(t *testing.T) {
 		}
 	})
 
-	t.Run("a credential that may not request tokens installs nothing", func(t *testing.T) {
-		certPEM, keyPEM := wl.IssueClientCert(t, "not-an-admin")
-		_, err := Start(ctx, Config{Admin: wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})})
-		if !errors.Is(err, ErrNotAdmin) {
-			t.Fatalf("Start = %v, want ErrNotAdmin", err)
+}
+
+// connect returns a connected Identity of cfg.
+func connect(t *testing.T, cfg Config) *Identity {
+	t.Helper()
+	id, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := id.Connect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestProvidersExtendSignerRules: the installed ClusterRole grants the
+// signer verbs for the signer names of every provider served (a test
+// build's null), as it does for the release ones, and nothing more.
+func TestProvidersExtendSignerRules(t *testing.T) {
+	m, err := workload.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	extendSignerRules(m, []string{"tpm", "null"})
+	var role rbacv1.ClusterRole
+	for _, o := range m.Objects {
+		if o.GetKind() == "ClusterRole" {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &role); err != nil {
+				t.Fatal(err)
+			}
 		}
-	})
+	}
+	grants := func(verb, name string) bool {
+		for _, r := range role.Rules {
+			if slices.Contains(r.Resources, "signers") && slices.Contains(r.Verbs, verb) && slices.Contains(r.ResourceNames, name) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, w := range []struct {
+		verb, name string
+		want       bool
+	}{
+		{"sign", attestor.ClientSignerName("null"), true},
+		{"sign", attestor.ServingSignerName("null"), true},
+		{"attest", attestor.ServingSignerName("null"), true},
+		{"attest", attestor.ClientSignerName("null"), false},
+		{"sign", attestor.ClientSignerName("tpm"), true},
+		{"sign", "kubernetes.io/kubelet-serving", false},
+	} {
+		if got := grants(w.verb, w.name); got != w.want {
+			t.Errorf("%s on signer %s granted: %t, want %t", w.verb, w.name, got, w.want)
+		}
+	}
+	for _, r := range role.Rules {
+		if n := len(r.ResourceNames); n != len(slices.Compact(slices.Sorted(slices.Values(r.ResourceNames)))) {
+			t.Errorf("rule %v names a signer twice", r)
+		}
+	}
 }
 
 func TestRenewAt(t *testing.T) {
