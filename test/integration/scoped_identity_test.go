@@ -160,6 +160,37 @@ func TestScopedWorkloadIdentity(t *testing.T) {
 			t.Errorf("no %s write of a CSR by %s (got %v): the node's join was not made as the scoped identity", w, saUser, csrWrites)
 		}
 	}
+
+	// An admin kubeconfig whose server cannot be reached: the identity
+	// cannot be installed, which the Cluster's Events and the metrics say.
+	if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: kc.Name}, &kc); err != nil {
+		t.Fatal(err)
+	}
+	kc.Data[capi.KubeconfigSecretKey] = wl.KubeconfigFor(fmt.Sprintf("https://127.0.0.1:%d", harness.FreePort(t)),
+		clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
+	if err := mgmt.Client.Update(ctx, &kc); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 90*time.Second, func() (bool, error) {
+		n, _ := gauge(t, "kubelet_authenticator_signer_workload_identity_failures_total", cluster)
+		if n < 1 {
+			return false, nil
+		}
+		var events corev1.EventList
+		if err := mgmt.Client.List(ctx, &events, client.InNamespace(signerNS)); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == capi.ReasonScopedIdentityFailed && e.InvolvedObject.Name == signerCluster && e.Type == corev1.EventTypeWarning {
+				t.Logf("Event %s: %s", e.Reason, e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if v, ok := gauge(t, "kubelet_authenticator_signer_workload_cluster_connected", cluster); !ok || v != 0 {
+		t.Errorf("workload_cluster_connected = %v (%t), want 0 while the identity is not installed", v, ok)
+	}
 }
 
 // join files an insecure CSR for a new Machine's node as the bootstrap
