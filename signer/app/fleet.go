@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
@@ -27,6 +28,10 @@ type fleetOptions struct {
 	// Clock decides serving CA rotation; nil means the real clock (tests
 	// set a fake one).
 	Clock clock.PassiveClock
+	// TokenLifetime and TokenRenewBefore: the tokens of the controller's
+	// own identity in each workload cluster (package scoped).
+	TokenLifetime    time.Duration
+	TokenRenewBefore time.Duration
 }
 
 func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
@@ -49,6 +54,16 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 		"Validity of each serving CA the controller makes for a workload cluster (it signs the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates).")
 	fs.DurationVar(&o.ServingCARotateBefore, "serving-ca-rotate-before", o.ServingCARotateBefore,
 		"How long before the signing serving CA expires the next one is made; both are published as ClusterTrustBundles until the old one expires, and new certificates are signed by the new one only.")
+	if o.TokenLifetime == 0 {
+		o.TokenLifetime = scoped.DefaultTokenLifetime
+	}
+	if o.TokenRenewBefore == 0 {
+		o.TokenRenewBefore = scoped.DefaultRenewBefore
+	}
+	fs.DurationVar(&o.TokenLifetime, "workload-token-lifetime", o.TokenLifetime,
+		"Lifetime of the tokens of the controller's own ServiceAccount in each workload cluster (min 10m). The controller installs that ServiceAccount, bound to deploy/workload's rules, with the cluster's admin kubeconfig, and works only through its tokens.")
+	fs.DurationVar(&o.TokenRenewBefore, "workload-token-renew-before", o.TokenRenewBefore,
+		"How long before its expiry a workload cluster token is renewed (kubelet_authenticator_signer_workload_token_expiry_timestamp_seconds says when the current one expires).")
 }
 
 // configure applies the options to r and registers the serving CA rotation
@@ -57,11 +72,17 @@ func (o *fleetOptions) configure(r *capi.ClusterReconciler, reg prometheus.Regis
 	r.ProbePeriod, r.LockdownPeriod = o.ProbePeriod, o.LockdownPeriod
 	r.ServingCA = trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}
 	r.Clock = o.Clock
+	r.TokenLifetime, r.TokenRenewBefore = o.TokenLifetime, o.TokenRenewBefore
 	m, err := newRotationMetrics(reg)
 	if err != nil {
 		return err
 	}
 	r.TrustMetrics = m
+	im, err := newIdentityMetrics(reg)
+	if err != nil {
+		return err
+	}
+	r.IdentityMetrics = im
 	return nil
 }
 
@@ -76,6 +97,9 @@ func (o *fleetOptions) validate() []error {
 	if err := (trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("--serving-ca-lifetime, --serving-ca-rotate-before: %w", err))
 	}
+	if err := (&scoped.Config{TokenLifetime: o.TokenLifetime, RenewBefore: o.TokenRenewBefore}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--workload-token-lifetime, --workload-token-renew-before: %w", err))
+	}
 	return errs
 }
 
@@ -87,6 +111,7 @@ type fleetCollector struct {
 
 	connected, lastContact, synced, queue, lockdown, lockdownRemoved, generation *prometheus.Desc
 	servingCAExpiry, servingCAs, trustBundlesPublished                           *prometheus.Desc
+	scopedIdentity, tokenExpiry                                                  *prometheus.Desc
 }
 
 func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
@@ -106,13 +131,17 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		servingCAs:      d("serving_cas", "Serving CAs published for the workload cluster (2 during a rotation)."),
 		trustBundlesPublished: d("serving_ca_trust_bundles_published",
 			"1 when the last publication of the serving CAs as ClusterTrustBundles in the workload cluster succeeded."),
+		scopedIdentity: d("workload_scoped_identity",
+			"1 when the controller works in the workload cluster through tokens of its own ServiceAccount, 0 when as the kubeconfig's (non-admin) user."),
+		tokenExpiry: d("workload_token_expiry_timestamp_seconds",
+			"When the token of the controller's ServiceAccount in the workload cluster expires (Unix seconds); alert when it comes near."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation,
-		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished} {
+		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.scopedIdentity, c.tokenExpiry} {
 		ch <- d
 	}
 }
@@ -142,6 +171,10 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.servingCAExpiry, prometheus.GaugeValue, float64(s.ServingCAExpiry.Unix()), cl)
 			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)
 			ch <- prometheus.MustNewConstMetric(c.trustBundlesPublished, prometheus.GaugeValue, b(s.TrustBundlesPublished), cl)
+			ch <- prometheus.MustNewConstMetric(c.scopedIdentity, prometheus.GaugeValue, b(s.ScopedIdentity), cl)
+		}
+		if !s.TokenExpiry.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.tokenExpiry, prometheus.GaugeValue, float64(s.TokenExpiry.Unix()), cl)
 		}
 	}
 }
@@ -197,3 +230,37 @@ func newRotationMetrics(reg prometheus.Registerer) (*rotationMetrics, error) {
 
 // Rotated implements trust.Metrics.
 func (m *rotationMetrics) Rotated(cluster string) { m.rotations.WithLabelValues(cluster).Inc() }
+
+// identityMetrics counts the renewals and failures of the controller's
+// identity in the workload clusters; it implements capi.IdentityMetrics.
+type identityMetrics struct{ renewals, failures *prometheus.CounterVec }
+
+func newIdentityMetrics(reg prometheus.Registerer) (*identityMetrics, error) {
+	renewals, err := registerOrReuse(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kubelet_authenticator",
+		Subsystem: "signer",
+		Name:      "workload_token_renewals_total",
+		Help:      "Tokens of the controller's ServiceAccount renewed, by workload cluster.",
+	}, []string{"cluster"}))
+	if err != nil {
+		return nil, err
+	}
+	failures, err := registerOrReuse(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kubelet_authenticator",
+		Subsystem: "signer",
+		Name:      "workload_identity_failures_total",
+		Help:      "Failed attempts to install the controller's ServiceAccount in a workload cluster or to get a token for it, by workload cluster and step (check, install, token); each is retried.",
+	}, []string{"cluster", "step"}))
+	if err != nil {
+		return nil, err
+	}
+	return &identityMetrics{renewals: renewals, failures: failures}, nil
+}
+
+// TokenRenewed implements capi.IdentityMetrics.
+func (m *identityMetrics) TokenRenewed(cluster string) { m.renewals.WithLabelValues(cluster).Inc() }
+
+// IdentityFailed implements capi.IdentityMetrics.
+func (m *identityMetrics) IdentityFailed(cluster, step string) {
+	m.failures.WithLabelValues(cluster, step).Inc()
+}

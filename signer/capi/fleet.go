@@ -64,6 +64,16 @@ type ClusterStatus struct {
 	// it did not.
 	TrustBundlesPublished bool
 	TrustBundleError      string
+	// ScopedIdentity is true when the controller works through tokens of
+	// its own ServiceAccount in the workload cluster (package scoped), false
+	// when it works as the kubeconfig's user (one that is not an admin).
+	// TokenExpiry is when the current token expires, TokenRenewals how many
+	// times it was renewed since the controller started, and IdentityError
+	// the last renewal's error.
+	ScopedIdentity bool
+	TokenExpiry    time.Time
+	TokenRenewals  int
+	IdentityError  string
 }
 
 // state is the mutable part of a workload's status.

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
@@ -119,6 +120,12 @@ type ClusterReconciler struct {
 	// Clock decides serving CA rotation and serving certificates' validity;
 	// nil means the real clock.
 	Clock clock.PassiveClock
+	// TokenLifetime and TokenRenewBefore are the lifetime of the tokens of
+	// the controller's identity in each workload cluster and how long
+	// before expiry they are renewed (package scoped; 0 means its defaults).
+	TokenLifetime, TokenRenewBefore time.Duration
+	// IdentityMetrics, when set, counts token renewals and failures.
+	IdentityMetrics IdentityMetrics
 
 	mu      sync.Mutex
 	base    context.Context
@@ -318,6 +325,22 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if r.RESTConfig != nil {
 		r.RESTConfig(cfg)
 	}
+	generation := 1
+	if cur != nil {
+		generation = cur.state.snapshot().Generation + 1
+	}
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
+		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
+	// The admin credential installs the controller's own identity (once
+	// connected); every client below works through that identity's tokens
+	// (identity.go).
+	obs := &identityObserver{r: r, logger: logger, cluster: cluster, st: st}
+	id, err := scoped.New(scoped.Config{Admin: cfg, TokenLifetime: r.TokenLifetime, RenewBefore: r.TokenRenewBefore,
+		Providers: slices.Sorted(maps.Keys(r.Verifiers)), Observer: obs})
+	if err != nil {
+		return next, fmt.Errorf("unable to set up the controller's identity in the workload cluster: %w", err)
+	}
+	cfg = id.RESTConfig()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
@@ -369,24 +392,24 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	generation := 1
-	if cur != nil {
-		generation = cur.state.snapshot().Generation + 1
-	}
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
-		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
 	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
+	// The probe reports the cluster disconnected until the identity is
+	// installed; everything else waits for it.
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
-	if lockdown {
-		go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
-	} else {
-		go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
-	}
-	published := make(chan struct{})
-	go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 	go func() {
 		defer close(w.done)
+		if !r.connect(wctx, logger, cluster, id, obs) {
+			return
+		}
+		go id.Run(wctx)
+		if lockdown {
+			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+		} else {
+			go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+		}
+		published := make(chan struct{})
+		go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 		select { // a new serving CA signs once it is published
 		case <-published:
 		case <-wctx.Done():

@@ -82,6 +82,7 @@ type Option func(*options)
 
 type options struct {
 	apiServerArgs []string
+	audit         bool // WithAuditLog (audit.go)
 }
 
 // WithAPIServerArgs adds kube-apiserver flags, written "--name=value". A flag
@@ -116,6 +117,13 @@ func StartControlPlane(tb testing.TB, name string, opts ...Option) *ControlPlane
 	}
 	if err := cp.startEtcd(bin); err != nil {
 		tb.Fatalf("control plane %s: %v", name, err)
+	}
+	if o.audit {
+		args, err := cp.auditArgs()
+		if err != nil {
+			tb.Fatalf("control plane %s: %v", name, err)
+		}
+		o.apiServerArgs = append(args, o.apiServerArgs...)
 	}
 	if err := cp.startAPIServer(bin, o.apiServerArgs); err != nil {
 		tb.Fatalf("control plane %s: %v", name, err)
