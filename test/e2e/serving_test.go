@@ -74,7 +74,8 @@ func servedCertificate(addr string, roots *x509.CertPool) (*x509.Certificate, er
 // --kubelet-certificate-authority, refuses the hollow kubelet while it
 // serves a certificate of another CA and reaches it through the agent's;
 // when the addresses to request change, the agent replaces the certificate
-// and kubelet serves the new one without a restart.
+// and kubelet serves the new one without a restart; a denied renewal
+// leaves the installed one served.
 func TestServingCertificate(t *testing.T) {
 	hollow := hollowKubeletTLS(t)
 	caDir, _ := manufacturerCA(t, "Trusted TPM Maker")
@@ -160,6 +161,19 @@ agent:
 		}
 		if len(filed) != 2 {
 			t.Fatalf("%d serving CSRs, want the challenged one and its answer", len(filed))
+		}
+		// One answer, one certificate: the challenged request is closed.
+		issued, answered := 0, 0
+		for _, c := range filed {
+			if len(c.Status.Certificate) > 0 {
+				issued++
+			}
+			if denied(&c) == attestor.ReasonChallengeAnswered {
+				answered++
+			}
+		}
+		if issued != 1 || answered != 1 {
+			t.Errorf("serving CSRs: %d issued, %d closed %s; want one each", issued, answered, attestor.ReasonChallengeAnswered)
 		}
 		for _, c := range filed {
 			if c.Spec.Username != "system:node:"+name {
@@ -290,12 +304,58 @@ agent:
 			served, err := servedCertificate(kubeletAddr, roots)
 			return err == nil && served.Equal(second), nil
 		})
-		t.Logf("new certificate installed %s after SIGHUP, served by kubelet %s after it", installed.Round(time.Millisecond), (time.Since(start) - installed).Round(time.Millisecond))
+		t.Logf("new certificate installed %s after SIGHUP; kubelet served it %s after the test saw it on disk", installed.Round(time.Millisecond), (time.Since(start) - installed).Round(time.Millisecond))
 		if exited, err := kubelet.Exited(); exited {
 			t.Fatalf("kubelet exited: %v", err)
 		}
 		if body, err := proxyHealthz(); err != nil || strings.TrimSpace(body) != "ok" {
 			t.Fatalf("kubelet /healthz through kube-apiserver after rotation: %q, %v", body, err)
+		}
+	})
+
+	t.Run("a denied renewal keeps the installed certificate served", func(t *testing.T) {
+		before, err := serving.Load(servingPath, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := os.ReadFile(n.ConfigPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An address that is not the Machine's: the controller denies it.
+		bad := bytes.Replace(cfg, []byte("dnsNames: ["+name+", "+internalDNS+"]"), []byte("dnsNames: ["+name+", "+internalDNS+", kubernetes.default.svc]"), 1)
+		if bytes.Equal(bad, cfg) {
+			t.Fatal("config does not hold the dnsNames line")
+		}
+		if err := os.WriteFile(n.ConfigPath, bad, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(agent.PID(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		var st *status.State
+		harness.WaitFor(t, 2*time.Minute, func() (bool, error) {
+			st, err = status.LoadState(n.CacheDir)
+			return err == nil && st.ServingRenewal.ConsecutiveFailures > 0, nil
+		})
+		if !strings.Contains(st.ServingRenewal.Last.Error, attestor.ReasonSANNotMachineAddress) {
+			t.Errorf("status's last serving renewal error %q does not give the reason %s", st.ServingRenewal.Last.Error, attestor.ReasonSANNotMachineAddress)
+		}
+		after, err := serving.Load(servingPath, name)
+		if err != nil || !after.Leaf.Equal(before.Leaf) {
+			t.Fatalf("a denied renewal changed the installed certificate: %v", err)
+		}
+		if served, err := servedCertificate(kubeletAddr, roots); err != nil || !served.Equal(before.Leaf) {
+			t.Fatalf("kubelet no longer serves the installed certificate: %v", err)
+		}
+		if body, err := proxyHealthz(); err != nil || strings.TrimSpace(body) != "ok" {
+			t.Fatalf("kubelet /healthz through kube-apiserver: %q, %v", body, err)
+		}
+		if err := os.WriteFile(n.ConfigPath, cfg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(agent.PID(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
 		}
 	})
 
@@ -311,12 +371,15 @@ agent:
 		if rep.Serving == nil || rep.Serving.Path != servingPath || !slices.Contains(rep.Serving.DNSNames, internalDNS) || !rep.Serving.Usable {
 			t.Fatalf("status serving: %+v (error %q)", rep.Serving, rep.ServingError)
 		}
-		if rep.Agent == nil || !rep.Agent.ServingRenewal.Last.Success {
+		if rep.Agent == nil || rep.Agent.ServingRenewal.LastSuccess.IsZero() {
 			t.Fatalf("status agent serving renewal: %+v", rep.Agent)
 		}
 		body := scrape(t, "http://"+metricsAddr+"/metrics")
 		if v := metricValue(body, `kubelet_authenticator_serving_certificate_renewals_total{result="success"}`); v < 2 {
 			t.Errorf("serving renewals (success) = %v, want at least 2", v)
+		}
+		if v := metricValue(body, `kubelet_authenticator_serving_certificate_renewals_total{result="failure"}`); v < 1 {
+			t.Errorf("serving renewals (failure) = %v, want at least 1", v)
 		}
 		if v := metricValue(body, "kubelet_authenticator_serving_certificate_ttl_seconds"); v <= 0 {
 			t.Errorf("serving certificate TTL = %v", v)
