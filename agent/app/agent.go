@@ -212,6 +212,7 @@ type agent struct {
 	recorder  *status.Recorder
 	bundles   map[string]trustbundle.Status
 	cert      string // the certificate part of the last STATUS line
+	serving   string // the serving certificate's part, when serving.enabled
 }
 
 func (a *agent) certLine() string {
@@ -293,8 +294,12 @@ func (a *agent) sdStatus(cert string) {
 	n := len(a.bundles)
 	listenErr := a.listener.Err
 	a.cert = cert
+	servingLine := a.serving
 	a.mu.Unlock()
 	line := cert
+	if servingLine != "" {
+		line += "; " + servingLine
+	}
 	if n > 0 {
 		line += fmt.Sprintf("; trust bundles: %d current, %d stale", n-stale, stale)
 	}
@@ -308,7 +313,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	log := a.log
 	rec := status.NewRecorder(cfg.CacheDir)
 	a.mu.Lock()
-	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
+	a.recorder, a.bundles, a.serving = rec, map[string]trustbundle.Status{}, ""
 	listener := a.listener
 	a.mu.Unlock()
 	a.cleanUp(ctx, cfg)
@@ -446,6 +451,12 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *credential.Source) {
 	log := a.log.WithValues("path", cfg.Serving.Path, "signerName", cfg.Serving.SignerName)
 	mgr := &serving.Manager{Config: cfg, Source: src}
+	setLine := func(line string) {
+		a.mu.Lock()
+		a.serving = line
+		a.mu.Unlock()
+		a.sdStatus(a.certLine())
+	}
 	if dnsNames, ips, err := mgr.Addresses(); err != nil {
 		log.Error(err, "unable to tell the serving certificate's addresses")
 	} else {
@@ -463,12 +474,16 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 			if cert != nil && mgr.Stale(cert) {
 				log.Info("the serving certificate's addresses differ from the ones to request; replacing it now", "dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
 			}
+			if cert != nil {
+				setLine(fmt.Sprintf("serving certificate valid until %s", cert.NotAfter.UTC().Format(time.RFC3339)))
+			}
 			a.record(func(s *status.State) { s.ServingRenewal.NextAttempt = next })
 		},
 		OnAttempt: func(at daemon.Attempt) {
 			res := status.NewResult(at.Start, at.Duration, at.Err)
 			if at.Err != nil {
 				log.Error(at.Err, "serving certificate renewal failed; kubelet keeps serving the installed one", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				setLine(fmt.Sprintf("serving renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				a.record(func(s *status.State) {
 					s.ServingRenewal.Last, s.ServingRenewal.ConsecutiveFailures, s.ServingRenewal.NextAttempt = res, at.ConsecutiveFailures, at.NextAttempt
 				})
