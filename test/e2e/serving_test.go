@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -26,12 +27,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/serving"
 	"sigs.k8s.io/kubelet-authenticator/agent/status"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
@@ -75,7 +78,8 @@ func servedCertificate(addr string, roots *x509.CertPool) (*x509.Certificate, er
 // serves a certificate of another CA and reaches it through the agent's;
 // when the addresses to request change, the agent replaces the certificate
 // and kubelet serves the new one without a restart; a denied renewal
-// leaves the installed one served.
+// leaves the installed one served; short-lived certificates are renewed on
+// the client certificate's schedule and each is served by the same kubelet.
 func TestServingCertificate(t *testing.T) {
 	hollow := hollowKubeletTLS(t)
 	caDir, _ := manufacturerCA(t, "Trusted TPM Maker")
@@ -383,6 +387,70 @@ agent:
 		}
 		if v := metricValue(body, "kubelet_authenticator_serving_certificate_ttl_seconds"); v <= 0 {
 			t.Errorf("serving certificate TTL = %v", v)
+		}
+	})
+
+	t.Run("short-lived certificates: renewed on schedule, each served without restarting kubelet", func(t *testing.T) {
+		// An in-test signer with the controller's serving CA stands in for
+		// the controller (whose certificates live at least 10 minutes), so
+		// that the agent's renewal point, 70% to 90% of the lifetime, comes
+		// every few seconds.
+		env.StopController()
+		var sec corev1.Secret
+		if err := env.Mgmt.Client.Get(ctx, client.ObjectKey{Namespace: env.Namespace, Name: env.Cluster + capi.ServingCASecretSuffix}, &sec); err != nil {
+			t.Fatal(err)
+		}
+		pair, err := tls.X509KeyPair(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
+		if !ok {
+			t.Fatalf("serving CA key is a %T", pair.PrivateKey)
+		}
+		const lifetime = 20 * time.Second
+		signer := &shortLivedSigner{cp: env.Workload, signer: attestor.ServingSignerName(tpm.Name), lifetime: lifetime,
+			ca: &harness.CA{Cert: pair.Leaf, Key: key}, serving: true}
+		sctx, stop := context.WithCancel(ctx)
+		signerDone := make(chan struct{})
+		go func() { defer close(signerDone); signer.run(sctx, t) }()
+		defer func() { stop(); <-signerDone }()
+
+		// Back to the discovered addresses: replaced at once, by a
+		// short-lived certificate.
+		cfg, err := os.ReadFile(n.ConfigPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg = bytes.Replace(cfg, fmt.Appendf(nil, "  dnsNames: [%s, %s]\n  ipAddresses: [%q]\n", name, internalDNS, hostIP), nil, 1)
+		if err := os.WriteFile(n.ConfigPath, cfg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(agent.PID(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		var serials []string
+		start := time.Now()
+		harness.WaitFor(t, 3*time.Minute, func() (bool, error) {
+			// What is on disk is what the same kubelet serves, and
+			// kube-apiserver verifies it.
+			cred, err := serving.Load(servingPath, name)
+			if err != nil || cred.Leaf.NotAfter.Sub(cred.Leaf.NotBefore) > lifetime {
+				return false, nil
+			}
+			served, err := servedCertificate(kubeletAddr, roots)
+			if err != nil || !served.Equal(cred.Leaf) || slices.Contains(serials, served.SerialNumber.String()) {
+				return false, nil
+			}
+			if body, err := proxyHealthz(); err != nil || strings.TrimSpace(body) != "ok" {
+				t.Fatalf("kubelet /healthz through kube-apiserver with certificate %d: %q, %v", len(serials)+1, body, err)
+			}
+			serials = append(serials, served.SerialNumber.String())
+			t.Logf("certificate %d (valid %s) served %s after SIGHUP", len(serials), served.NotAfter.Sub(served.NotBefore), time.Since(start).Round(time.Millisecond))
+			return len(serials) >= 3, nil
+		})
+		if exited, err := kubelet.Exited(); exited {
+			t.Fatalf("kubelet exited: %v", err)
 		}
 	})
 }
