@@ -45,6 +45,10 @@ const PendingKeyFile = "kubelet-server-pending.key"
 // ErrNotFound is returned by Load when no serving certificate is installed.
 var ErrNotFound = errors.New("no serving certificate installed")
 
+// errOtherSANs is the refusal of a certificate for other addresses than
+// requested: the request in flight was filed before the addresses changed.
+var errOtherSANs = errors.New("the signer issued other addresses than requested")
+
 // Manager requests, checks and installs the serving certificate. It
 // implements daemon.Renewer; its Load and Stale are the loop's.
 type Manager struct {
@@ -193,6 +197,11 @@ func (m *Manager) Renew(ctx context.Context) (*cache.Credential, time.Time, erro
 		PendingKeyFile: PendingKeyFile,
 		Store:          func(certPEM, keyPEM []byte) error { return m.install(certPEM, keyPEM, dnsNames, ips) },
 	})
+	if errors.Is(err, errOtherSANs) {
+		// The pending key's request (same key, same name) carries the old
+		// addresses: start afresh.
+		_ = cache.Dir{Path: cfg.CacheDir}.ClearKey(PendingKeyFile)
+	}
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -216,8 +225,8 @@ func (m *Manager) install(certPEM, keyPEM []byte, dnsNames []string, ips []net.I
 		return fmt.Errorf("refusing to install the serving certificate: %w", err)
 	}
 	if !sameSANs(cred.Leaf, dnsNames, ips) {
-		return fmt.Errorf("refusing to install the serving certificate: the signer issued DNS %q IP %v, not the requested DNS %q IP %v",
-			cred.Leaf.DNSNames, cred.Leaf.IPAddresses, dnsNames, ips)
+		return fmt.Errorf("refusing to install the serving certificate: %w: DNS %q IP %v, not the requested DNS %q IP %v",
+			errOtherSANs, cred.Leaf.DNSNames, cred.Leaf.IPAddresses, dnsNames, ips)
 	}
 	path := m.Config.Serving.Path
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {

@@ -96,7 +96,7 @@ func TestInstallAndLoad(t *testing.T) {
 		dns   []string
 		want  string
 	}{
-		"other addresses": {"system:node:n1", x509.ExtKeyUsageServerAuth, []string{"evil.example.com"}, "not the requested"},
+		"other addresses": {"system:node:n1", x509.ExtKeyUsageServerAuth, []string{"evil.example.com"}, errOtherSANs.Error()},
 		"other node":      {"system:node:n2", x509.ExtKeyUsageServerAuth, dns, `not system:node:n1`},
 		"client usage":    {"system:node:n1", x509.ExtKeyUsageClientAuth, dns, "not for server authentication"},
 	} {
