@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
 	"sigs.k8s.io/kubelet-authenticator/agent/daemon"
 	"sigs.k8s.io/kubelet-authenticator/agent/metrics"
+	"sigs.k8s.io/kubelet-authenticator/agent/serving"
 	"sigs.k8s.io/kubelet-authenticator/agent/status"
 	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -37,7 +38,7 @@ func newAgentCommand() *cobra.Command {
 	o := &agentOptions{}
 	cmd := &cobra.Command{
 		Use:   "agent",
-		Short: "Run beside kubelet: renew its client certificate ahead of expiry and project trust bundles",
+		Short: "Run beside kubelet: renew its client (and serving) certificate ahead of expiry and project trust bundles",
 		Long: `agent is the node's long-running service (systemd Type=notify, with watchdog).
 
 It renews kubelet's client certificate with fresh attestation at a random
@@ -45,6 +46,14 @@ point between 70% and 90% of its lifetime, through the same cache and lock
 as the credential plugin, so that the plugin always finds a fresh
 certificate. A failed renewal keeps the current certificate and is retried
 with exponential backoff (agent.renewalRetryInitial .. agent.renewalRetryMax).
+
+With serving.enabled, it also keeps kubelet's serving certificate: a key
+made on the node, a CSR to the attested serving signer
+(cluster.x-k8s.io/kubelet-serving-<attestor>) filed as the node itself with
+fresh evidence, for the node's addresses (serving.dnsNames/ipAddresses, or
+the node name and its primary address), written with its chain to
+serving.path (kubelet's tlsCertFile and tlsPrivateKeyFile), renewed by the
+same rule, and at once when the addresses to request change.
 
 It projects the ClusterTrustBundles listed under trustBundles in the config
 to host files, authenticating as the node with its client certificate.
@@ -203,6 +212,7 @@ type agent struct {
 	recorder  *status.Recorder
 	bundles   map[string]trustbundle.Status
 	cert      string // the certificate part of the last STATUS line
+	serving   string // the serving certificate's part, when serving.enabled
 }
 
 func (a *agent) certLine() string {
@@ -284,8 +294,12 @@ func (a *agent) sdStatus(cert string) {
 	n := len(a.bundles)
 	listenErr := a.listener.Err
 	a.cert = cert
+	servingLine := a.serving
 	a.mu.Unlock()
 	line := cert
+	if servingLine != "" {
+		line += "; " + servingLine
+	}
 	if n > 0 {
 		line += fmt.Sprintf("; trust bundles: %d current, %d stale", n-stale, stale)
 	}
@@ -299,7 +313,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	log := a.log
 	rec := status.NewRecorder(cfg.CacheDir)
 	a.mu.Lock()
-	a.recorder, a.bundles = rec, map[string]trustbundle.Status{}
+	a.recorder, a.bundles, a.serving = rec, map[string]trustbundle.Status{}, ""
 	listener := a.listener
 	a.mu.Unlock()
 	a.cleanUp(ctx, cfg)
@@ -382,6 +396,16 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			log.Error(err, "renewal loop stopped")
 		}
 	})
+	if cfg.Serving.Enabled {
+		wg.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-haveCert:
+			}
+			a.runServing(ctx, cfg, src)
+		})
+	}
 	if len(cfg.TrustBundles) > 0 {
 		wg.Go(func() {
 			select {
@@ -419,6 +443,62 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		})
 	}
 	wg.Wait()
+}
+
+// runServing keeps kubelet's serving certificate (serving.enabled) with the
+// client certificate's renewal loop and rule, once the node has a client
+// certificate to ask for it with.
+func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *credential.Source) {
+	log := a.log.WithValues("path", cfg.Serving.Path, "signerName", cfg.Serving.SignerName)
+	mgr := &serving.Manager{Config: cfg, Source: src}
+	setLine := func(line string) {
+		a.mu.Lock()
+		a.serving = line
+		a.mu.Unlock()
+		a.sdStatus(a.certLine())
+	}
+	if dnsNames, ips, err := mgr.Addresses(); err != nil {
+		log.Error(err, "unable to tell the serving certificate's addresses")
+	} else {
+		log.Info("keeping kubelet's serving certificate", "dnsNames", dnsNames, "ipAddresses", ips)
+	}
+	ren := &daemon.Renewal{
+		Renewer:      mgr,
+		Load:         mgr.Load,
+		Stale:        mgr.Stale,
+		NodeName:     cfg.NodeName,
+		RetryInitial: cfg.Agent.RenewalRetryInitial.Duration,
+		RetryMax:     cfg.Agent.RenewalRetryMax.Duration,
+		Metrics:      a.metrics.ServingRenewal(),
+		OnSchedule: func(cert *x509.Certificate, next time.Time) {
+			if cert != nil && mgr.Stale(cert) {
+				log.Info("the serving certificate's addresses differ from the ones to request; replacing it now", "dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
+			}
+			if cert != nil {
+				setLine(fmt.Sprintf("serving certificate valid until %s", cert.NotAfter.UTC().Format(time.RFC3339)))
+			}
+			a.record(func(s *status.State) { s.ServingRenewal.NextAttempt = next })
+		},
+		OnAttempt: func(at daemon.Attempt) {
+			res := status.NewResult(at.Start, at.Duration, at.Err)
+			if at.Err != nil {
+				log.Error(at.Err, "serving certificate renewal failed; kubelet keeps serving the installed one", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				setLine(fmt.Sprintf("serving renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
+				a.record(func(s *status.State) {
+					s.ServingRenewal.Last, s.ServingRenewal.ConsecutiveFailures, s.ServingRenewal.NextAttempt = res, at.ConsecutiveFailures, at.NextAttempt
+				})
+				return
+			}
+			log.Info("installed a new kubelet serving certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
+				"dnsNames", at.Certificate.DNSNames, "ipAddresses", at.Certificate.IPAddresses, "took", at.Duration.Round(time.Millisecond))
+			a.record(func(s *status.State) {
+				s.ServingRenewal.Last, s.ServingRenewal.LastSuccess, s.ServingRenewal.ConsecutiveFailures = res, at.Start, 0
+			})
+		},
+	}
+	if err := ren.Run(ctx); err != nil {
+		log.Error(err, "serving certificate loop stopped")
+	}
 }
 
 // cleanUp removes what an earlier run left behind: temporary files of a

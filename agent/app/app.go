@@ -21,14 +21,15 @@ import (
 func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "kubelet-authenticator",
-		Short: "Attested kubelet client certificates and trust bundles for a Kubernetes node",
+		Short: "Attested kubelet client (and serving) certificates and trust bundles for a Kubernetes node",
 		Long: `kubelet-authenticator proves what this node is (its TPM, or its cloud
 provider's signed identity) inside the certificate signing request that gets
 kubelet its client certificate, so that a bootstrap token alone cannot
 register a node.
 
   credential   the client-go exec credential plugin kubelet's kubeconfig runs
-  agent        the service beside kubelet: renewal, trust bundles, metrics
+  agent        the service beside kubelet: renewal, kubelet's serving
+               certificate (serving.enabled), trust bundles, metrics
   status       the certificate, the last renewal, the trust bundles
   version      print the version`,
 		SilenceUsage:  true,

@@ -5,6 +5,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/google/go-tpm/tpm2/transport"
 
@@ -25,14 +26,38 @@ func simulatorOpener(c *config.TPMSimulatorConfig) (tpm.Opener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unable to load the simulator's manufacturer CA: %w", err)
 	}
-	var sim transport.TPMCloser
 	return func() (transport.TPMCloser, error) {
-		if sim == nil {
-			if sim, err = tpmsim.OpenProvisioned(c.Seed, ca); err != nil {
-				return nil, err
-			}
+		sim, err := processSimulator(c.Seed, ca)
+		if err != nil {
+			return nil, err
 		}
 		// One simulator per process: keep it open across both rounds.
 		return tpmsim.NopCloser(sim), nil
 	}, nil
+}
+
+// simulator is the process's one simulator: the reference TPM's state is
+// global, and opening a second one waits (ignoring any context) until the
+// first is closed. An agent that reloads its configuration builds a new
+// attestor and keeps using this one.
+var simulator struct {
+	sync.Mutex
+	seed int64
+	sim  transport.TPMCloser
+}
+
+func processSimulator(seed int64, ca *tpmtest.ManufacturerCA) (transport.TPMCloser, error) {
+	simulator.Lock()
+	defer simulator.Unlock()
+	if simulator.sim == nil {
+		sim, err := tpmsim.OpenProvisioned(seed, ca)
+		if err != nil {
+			return nil, err
+		}
+		simulator.seed, simulator.sim = seed, sim
+	}
+	if simulator.seed != seed {
+		return nil, fmt.Errorf("the in-process TPM simulator runs one TPM per process (seed %d); restart to change tpm.simulator.seed", simulator.seed)
+	}
+	return simulator.sim, nil
 }

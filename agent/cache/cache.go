@@ -178,10 +178,21 @@ func (d Dir) Store(certPEM, keyPEM []byte) error {
 	return WriteFileAtomic(filepath.Join(d.Path, CurrentFile), append(h.Encode(body), body...), 0o600)
 }
 
-// LoadPendingKey returns the key of a CSR in flight, or nil if there is none
-// (or the file is unusable, in which case it is discarded).
-func (d Dir) LoadPendingKey() (*ecdsa.PrivateKey, error) {
-	p := filepath.Join(d.Path, PendingKeyFile)
+// LoadPendingKey returns the key of a client CSR in flight, or nil if
+// there is none (or the file is unusable, in which case it is discarded).
+func (d Dir) LoadPendingKey() (*ecdsa.PrivateKey, error) { return d.LoadKey(PendingKeyFile) }
+
+// StorePendingKey records the key of a client CSR about to be filed (0600).
+func (d Dir) StorePendingKey(key *ecdsa.PrivateKey) error { return d.StoreKey(PendingKeyFile, key) }
+
+// ClearPendingKey forgets the key of the client CSR in flight.
+func (d Dir) ClearPendingKey() error { return d.ClearKey(PendingKeyFile) }
+
+// LoadKey returns the key in the named file of the directory (the key of a
+// CSR in flight), or nil if there is none or the file is unusable, in which
+// case it is discarded: a corrupt key is replaced, never trusted.
+func (d Dir) LoadKey(name string) (*ecdsa.PrivateKey, error) {
+	p := filepath.Join(d.Path, name)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -191,15 +202,14 @@ func (d Dir) LoadPendingKey() (*ecdsa.PrivateKey, error) {
 	}
 	key, err := parseECKey(data)
 	if err != nil {
-		// A corrupt pending key is replaced, never trusted.
 		_ = os.Remove(p)
 		return nil, nil
 	}
 	return key, nil
 }
 
-// StorePendingKey records the key of a CSR about to be filed (0600).
-func (d Dir) StorePendingKey(key *ecdsa.PrivateKey) error {
+// StoreKey writes key to the named file of the directory (0600).
+func (d Dir) StoreKey(name string, key *ecdsa.PrivateKey) error {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return fmt.Errorf("unable to encode key: %w", err)
@@ -207,12 +217,12 @@ func (d Dir) StorePendingKey(key *ecdsa.PrivateKey) error {
 	if err := d.Ensure(); err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(d.Path, PendingKeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	return WriteFileAtomic(filepath.Join(d.Path, name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
 }
 
-// ClearPendingKey forgets the key of the CSR in flight.
-func (d Dir) ClearPendingKey() error {
-	err := os.Remove(filepath.Join(d.Path, PendingKeyFile))
+// ClearKey removes the named key file of the directory.
+func (d Dir) ClearKey(name string) error {
+	err := os.Remove(filepath.Join(d.Path, name))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("unable to remove pending key: %w", err)
 	}

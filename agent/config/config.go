@@ -114,7 +114,46 @@ type NodeConfig struct {
 	// TrustBundles lists the ClusterTrustBundle projections the agent keeps
 	// current on disk, each in a directory of its own.
 	TrustBundles []TrustBundleProjection `json:"trustBundles,omitempty"`
+	// Serving configures kubelet's serving certificate, which the agent
+	// requests, renews and installs when enabled.
+	Serving ServingConfig `json:"serving,omitempty"`
 }
+
+// ServingConfig configures kubelet's serving certificate: requested by the
+// agent as the node itself (its client certificate) from the attested
+// serving signer, with this node's evidence, and written where kubelet's
+// tlsCertFile and tlsPrivateKeyFile name it.
+type ServingConfig struct {
+	// Enabled turns it on. Default: off (kubelet must be configured to
+	// read the file, and the attestor must be one that vouches for serving
+	// certificates: not insecure).
+	Enabled bool `json:"enabled,omitempty"`
+	// SignerName overrides the signer name. Default:
+	// cluster.x-k8s.io/kubelet-serving-<attestor>.
+	SignerName string `json:"signerName,omitempty"`
+	// Path is the file holding the certificate chain followed by its key
+	// (0600, replaced atomically): set kubelet's tlsCertFile and
+	// tlsPrivateKeyFile both to it. Default:
+	// <cacheDir>/kubelet-server-current.pem.
+	Path string `json:"path,omitempty"`
+	// DNSNames and IPAddresses are the subject alternative names to
+	// request; the signer issues only addresses of the node's Machine.
+	// When both are empty they are discovered: the node name, and the
+	// address kubelet reports as the node's InternalIP when it has no
+	// --node-ip or cloud provider (the address of the interface with the
+	// default route).
+	DNSNames    []string `json:"dnsNames,omitempty"`
+	IPAddresses []string `json:"ipAddresses,omitempty"`
+	// CertificateLifetime is the lifetime requested (spec.expirationSeconds);
+	// 0 leaves it to the signer. Renewal follows the client certificate's
+	// rule: at a random point between 70% and 90% of the lifetime.
+	CertificateLifetime Duration `json:"certificateLifetime,omitempty"`
+}
+
+// DefaultServingFile is the name of the serving certificate file in the
+// cache directory when serving.path is not set: the name kubelet's own
+// serving certificate rotation uses.
+const DefaultServingFile = "kubelet-server-current.pem"
 
 // AgentConfig configures the agent.
 type AgentConfig struct {
@@ -255,6 +294,12 @@ func (c *NodeConfig) Default() {
 	if c.RequestTimeout.Duration == 0 {
 		c.RequestTimeout.Duration = DefaultRequestTimeout
 	}
+	if c.Serving.SignerName == "" {
+		c.Serving.SignerName = attestor.ServingSignerName(c.Attestor)
+	}
+	if c.Serving.Path == "" && c.CacheDir != "" {
+		c.Serving.Path = filepath.Join(c.CacheDir, DefaultServingFile)
+	}
 	if c.Agent.MetricsBindAddress == "" {
 		c.Agent.MetricsBindAddress = DefaultMetricsBindAddress
 	}
@@ -294,6 +339,7 @@ func (c *NodeConfig) Validate() error {
 		errs = append(errs, errors.New("cacheDir is required"))
 	}
 	errs = append(errs, c.Agent.validate()...)
+	errs = append(errs, c.validateServing()...)
 	errs = append(errs, c.validateCloud()...)
 	dirs := map[string]int{}
 	for i, p := range c.TrustBundles {
@@ -312,6 +358,42 @@ func (c *NodeConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (c *NodeConfig) validateServing() []error {
+	s := c.Serving
+	if !s.Enabled {
+		return nil
+	}
+	var errs []error
+	if c.Attestor == "insecure" {
+		errs = append(errs, errors.New("serving.enabled: attestor insecure issues client certificates only (it proves nothing beyond a bootstrap token and a claimed provider ID); use a hardware or cloud attestor, or leave kubelet's serving certificate to kubelet"))
+	}
+	if s.SignerName != "" && !strings.Contains(strings.SplitN(s.SignerName, "/", 2)[0], ".") {
+		errs = append(errs, fmt.Errorf("serving.signerName %q must be <domain>/<path> with a dotted domain", s.SignerName))
+	}
+	switch {
+	case s.Path == "":
+		errs = append(errs, errors.New("serving.path is required"))
+	case !filepath.IsAbs(s.Path) || filepath.Clean(s.Path) != s.Path:
+		errs = append(errs, fmt.Errorf("serving.path %q must be a clean absolute path", s.Path))
+	case c.CacheDir != "" && filepath.Dir(s.Path) == filepath.Clean(c.CacheDir) && filepath.Base(s.Path) != DefaultServingFile:
+		errs = append(errs, fmt.Errorf("serving.path %q: in the cache directory, only %s is the serving certificate's", s.Path, DefaultServingFile))
+	}
+	for i, n := range s.DNSNames {
+		for _, msg := range validation.IsDNS1123Subdomain(n) {
+			errs = append(errs, fmt.Errorf("serving.dnsNames[%d] %q: %s", i, n, msg))
+		}
+	}
+	for i, a := range s.IPAddresses {
+		if ip := net.ParseIP(a); ip == nil || ip.IsUnspecified() {
+			errs = append(errs, fmt.Errorf("serving.ipAddresses[%d] %q is not an IP address", i, a))
+		}
+	}
+	if d := s.CertificateLifetime.Duration; d != 0 && d < 10*time.Minute {
+		errs = append(errs, errors.New("serving.certificateLifetime must be at least 10m (the API server's minimum) or unset"))
+	}
+	return errs
 }
 
 func (a AgentConfig) validate() []error {

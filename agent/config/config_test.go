@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -70,5 +71,58 @@ func TestMetricsBindAddress(t *testing.T) {
 		if err := c.Validate(); (err == nil) != ok {
 			t.Errorf("metricsBindAddress %q: valid %v, want %v (%v)", addr, err == nil, ok, err)
 		}
+	}
+}
+
+// TestServing: off by default, defaults to the attestor's serving signer
+// and kubelet's file name in the cache directory; when enabled, insecure
+// (client-only), bad names, addresses, paths and lifetimes are each named.
+func TestServing(t *testing.T) {
+	c := &NodeConfig{NodeName: "n1", Attestor: "tpm", CacheDir: "/var/lib/ka"}
+	c.Default()
+	if c.Serving.Enabled {
+		t.Fatal("serving on by default")
+	}
+	if c.Serving.SignerName != "cluster.x-k8s.io/kubelet-serving-tpm" || c.Serving.Path != "/var/lib/ka/kubelet-server-current.pem" {
+		t.Fatalf("defaults: %+v", c.Serving)
+	}
+	c.Serving.Enabled = true
+	if err := c.Validate(); err != nil {
+		t.Fatalf("enabled with defaults: %v", err)
+	}
+	c.Serving.DNSNames = []string{"n1", "n1.internal"}
+	c.Serving.IPAddresses = []string{"10.0.0.5", "fd00::5"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := &NodeConfig{NodeName: "n1", Attestor: "insecure", CacheDir: "/var/lib/ka", Serving: ServingConfig{
+		Enabled: true, SignerName: "nodomain", Path: "/var/lib/ka/kubelet-client-current.pem",
+		DNSNames: []string{"Bad_Name"}, IPAddresses: []string{"10.0.0.300", "0.0.0.0"},
+		CertificateLifetime: Duration{time.Minute},
+	}}
+	bad.Default()
+	err := bad.Validate()
+	if err == nil {
+		t.Fatal("invalid serving configuration accepted")
+	}
+	for _, want := range []string{
+		"attestor insecure issues client certificates only", `serving.signerName "nodomain"`, "only kubelet-server-current.pem",
+		"serving.dnsNames[0]", `serving.ipAddresses[0] "10.0.0.300"`, `serving.ipAddresses[1] "0.0.0.0"`, "serving.certificateLifetime",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+	rel := &NodeConfig{NodeName: "n1", Attestor: "tpm", CacheDir: "/var/lib/ka", Serving: ServingConfig{Enabled: true, Path: "pki/server.pem"}}
+	rel.Default()
+	if err := rel.Validate(); err == nil || !strings.Contains(err.Error(), "clean absolute path") {
+		t.Errorf("relative serving.path: %v", err)
+	}
+	// Disabled, nothing of it is checked: an insecure node's config stays valid.
+	off := &NodeConfig{NodeName: "n1", Attestor: "insecure", CacheDir: "/var/lib/ka"}
+	off.Default()
+	if err := off.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -159,55 +159,101 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 	return cred, rotation.Expiration(cred.Leaf), nil
 }
 
-// obtain files a CSR with fresh evidence and waits for the certificate.
-// current, when set, is a usable certificate that authenticates the renewal
-// as the node itself. A challenge lost to time (the request filed by an
-// earlier call, challenged while nobody was there to answer) is filed anew
-// once, so that no person has to step in.
-func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
-	cred, err := s.obtainOnce(ctx, current)
-	var denied *csr.DeniedError
-	if errors.As(err, &denied) && slices.Contains(challengeLostReasons, denied.Reason) {
-		s.logf("the challenge on %s was not answered in time (%s); filing anew", denied.Name, denied.Reason)
-		return s.obtainOnce(ctx, current)
-	}
-	return cred, err
+// Request is one kind of certificate the node asks a signer for: the
+// client certificate (the exec plugin's and the agent's renewals), or the
+// serving certificate (agent/serving). Every kind goes through the same
+// steps: a key kept while its CSR is in flight, fresh evidence bound to it,
+// version negotiation, the challenge round, and the wait.
+type Request struct {
+	// SignerName, Usages and Lifetime (0: the signer's) go into the CSR
+	// object.
+	SignerName string
+	Usages     []certificatesv1.KeyUsage
+	Lifetime   time.Duration
+	// PKCS10 builds the DER certificate request for key.
+	PKCS10 func(key *ecdsa.PrivateKey) ([]byte, error)
+	// PendingKeyFile names the file of the cache directory that keeps the
+	// key of a request in flight, so that a retry finds the same CSR.
+	PendingKeyFile string
+	// Store keeps the issued chain (PEM) and its key (PEM, PKCS#8); the
+	// pending key is dropped once it succeeds.
+	Store func(certPEM, keyPEM []byte) error
 }
 
-func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
+// obtain files a client CSR with fresh evidence and waits for the
+// certificate. current, when set, is a usable certificate that
+// authenticates the renewal as the node itself.
+func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
 	cfg := s.Config
 	restCfg, err := s.restConfig(current)
 	if err != nil {
 		return nil, err
 	}
-	client, err := csr.NewClient(restCfg)
+	dir := s.dir()
+	err = s.Obtain(ctx, restCfg, &Request{
+		SignerName:     cfg.SignerName,
+		Usages:         csr.ClientUsages,
+		Lifetime:       cfg.CertificateLifetime.Duration,
+		PKCS10:         func(key *ecdsa.PrivateKey) ([]byte, error) { return csr.PKCS10(key, cfg.NodeName, cfg.ProviderID) },
+		PendingKeyFile: cache.PendingKeyFile,
+		Store: func(certPEM, keyPEM []byte) error {
+			if err := dir.Store(certPEM, keyPEM); err != nil {
+				return err
+			}
+			s.recordCluster(restCfg)
+			return nil
+		},
+	})
 	if err != nil {
 		return nil, err
 	}
-	dir := s.dir()
-	key, err := dir.LoadPendingKey()
+	return dir.Load()
+}
+
+// Obtain files r with fresh evidence through restCfg, waits for the
+// certificate and stores it. A challenge lost to time (the request filed by
+// an earlier call, challenged while nobody was there to answer) is filed
+// anew once, so that no person has to step in.
+func (s *Source) Obtain(ctx context.Context, restCfg *rest.Config, r *Request) error {
+	err := s.obtainOnce(ctx, restCfg, r)
+	var denied *csr.DeniedError
+	if errors.As(err, &denied) && slices.Contains(challengeLostReasons, denied.Reason) {
+		s.logf("the challenge on %s was not answered in time (%s); filing anew", denied.Name, denied.Reason)
+		return s.obtainOnce(ctx, restCfg, r)
+	}
+	return err
+}
+
+func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Request) error {
+	cfg := s.Config
+	client, err := csr.NewClient(restCfg)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	dir := s.dir()
+	key, err := dir.LoadKey(r.PendingKeyFile)
+	if err != nil {
+		return err
 	}
 	if key == nil {
 		if key, err = csr.GenerateKey(); err != nil {
-			return nil, fmt.Errorf("unable to generate key: %w", err)
+			return fmt.Errorf("unable to generate key: %w", err)
 		}
-		if err := dir.StorePendingKey(key); err != nil {
-			return nil, err
+		if err := dir.StoreKey(r.PendingKeyFile, key); err != nil {
+			return err
 		}
 	}
 	spki, err := csr.SPKI(key)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	binding := attestor.Binding(spki)
-	pkcs10, err := csr.PKCS10(key, cfg.NodeName, cfg.ProviderID)
+	pkcs10, err := r.PKCS10(key)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var expiration *int32
-	if d := cfg.CertificateLifetime.Duration; d > 0 {
+	if d := r.Lifetime; d > 0 {
 		v := int32(d / time.Second)
 		expiration = &v
 	}
@@ -216,7 +262,7 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 	tried := map[string]bool{}
 	for {
 		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version}
-		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, req)
+		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, r, req)
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
 			tried[version] = true
@@ -232,29 +278,28 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 		if err != nil {
 			if errors.As(err, &denied) {
 				// A denied key is never reused: the next attempt starts afresh.
-				_ = dir.ClearPendingKey()
+				_ = dir.ClearKey(r.PendingKeyFile)
 			}
-			return nil, err
+			return err
 		}
 		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-		if err := dir.Store(certPEM, keyPEM); err != nil {
-			return nil, err
+		if err := r.Store(certPEM, keyPEM); err != nil {
+			return err
 		}
-		s.recordCluster(restCfg)
-		if err := dir.ClearPendingKey(); err != nil {
+		if err := dir.ClearKey(r.PendingKeyFile); err != nil {
 			s.logf("%v", err)
 		}
-		return dir.Load()
+		return nil
 	}
 }
 
 // fileAndWait files one CSR (and, for attestors that answer a challenge, the
 // second) and returns the issued certificate.
-func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, req *attestor.Request) ([]byte, error) {
+func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, r *Request, req *attestor.Request) ([]byte, error) {
 	cfg := s.Config
 	provider := cfg.Attestor
 	att, err := s.Attestor.Attest(ctx, req)
@@ -266,15 +311,15 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	name, err := csr.Name(cfg.SignerName, cfg.NodeName, key, version, "1")
+	name, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "1")
 	if err != nil {
 		return nil, err
 	}
-	obj, err := client.Create(ctx, csr.Object(name, cfg.SignerName, request, expiration, att.Annotations))
+	obj, err := client.Create(ctx, csr.ObjectWithUsages(name, r.SignerName, r.Usages, request, expiration, att.Annotations))
 	if err != nil {
 		return nil, err
 	}
-	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, cfg.SignerName, provider, version)
+	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, r.SignerName, provider, version)
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
 	obj, err = client.Wait(ctx, name, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
@@ -304,11 +349,11 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	name2, err := csr.Name(cfg.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
+	name2, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
 	if err != nil {
 		return nil, err
 	}
-	if _, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, answer.Annotations)); err != nil {
+	if _, err := client.Create(ctx, csr.ObjectWithUsages(name2, r.SignerName, r.Usages, request2, expiration, answer.Annotations)); err != nil {
 		return nil, err
 	}
 	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)
@@ -354,6 +399,17 @@ func (s *Source) bootstrapRefused(lapsed *x509.Certificate, err error) error {
 	}
 	return fmt.Errorf("the API server refused the bootstrap credential in %s (its token expired or was deleted), and %s: "+
 		"put a new bootstrap token in %s and the node attests again (%s): %w", s.Config.BootstrapKubeconfig, own, s.Config.BootstrapKubeconfig, RecoveryDoc, err)
+}
+
+// NodeRESTConfig returns the client configuration that reaches the
+// node's cluster as the node itself, with current (a usable client
+// credential): what the serving certificate is requested with, never the
+// bootstrap credential.
+func (s *Source) NodeRESTConfig(current *cache.Credential) (*rest.Config, error) {
+	if current == nil {
+		return nil, errors.New("no client credential to authenticate as the node")
+	}
+	return s.restConfig(current)
 }
 
 // restConfig returns the client configuration for filing the CSR. A

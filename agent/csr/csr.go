@@ -1,5 +1,5 @@
-// Package csr builds attested kubelet client certificate signing requests as
-// the wire contract lays them out, files them under a deterministic name so
+// Package csr builds attested kubelet certificate signing requests (client
+// and serving) as the wire contract lays them out, files them under a deterministic name so
 // that a retry finds the same object, and waits for the signer's answer.
 package csr
 
@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,10 @@ const NamePrefix = "kubelet-authenticator-"
 // ClientUsages are the usages of a kubelet client certificate.
 var ClientUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 
+// ServingUsages are the usages of a kubelet serving certificate (ECDSA
+// keys: no key encipherment).
+var ServingUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+
 // GenerateKey returns a new ECDSA P-256 key, the only key type the contract
 // uses for kubelet client certificates.
 func GenerateKey() (*ecdsa.PrivateKey, error) {
@@ -57,9 +62,23 @@ func Binding(key *ecdsa.PrivateKey) ([]byte, error) {
 	return attestor.Binding(spki), nil
 }
 
-// PKCS10 returns the DER certificate request for nodeName, carrying
-// providerID in the provider-ID extension, signed by key.
+// PKCS10 returns the DER client certificate request for nodeName, carrying
+// providerID in the provider-ID extension, signed by key. It has no SANs.
 func PKCS10(key *ecdsa.PrivateKey, nodeName, providerID string) ([]byte, error) {
+	return request(key, nodeName, providerID, nil, nil)
+}
+
+// ServingPKCS10 returns the DER serving certificate request for nodeName:
+// the same subject and provider-ID extension as PKCS10, and the node's
+// addresses as DNS and IP SANs (the signer accepts only the Machine's own).
+func ServingPKCS10(key *ecdsa.PrivateKey, nodeName, providerID string, dnsNames []string, ips []net.IP) ([]byte, error) {
+	if len(dnsNames)+len(ips) == 0 {
+		return nil, errors.New("a serving certificate request needs at least one DNS name or IP address")
+	}
+	return request(key, nodeName, providerID, dnsNames, ips)
+}
+
+func request(key *ecdsa.PrivateKey, nodeName, providerID string, dnsNames []string, ips []net.IP) ([]byte, error) {
 	ext, err := attestor.ProviderIDExtension(providerID)
 	if err != nil {
 		return nil, err
@@ -69,6 +88,8 @@ func PKCS10(key *ecdsa.PrivateKey, nodeName, providerID string) ([]byte, error) 
 			CommonName:   "system:node:" + nodeName,
 			Organization: []string{"system:nodes"},
 		},
+		DNSNames:        dnsNames,
+		IPAddresses:     ips,
 		ExtraExtensions: []pkix.Extension{ext},
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
@@ -94,15 +115,21 @@ func Name(signerName, nodeName string, key *ecdsa.PrivateKey, version, round str
 	return NamePrefix + hex.EncodeToString(h.Sum(nil)[:16]), nil
 }
 
-// Object returns the CertificateSigningRequest object to file.
+// Object returns the client CertificateSigningRequest object to file.
 func Object(name, signerName string, request []byte, expirationSeconds *int32, annotations map[string]string) *certificatesv1.CertificateSigningRequest {
+	return ObjectWithUsages(name, signerName, ClientUsages, request, expirationSeconds, annotations)
+}
+
+// ObjectWithUsages returns the CertificateSigningRequest object to file
+// for a certificate with the given usages (ClientUsages, ServingUsages).
+func ObjectWithUsages(name, signerName string, usages []certificatesv1.KeyUsage, request []byte, expirationSeconds *int32, annotations map[string]string) *certificatesv1.CertificateSigningRequest {
 	return &certificatesv1.CertificateSigningRequest{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "certificates.k8s.io/v1", Kind: "CertificateSigningRequest"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			Request:           request,
 			SignerName:        signerName,
-			Usages:            ClientUsages,
+			Usages:            usages,
 			ExpirationSeconds: expirationSeconds,
 		},
 	}

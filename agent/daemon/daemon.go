@@ -1,9 +1,11 @@
-// Package daemon is the agent's certificate renewal loop: it renews the
-// kubelet client certificate with fresh attestation at a jittered point of
-// its lifetime (see agent/rotation), through the same cache and lock as the
-// exec credential plugin, so that the plugin always finds a fresh
-// certificate and never has to wait for a CSR. A failed renewal keeps the
-// current certificate and is retried with capped exponential backoff.
+// Package daemon is the agent's certificate renewal loop: it renews a
+// kubelet certificate with fresh attestation at a jittered point of its
+// lifetime (see agent/rotation). For the client certificate it goes through
+// the same cache and lock as the exec credential plugin, so that the plugin
+// always finds a fresh certificate and never has to wait for a CSR; the
+// serving certificate (agent/serving) runs the same loop. A failed renewal
+// keeps the current certificate and is retried with capped exponential
+// backoff.
 //
 // The package neither logs nor imports Prometheus: it reports through the
 // small interfaces and callbacks of Renewal, which agent/app and
@@ -81,6 +83,11 @@ type Renewal struct {
 	Load func() (*cache.Credential, error)
 	// NodeName is the node the certificate must be for.
 	NodeName string
+	// Stale, when set, reports a usable certificate that must be replaced
+	// now rather than at its renewal point, because it no longer matches
+	// what is configured (the serving certificate's addresses). It is kept
+	// until a new one is stored.
+	Stale func(*x509.Certificate) bool
 	// RetryInitial is the wait after a first failure; it doubles up to
 	// RetryMax.
 	RetryInitial, RetryMax time.Duration
@@ -158,7 +165,7 @@ func (r *Renewal) Run(ctx context.Context) error {
 			failures, retryAt = 0, time.Time{}
 		}
 		due := now
-		if cert != nil && rotation.Usable(cert, now) {
+		if cert != nil && rotation.Usable(cert, now) && (r.Stale == nil || !r.Stale(cert)) {
 			due = point
 		}
 		if failures > 0 && retryAt.After(due) {

@@ -184,3 +184,61 @@ func TestBackoff(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewalStale: a usable certificate that no longer matches the
+// configuration (Stale) is replaced at once rather than at its renewal
+// point, and a failure to replace it keeps it and backs off.
+func TestRenewalStale(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(start)
+	src := &fakeSource{t: t, clock: clk}
+	old := &cache.Credential{Leaf: leaf(t, start, time.Hour)}
+	src.current = old
+	var mu sync.Mutex
+	stale := map[string]bool{old.Leaf.SerialNumber.String(): true}
+	src.set(true)
+	r := &Renewal{
+		Renewer: src, Load: src.Load, NodeName: "n1",
+		RetryInitial: 10 * time.Second, RetryMax: 40 * time.Second, Clock: clk,
+		Stale: func(c *x509.Certificate) bool { mu.Lock(); defer mu.Unlock(); return stale[c.SerialNumber.String()] },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitAttempts := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for src.count() < n || !clk.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for attempt %d: have %d", n, src.count())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitAttempts(1)
+	if !src.attempts[0].Equal(start) {
+		t.Fatalf("stale certificate renewed at %s, want at once (%s)", src.attempts[0], start)
+	}
+	if cur, _ := src.Load(); cur != old {
+		t.Fatal("a failed renewal replaced the stale certificate")
+	}
+	// The failure backs off (10s) instead of spinning.
+	clk.Step(9 * time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if src.count() != 1 {
+		t.Fatalf("retried a stale certificate before its backoff: %d attempts", src.count())
+	}
+	src.set(false)
+	clk.Step(time.Second)
+	waitAttempts(2)
+	// The new certificate is not stale: nothing more until its renewal point.
+	clk.Step(Heartbeat)
+	time.Sleep(20 * time.Millisecond)
+	for !clk.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	if src.count() != 2 {
+		t.Fatalf("renewed a current certificate again: %d attempts", src.count())
+	}
+}

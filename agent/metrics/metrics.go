@@ -25,9 +25,7 @@ const namespace = "kubelet_authenticator_"
 type Metrics struct {
 	families []*family
 
-	expiration      *family
-	renewals        *family
-	renewalDuration *family
+	client, serving *certMetrics
 	attestation     *family
 	bundleUpdates   *family
 	bundleStale     *family
@@ -35,26 +33,76 @@ type Metrics struct {
 	bundleCerts     *family
 	bundleSynced    *family
 
+	mu     sync.Mutex
+	synced map[string]time.Time // by projection
+	now    func() time.Time
+}
+
+// certMetrics are the metrics of one certificate the agent renews.
+type certMetrics struct {
+	expiration, ttl, renewals, renewalDuration *family
+
 	mu       sync.Mutex
 	notAfter time.Time
-	synced   map[string]time.Time // by projection
 	now      func() time.Time
+}
+
+func newCertMetrics(kind, what string, now func() time.Time) *certMetrics {
+	c := &certMetrics{now: now}
+	prefix := namespace + kind + "_certificate_"
+	c.expiration = newFamily(prefix+"expiration_timestamp_seconds",
+		"NotAfter of the current "+what+", in Unix seconds.", "gauge", "")
+	c.expiration.with("")
+	c.ttl = newFamily(prefix+"ttl_seconds",
+		"Seconds until the current "+what+" expires (negative once expired; 0 when there is none).", "gauge", "")
+	c.ttl.fn = c.ttlSeconds
+	c.renewals = newFamily(prefix+"renewals_total",
+		"Renewal attempts of the "+what+" by the agent, by result (success, failure).", "counter", "result")
+	for _, r := range []string{"success", "failure"} {
+		c.renewals.with(r)
+	}
+	c.renewalDuration = newFamily(prefix+"renewal_duration_seconds",
+		"Duration of a renewal attempt of the "+what+": attestation, CSR, signing and storing.", "histogram", "", exponentialBuckets(0.01, 2, 14)...)
+	c.renewalDuration.with("")
+	return c
+}
+
+func (c *certMetrics) families() []*family {
+	return []*family{c.expiration, c.ttl, c.renewals, c.renewalDuration}
+}
+
+func (c *certMetrics) ttlSeconds() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notAfter.IsZero() {
+		return 0
+	}
+	return c.notAfter.Sub(c.now()).Seconds()
+}
+
+// Set implements daemon.Gauge for the expiration.
+func (c *certMetrics) Set(v float64) {
+	c.expiration.with("").Set(v)
+	c.mu.Lock()
+	c.notAfter = time.Unix(int64(v), 0)
+	c.mu.Unlock()
+}
+
+func (c *certMetrics) daemon() daemon.Metrics {
+	return daemon.Metrics{
+		CertificateExpiration: c,
+		RenewalSuccess:        c.renewals.with("success"),
+		RenewalFailure:        c.renewals.with("failure"),
+		RenewalDuration:       c.renewalDuration.with(""),
+	}
 }
 
 // New returns the agent's metrics, with the process and Go runtime ones.
 func New() *Metrics {
 	m := &Metrics{now: time.Now, synced: map[string]time.Time{}}
-	m.expiration = newFamily(namespace+"client_certificate_expiration_timestamp_seconds",
-		"NotAfter of the current kubelet client certificate, in Unix seconds.", "gauge", "")
-	m.expiration.with("")
-	ttl := newFamily(namespace+"client_certificate_ttl_seconds",
-		"Seconds until the current kubelet client certificate expires (negative once expired; 0 when there is none).", "gauge", "")
-	ttl.fn = m.ttl
-	m.renewals = newFamily(namespace+"client_certificate_renewals_total",
-		"Client certificate renewal attempts by the agent, by result (success, failure).", "counter", "result")
-	m.renewalDuration = newFamily(namespace+"client_certificate_renewal_duration_seconds",
-		"Duration of a renewal attempt: attestation, CSR, signing and storing.", "histogram", "", exponentialBuckets(0.01, 2, 14)...)
-	m.renewalDuration.with("")
+	now := func() time.Time { return m.now() }
+	m.client = newCertMetrics("client", "kubelet client certificate", now)
+	m.serving = newCertMetrics("serving", "kubelet serving certificate (serving.enabled)", now)
 	m.attestation = newFamily(namespace+"attestation_duration_seconds",
 		"Duration of producing attestation evidence (and answering a challenge), by result.", "histogram", "result", exponentialBuckets(0.001, 2, 15)...)
 	m.bundleUpdates = newFamily(namespace+"trust_bundle_updates_total",
@@ -70,41 +118,16 @@ func New() *Metrics {
 	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
 		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
 	syncAge.fnVec = m.syncAges
-	m.families = append([]*family{m.expiration, ttl, m.renewals, m.renewalDuration, m.attestation,
-		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, syncAge}, processFamilies(time.Now())...)
-	for _, r := range []string{"success", "failure"} {
-		m.renewals.with(r)
-	}
+	m.families = append(append(append(m.client.families(), m.serving.families()...), m.attestation,
+		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, syncAge), processFamilies(time.Now())...)
 	return m
 }
 
-func (m *Metrics) ttl() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.notAfter.IsZero() {
-		return 0
-	}
-	return m.notAfter.Sub(m.now()).Seconds()
-}
+// Renewal returns the client certificate renewal loop's metrics.
+func (m *Metrics) Renewal() daemon.Metrics { return m.client.daemon() }
 
-type expirationGauge struct{ m *Metrics }
-
-func (g expirationGauge) Set(v float64) {
-	g.m.expiration.with("").Set(v)
-	g.m.mu.Lock()
-	g.m.notAfter = time.Unix(int64(v), 0)
-	g.m.mu.Unlock()
-}
-
-// Renewal returns the renewal loop's metrics.
-func (m *Metrics) Renewal() daemon.Metrics {
-	return daemon.Metrics{
-		CertificateExpiration: expirationGauge{m},
-		RenewalSuccess:        m.renewals.with("success"),
-		RenewalFailure:        m.renewals.with("failure"),
-		RenewalDuration:       m.renewalDuration.with(""),
-	}
-}
+// ServingRenewal returns the serving certificate renewal loop's metrics.
+func (m *Metrics) ServingRenewal() daemon.Metrics { return m.serving.daemon() }
 
 // ObserveAttestation records one attestation call (see daemon.Instrument).
 func (m *Metrics) ObserveAttestation(d time.Duration, err error) {

@@ -110,3 +110,47 @@ func TestExposition(t *testing.T) {
 		t.Error("process_cpu_seconds_total is not a counter")
 	}
 }
+
+// TestServingMetrics: the serving certificate's renewals and expiry are
+// families of their own, apart from the client certificate's.
+func TestServingMetrics(t *testing.T) {
+	m := New()
+	s := m.ServingRenewal()
+	s.RenewalFailure.Inc()
+	s.CertificateExpiration.Set(float64(time.Now().Add(time.Hour).Unix()))
+	m.Renewal().RenewalSuccess.Inc()
+	var buf bytes.Buffer
+	if err := m.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatalf("not valid exposition: %v\n%s", err, buf.String())
+	}
+	count := func(name, result string) float64 {
+		t.Helper()
+		for _, mt := range fams[name].GetMetric() {
+			for _, l := range mt.Label {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return mt.GetCounter().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no %s{result=%q}", name, result)
+		return 0
+	}
+	if count("kubelet_authenticator_serving_certificate_renewals_total", "failure") != 1 || count("kubelet_authenticator_serving_certificate_renewals_total", "success") != 0 {
+		t.Error("serving renewals not counted apart")
+	}
+	if count("kubelet_authenticator_client_certificate_renewals_total", "success") != 1 || count("kubelet_authenticator_client_certificate_renewals_total", "failure") != 0 {
+		t.Error("client renewals not counted apart")
+	}
+	ttl := fams["kubelet_authenticator_serving_certificate_ttl_seconds"].GetMetric()[0].GetGauge().GetValue()
+	if ttl < 3500 || ttl > 3600 {
+		t.Errorf("serving TTL %v, want about an hour", ttl)
+	}
+	if v := fams["kubelet_authenticator_client_certificate_ttl_seconds"].GetMetric()[0].GetGauge().GetValue(); v != 0 {
+		t.Errorf("client TTL %v with no client certificate", v)
+	}
+}

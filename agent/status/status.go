@@ -1,6 +1,7 @@
 // Package status answers `kubelet-authenticator status`: the current
-// client certificate, the agent's last attestation and renewal, and each
-// projected trust bundle. The agent records what only it knows in a small
+// client certificate, kubelet's serving certificate when the agent keeps
+// it, the agent's last attestation and renewals, and each projected trust
+// bundle. The agent records what only it knows in a small
 // state file in the cache directory (Recorder); Collect combines it with
 // what is on disk.
 package status
@@ -14,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -24,6 +26,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/agent/serving"
 	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -50,6 +53,9 @@ type State struct {
 	// Renewal and Attestation are the last results.
 	Renewal     RenewalState `json:"renewal"`
 	Attestation Result       `json:"attestation"`
+	// ServingRenewal is the serving certificate's renewal loop, when
+	// serving.enabled.
+	ServingRenewal RenewalState `json:"servingRenewal,omitzero"`
 	// TrustBundles are the projections, by path.
 	TrustBundles []trustbundle.Status `json:"trustBundles,omitempty"`
 }
@@ -143,6 +149,10 @@ type Report struct {
 	Certificate *CertificateInfo `json:"certificate,omitempty"`
 	// CertificateError says why there is no usable certificate.
 	CertificateError string `json:"certificateError,omitempty"`
+	// Serving describes kubelet's serving certificate when serving.enabled;
+	// ServingError says why there is none usable.
+	Serving      *CertificateInfo `json:"serving,omitempty"`
+	ServingError string           `json:"servingError,omitempty"`
 	// Agent is the agent's state; nil when it has not run.
 	Agent        *State         `json:"agent,omitempty"`
 	TrustBundles []BundleReport `json:"trustBundles,omitempty"`
@@ -165,10 +175,15 @@ type CertificateInfo struct {
 	Usable        bool   `json:"usable"`
 	// RenewalOverdue is true when the certificate is past its renewal
 	// point or the agent's renewals are failing: unless one succeeds
-	// before NotAfter, kubelet loses the API server then (what a
-	// management cluster out of reach for longer than the renewal window
-	// does).
+	// before NotAfter, the certificate ends then (for the client
+	// certificate: kubelet loses the API server, what a management
+	// cluster out of reach for longer than the renewal window does).
 	RenewalOverdue bool `json:"renewalOverdue"`
+	// Path, DNSNames and IPAddresses: where a serving certificate is
+	// installed, and its subject alternative names.
+	Path        string   `json:"path,omitempty"`
+	DNSNames    []string `json:"dnsNames,omitempty"`
+	IPAddresses []string `json:"ipAddresses,omitempty"`
 }
 
 // BundleReport is one configured projection.
@@ -199,7 +214,30 @@ func Collect(cfg *config.NodeConfig, now time.Time) *Report {
 	case err != nil:
 		rep.CertificateError = err.Error()
 	default:
-		rep.Certificate = describe(cred.Leaf, state, now)
+		var renewal *RenewalState
+		if state != nil {
+			renewal = &state.Renewal
+		}
+		rep.Certificate = describe(cred.Leaf, renewal, now)
+	}
+	if cfg.Serving.Enabled {
+		switch cred, err := serving.Load(cfg.Serving.Path, cfg.NodeName); {
+		case errors.Is(err, serving.ErrNotFound):
+			rep.ServingError = "no serving certificate at " + cfg.Serving.Path
+		case err != nil:
+			rep.ServingError = err.Error()
+		default:
+			var renewal *RenewalState
+			if state != nil {
+				renewal = &state.ServingRenewal
+			}
+			rep.Serving = describe(cred.Leaf, renewal, now)
+			rep.Serving.Path = cfg.Serving.Path
+			rep.Serving.DNSNames = cred.Leaf.DNSNames
+			for _, ip := range cred.Leaf.IPAddresses {
+				rep.Serving.IPAddresses = append(rep.Serving.IPAddresses, ip.String())
+			}
+		}
 	}
 	for _, p := range cfg.TrustBundles {
 		b := BundleReport{Path: p.Path, Source: source(p), Stale: true}
@@ -233,7 +271,9 @@ func source(p config.TrustBundleProjection) string {
 	return s
 }
 
-func describe(c *x509.Certificate, state *State, now time.Time) *CertificateInfo {
+// describe describes c; next is the agent's recorded next renewal attempt
+// (zero when none).
+func describe(c *x509.Certificate, renewal *RenewalState, now time.Time) *CertificateInfo {
 	info := &CertificateInfo{
 		Subject:   c.Subject.String(),
 		Issuer:    c.Issuer.String(),
@@ -246,10 +286,10 @@ func describe(c *x509.Certificate, state *State, now time.Time) *CertificateInfo
 	if pid, err := attestor.ProviderIDFromExtensions(c.Extensions); err == nil {
 		info.ProviderID = pid
 	}
-	if state != nil && !state.Renewal.NextAttempt.IsZero() && state.Renewal.NextAttempt.Before(info.RenewAt) {
-		info.RenewAt = state.Renewal.NextAttempt
+	if renewal != nil && !renewal.NextAttempt.IsZero() && renewal.NextAttempt.Before(info.RenewAt) {
+		info.RenewAt = renewal.NextAttempt
 	}
-	info.RenewalOverdue = info.Usable && (!now.Before(rotation.RenewBy(c)) || (state != nil && state.Renewal.ConsecutiveFailures > 0))
+	info.RenewalOverdue = info.Usable && (!now.Before(rotation.RenewBy(c)) || (renewal != nil && renewal.ConsecutiveFailures > 0))
 	info.TimeToRenewal = info.RenewAt.Sub(now).Round(time.Second).String()
 	info.TimeToExpiry = c.NotAfter.Sub(now).Round(time.Second).String()
 	return info
@@ -288,6 +328,21 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 	} else {
 		fmt.Fprintf(tw, "  Error:\t%s\n", r.CertificateError)
 	}
+	if r.Serving != nil || r.ServingError != "" {
+		fmt.Fprintln(tw, "Serving certificate:")
+		if c := r.Serving; c != nil {
+			fmt.Fprintf(tw, "  File:\t%s\n", c.Path)
+			fmt.Fprintf(tw, "  Addresses:\t%s\n", orDash(strings.Join(append(slices.Clone(c.DNSNames), c.IPAddresses...), ", ")))
+			fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
+			fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
+			fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
+			if !c.Usable {
+				fmt.Fprintf(tw, "  Usable:\tno (expired or about to)\n")
+			}
+		} else {
+			fmt.Fprintf(tw, "  Error:\t%s\n", r.ServingError)
+		}
+	}
 	fmt.Fprintln(tw, "Agent:")
 	if a := r.Agent; a != nil {
 		fmt.Fprintf(tw, "  Process:\tpid %d, started %s, state updated %s\n", a.PID, ts(a.Started), ts(a.Updated))
@@ -295,6 +350,12 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 		fmt.Fprintf(tw, "  Last renewal:\t%s\n", result(a.Renewal.Last, ts))
 		if a.Renewal.ConsecutiveFailures > 0 {
 			fmt.Fprintf(tw, "  Failures in a row:\t%d, next attempt %s\n", a.Renewal.ConsecutiveFailures, ts(a.Renewal.NextAttempt))
+		}
+		if !a.ServingRenewal.Last.Time.IsZero() {
+			fmt.Fprintf(tw, "  Last serving renewal:\t%s\n", result(a.ServingRenewal.Last, ts))
+			if a.ServingRenewal.ConsecutiveFailures > 0 {
+				fmt.Fprintf(tw, "  Serving failures in a row:\t%d, next attempt %s\n", a.ServingRenewal.ConsecutiveFailures, ts(a.ServingRenewal.NextAttempt))
+			}
 		}
 		switch {
 		case a.MetricsError != "":

@@ -3,6 +3,8 @@ package status
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,5 +84,49 @@ func TestCollect(t *testing.T) {
 	}
 	if rep.Certificate.RenewalOverdue || strings.Contains(text.String(), "Goes dark") {
 		t.Errorf("a certificate renewed on time is reported overdue:\n%s", text.String())
+	}
+}
+
+// TestCollectServing: with serving.enabled, status shows the installed
+// serving certificate (file, addresses, issuer) and the agent's last
+// serving renewal, or why there is none.
+func TestCollectServing(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &config.NodeConfig{NodeName: "n1", Attestor: "tpm", CacheDir: dir, Serving: config.ServingConfig{Enabled: true}}
+	cfg.Default()
+	now := time.Now()
+	if rep := Collect(cfg, now); rep.Serving != nil || !strings.Contains(rep.ServingError, "no serving certificate at "+cfg.Serving.Path) {
+		t.Fatalf("nothing installed: %+v %q", rep.Serving, rep.ServingError)
+	}
+	ca, err := harness.NewCA("serving-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{"system:nodes"},
+		DNSNames: []string{"n1"}, IPs: []net.IP{net.ParseIP("10.0.0.5")}, Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.Serving.Path, append(certPEM, keyPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewRecorder(dir).Update(func(s *State) {
+		s.ServingRenewal.Last = NewResult(now.Add(-time.Minute), time.Second, errors.New("denied: SANNotMachineAddress"))
+		s.ServingRenewal.ConsecutiveFailures = 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rep := Collect(cfg, now)
+	if rep.Serving == nil || rep.Serving.Path != cfg.Serving.Path || len(rep.Serving.DNSNames) != 1 || len(rep.Serving.IPAddresses) != 1 || rep.Serving.IPAddresses[0] != "10.0.0.5" {
+		t.Fatalf("serving report %+v (%q)", rep.Serving, rep.ServingError)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Serving certificate:", cfg.Serving.Path, "n1, 10.0.0.5", "CN=serving-ca", "Last serving renewal:", "SANNotMachineAddress", "Serving failures in a row:  3"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, text.String())
+		}
 	}
 }

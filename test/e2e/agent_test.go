@@ -42,14 +42,17 @@ import (
 )
 
 // shortLivedSigner approves and signs every pending CSR of signerName with
-// the control plane's CA, issuing certificates valid for lifetime (far
-// below the API's 10-minute minimum for spec.expirationSeconds, which a
-// signer is free to undercut). It stands in for the controller so that
-// renewals come every few seconds.
+// the control plane's CA (or ca, when set), issuing certificates valid for
+// lifetime (far below the API's 10-minute minimum for
+// spec.expirationSeconds, which a signer is free to undercut). It stands in
+// for the controller so that renewals come every few seconds. With serving
+// set it issues serving certificates: server auth, the request's SANs.
 type shortLivedSigner struct {
 	cp       *harness.ControlPlane
 	signer   string
 	lifetime time.Duration
+	ca       *harness.CA
+	serving  bool
 	signed   atomic.Int64
 	mu       sync.Mutex
 	latency  []time.Duration // CSR creation to issuance
@@ -115,12 +118,20 @@ func (s *shortLivedSigner) sign(ctx context.Context, c *certificatesv1.Certifica
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
+	if s.serving {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.DNSNames, tmpl.IPAddresses = req.CSR.DNSNames, req.CSR.IPAddresses
+	}
+	ca := s.ca
+	if ca == nil {
+		ca = s.cp.CA
+	}
 	for _, ext := range req.CSR.Extensions {
 		if ext.Id.Equal(attestor.OIDProviderID) {
 			tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, ext)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.cp.CA.Cert, req.CSR.PublicKey, s.cp.CA.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, req.CSR.PublicKey, ca.Key)
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,7 @@ type ControlPlane struct {
 
 	adminCertPEM, adminKeyPEM []byte
 	etcd, apiServer           *Process
+	apiServerExtra            []string // the extra flags kube-apiserver runs with
 	mu                        sync.Mutex
 	others                    []*Process // started against this control plane, stopped before it
 	etcdURL                   string
@@ -335,14 +336,19 @@ func (cp *ControlPlane) tryStartAPIServer(bin string, extra []string) error {
 		return fmt.Errorf("unable to create admin client: %w", err)
 	}
 	cp.Client = client
+	cp.apiServerExtra = extra
+	return cp.waitAPIServerReady(p)
+}
 
-	err = poll(context.Background(), apiServerReadyTimeout, func() (bool, error) {
+// waitAPIServerReady waits until kube-apiserver process p answers /readyz.
+func (cp *ControlPlane) waitAPIServerReady(p *Process) error {
+	err := poll(context.Background(), apiServerReadyTimeout, func() (bool, error) {
 		if exited, _ := p.Exited(); exited {
 			return false, &stopPolling{p.exitError()}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		_, err := cp.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil, err
 	})
 	if exited, _ := p.Exited(); exited {
