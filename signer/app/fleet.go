@@ -87,6 +87,7 @@ type fleetCollector struct {
 
 	connected, lastContact, synced, queue, lockdown, lockdownRemoved, generation *prometheus.Desc
 	servingCAExpiry, servingCAs, trustBundlesPublished                           *prometheus.Desc
+	revokedNodes, revocationErrors                                               *prometheus.Desc
 }
 
 func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
@@ -106,13 +107,16 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		servingCAs:      d("serving_cas", "Serving CAs published for the workload cluster (2 during a rotation)."),
 		trustBundlesPublished: d("serving_ca_trust_bundles_published",
 			"1 when the last publication of the serving CAs as ClusterTrustBundles in the workload cluster succeeded."),
+		revokedNodes: d("revoked_node_names", "Node names of deleted Machines refused in the workload cluster until every certificate issued before their deletion has expired."),
+		revocationErrors: d("revocation_write_errors_total",
+			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; a deleted Machine's node keeps access while they fail."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation,
-		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished} {
+		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.revokedNodes, c.revocationErrors} {
 		ch <- d
 	}
 }
@@ -138,6 +142,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lockdown, prometheus.GaugeValue, b(s.Lockdown), cl)
 		ch <- prometheus.MustNewConstMetric(c.lockdownRemoved, prometheus.CounterValue, float64(s.LockdownRemoved), cl)
 		ch <- prometheus.MustNewConstMetric(c.generation, prometheus.GaugeValue, float64(s.Generation), cl)
+		ch <- prometheus.MustNewConstMetric(c.revokedNodes, prometheus.GaugeValue, float64(s.RevokedNodes), cl)
+		ch <- prometheus.MustNewConstMetric(c.revocationErrors, prometheus.CounterValue, float64(s.RevocationErrors), cl)
 		if !s.ServingCAExpiry.IsZero() { // not in standalone mode
 			ch <- prometheus.MustNewConstMetric(c.servingCAExpiry, prometheus.GaugeValue, float64(s.ServingCAExpiry.Unix()), cl)
 			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)
