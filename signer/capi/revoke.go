@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -82,7 +83,8 @@ func (r *ClusterReconciler) revokedNames(ctx context.Context, nn types.Namespace
 		return nil, fmt.Errorf("unable to list the Cluster's Machines: %w", err)
 	}
 	return slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(names))), func(n string) bool {
-		return slices.ContainsFunc(list.Items, func(o clusterv1.Machine) bool { return o.UID != m.UID && claims(&o, n) })
+		return len(validation.IsDNS1123Subdomain(n)) > 0 || // never a node name
+			slices.ContainsFunc(list.Items, func(o clusterv1.Machine) bool { return o.UID != m.UID && claims(&o, n) })
 	}), nil
 }
 

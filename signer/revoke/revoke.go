@@ -47,6 +47,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
@@ -177,7 +178,7 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)
 	}
 	for _, e := range s.Entries {
-		if e.Node == "" || strings.ToLower(e.Node) != e.Node {
+		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
 		}
 		for _, c := range e.Accepted {
@@ -270,6 +271,11 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 // certificates accepted for it are refused: they were issued to m. It
 // returns the state written.
 func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string) (*State, error) {
+	for _, n := range names {
+		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a node name: %s", n, strings.Join(errs, "; "))
+		}
+	}
 	now := r.now()
 	return r.update(ctx, func(s *State) bool {
 		for _, n := range names {
@@ -437,9 +443,9 @@ func (r *Revoker) ensurePolicy(ctx context.Context) error {
 // validation refuses a listed name unless one of the requester's
 // credential IDs is a certificate accepted for that very name.
 const (
-	matchNodeIdentity = `request.userInfo.username.startsWith('system:node:')`
-	nodeVariable      = `request.userInfo.username.substring(12)`
-	validation        = `!has(params.data) || !(variables.node in params.data) || ` +
+	matchNodeIdentity    = `request.userInfo.username.startsWith('system:node:')`
+	nodeVariable         = `request.userInfo.username.substring(12)`
+	validationExpression = `!has(params.data) || !(variables.node in params.data) || ` +
 		`(has(request.userInfo.extra) && '` + CredentialIDExtra + `' in request.userInfo.extra && ` +
 		`request.userInfo.extra['` + CredentialIDExtra + `'].exists(c, c.startsWith('X509SHA256=') && ` +
 		`('` + CredentialKeyPrefix + `' + c.substring(11)) in params.data && ` +
@@ -481,7 +487,7 @@ func Policy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "node-identity", Expression: matchNodeIdentity}},
 			Variables:       []admissionregistrationv1.Variable{{Name: "node", Expression: nodeVariable}},
 			Validations: []admissionregistrationv1.Validation{{
-				Expression:        validation,
+				Expression:        validationExpression,
 				MessageExpression: messageExpression,
 				Reason:            ptr.To(metav1.StatusReasonForbidden),
 			}},
