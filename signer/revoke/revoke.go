@@ -4,9 +4,9 @@
 // Kubernetes has no revocation for client certificates: a kubelet whose
 // Machine was deleted keeps its certificate, valid for days, and with it
 // the node's write access. In each workload cluster the controller keeps a
-// ValidatingAdmissionPolicy and its binding (PolicyName) whose parameter is
-// a ConfigMap (Namespace/ConfigMapName) listing the revoked node names. The
-// policy refuses every write (create, update, patch, delete, connect) by a
+// ValidatingAdmissionPolicy and its binding (PolicyName) that list the
+// revoked node names. The policy refuses every write (create, update,
+// patch, delete, connect) by a
 // requester named system:node:<name> whose name is listed, unless the
 // client certificate it authenticated with (its fingerprint, which
 // kube-apiserver puts in the user's extra
@@ -19,12 +19,16 @@
 // A name is lifted only for the certificates the controller signs for a
 // live Machine: a Machine object of that name alone lifts nothing.
 //
-// The ConfigMap is both the policy's parameter and the controller's record:
-// the key State.json holds the entries (strict JSON, "version": "v1"), and
-// the keys the policy reads are derived from them on every write: <node> is
-// the message of a refusal, X509SHA256.<hex> names the node a certificate
-// issued after the revocation belongs to. Neither can collide with a node
-// name, which is lower case.
+// The controller's record is a ConfigMap (Namespace/ConfigMapName) whose key
+// State.json holds the entries (strict JSON, "version": "v1"). The policy is
+// derived from it on every change: the revoked names, their messages and the
+// accepted certificates are literals in the policy's CEL variables. The
+// policy does not take the ConfigMap as its parameter: kube-apiserver 1.36
+// stops its informer of a built-in parameter kind when the last binding
+// that uses it goes away and never restarts it (the shared informer
+// factory starts a type once), so after a binding is deleted and created
+// again, changes to the parameter are not seen until kube-apiserver
+// restarts. A policy that carries its data has no such cache.
 package revoke
 
 import (
@@ -65,9 +69,6 @@ const (
 	ConfigMapName = "kubelet-authenticator-revoked-nodes"
 	// StateKey is the ConfigMap key holding the entries.
 	StateKey = "State.json"
-	// CredentialKeyPrefix starts the ConfigMap keys of certificates
-	// accepted for a revoked name: X509SHA256.<hex of SHA-256(DER)>.
-	CredentialKeyPrefix = "X509SHA256."
 	// CredentialIDExtra is the user info extra kube-apiserver sets to an
 	// authenticating client certificate's fingerprint (X509SHA256=<hex>).
 	CredentialIDExtra = "authentication.kubernetes.io/credential-id"
@@ -94,6 +95,12 @@ type Machine struct {
 }
 
 func (m Machine) String() string { return m.Namespace + "/" + m.Name }
+
+// valid reports whether m's names are what the API server accepts for a
+// Machine (they are written into the policy).
+func (m Machine) valid() bool {
+	return len(validation.IsDNS1123Label(m.Namespace)) == 0 && len(validation.IsDNS1123Subdomain(m.Name)) == 0
+}
 
 // Entry is one revoked node name.
 type Entry struct {
@@ -178,11 +185,11 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)
 	}
 	for _, e := range s.Entries {
-		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 {
-			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
+		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 || !e.Machine.valid() {
+			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q, Machine %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, e.Machine, ErrMalformed)
 		}
 		for _, c := range e.Accepted {
-			if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 {
+			if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() {
 				return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed fingerprint for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
 			}
 		}
@@ -190,22 +197,13 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 	return &s, nil
 }
 
-// data returns the ConfigMap data of s: the state and the keys the policy
-// reads.
+// data returns the ConfigMap data of s.
 func data(s *State) (map[string]string, error) {
 	raw, err := json.Marshal(s)
 	if err != nil {
 		return nil, err
 	}
-	d := map[string]string{StateKey: string(raw)}
-	for i := range s.Entries {
-		e := &s.Entries[i]
-		d[e.Node] = e.Message()
-		for _, c := range e.Accepted {
-			d[CredentialKeyPrefix+c.SHA256] = e.Node
-		}
-	}
-	return d, nil
+	return map[string]string{StateKey: string(raw)}, nil
 }
 
 // prune drops entries and accepted certificates that have expired at now.
@@ -260,9 +258,6 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := r.ensurePolicy(ctx); err != nil {
-		return nil, nil, err
-	}
 	return s, dropped, nil
 }
 
@@ -271,6 +266,9 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 // certificates accepted for it are refused: they were issued to m. It
 // returns the state written.
 func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string) (*State, error) {
+	if !m.valid() {
+		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
+	}
 	for _, n := range names {
 		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
 			return nil, fmt.Errorf("%q is not a node name: %s", n, strings.Join(errs, "; "))
@@ -335,7 +333,8 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 
 // update reads the state (a missing ConfigMap is an empty state), applies
 // change, and writes it when change reports a change or the ConfigMap is
-// missing; conflicts are retried.
+// missing (conflicts are retried); then it makes the policy say what the
+// state says.
 func (r *Revoker) update(ctx context.Context, change func(*State) bool) (*State, error) {
 	var out *State
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -381,7 +380,13 @@ func (r *Revoker) update(ctx context.Context, change func(*State) bool) (*State,
 		out = s
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ensurePolicy(ctx, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (r *Revoker) cache(s *State) {
@@ -405,11 +410,14 @@ func (r *Revoker) Revoked() ([]string, bool) {
 	return slices.Sorted(maps.Keys(r.revoked)), true
 }
 
-// ensurePolicy creates or restores the policy, then its binding (the
-// parameter exists by then).
-func (r *Revoker) ensurePolicy(ctx context.Context) error {
+// ensurePolicy creates, restores or updates the policy for s, then its
+// binding.
+func (r *Revoker) ensurePolicy(ctx context.Context, s *State) error {
 	api := r.Client.AdmissionregistrationV1()
-	want := Policy()
+	want, err := Policy(s)
+	if err != nil {
+		return err
+	}
 	got, err := api.ValidatingAdmissionPolicies().Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -440,31 +448,69 @@ func (r *Revoker) ensurePolicy(ctx context.Context) error {
 
 // The policy's expressions. matchCondition selects node identities only,
 // so that nothing else in the cluster ever depends on this policy; the
-// validation refuses a listed name unless one of the requester's
+// validation refuses a revoked name unless one of the requester's
 // credential IDs is a certificate accepted for that very name.
 const (
 	matchNodeIdentity    = `request.userInfo.username.startsWith('system:node:')`
 	nodeVariable         = `request.userInfo.username.substring(12)`
-	validationExpression = `!has(params.data) || !(variables.node in params.data) || ` +
+	validationExpression = `!(variables.node in variables.revoked) || ` +
 		`(has(request.userInfo.extra) && '` + CredentialIDExtra + `' in request.userInfo.extra && ` +
 		`request.userInfo.extra['` + CredentialIDExtra + `'].exists(c, c.startsWith('X509SHA256=') && ` +
-		`('` + CredentialKeyPrefix + `' + c.substring(11)) in params.data && ` +
-		`params.data['` + CredentialKeyPrefix + `' + c.substring(11)] == variables.node))`
-	messageExpression = `params.data[variables.node]`
+		`c.substring(11) in variables.accepted && variables.accepted[c.substring(11)] == variables.node))`
+	messageExpression = `string(variables.revoked[variables.node])`
 )
 
-// Policy returns the ValidatingAdmissionPolicy the controller keeps.
+// celMap returns a CEL map literal of string keys and values. It refuses
+// any character but printable ASCII other than the quote and the
+// backslash, so that nothing it is given can end a literal.
+func celMap(m map[string]string) (string, error) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		for _, s := range []string{k, m[k]} {
+			if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '"' || r == '\\' }) >= 0 {
+				return "", fmt.Errorf("%q cannot be written into the revocation policy", s)
+			}
+		}
+		fmt.Fprintf(&b, "%q: %q", k, m[k])
+	}
+	b.WriteString("}")
+	return b.String(), nil
+}
+
+// Policy returns the ValidatingAdmissionPolicy the controller keeps for s:
+// the variable revoked maps each revoked name to the message of its
+// refusal, accepted maps the fingerprint of each certificate accepted for a
+// revoked name to that name.
 //
 // failurePolicy is Fail: if the policy cannot be evaluated, a revoked
 // node's writes must not go through. Its blast radius is bounded by the
 // match condition (requesters named system:node:*), so an error never
 // stops an administrator or a controller from repairing the cluster.
-func Policy() *admissionregistrationv1.ValidatingAdmissionPolicy {
+func Policy(s *State) (*admissionregistrationv1.ValidatingAdmissionPolicy, error) {
+	revoked, accepted := map[string]string{}, map[string]string{}
+	for i := range s.Entries {
+		e := &s.Entries[i]
+		revoked[e.Node] = e.Message()
+		for _, c := range e.Accepted {
+			accepted[c.SHA256] = e.Node
+		}
+	}
+	revokedLit, err := celMap(revoked)
+	if err != nil {
+		return nil, err
+	}
+	acceptedLit, err := celMap(accepted)
+	if err != nil {
+		return nil, err
+	}
 	return &admissionregistrationv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: PolicyName, Labels: managedLabels},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			ParamKind:     &admissionregistrationv1.ParamKind{APIVersion: "v1", Kind: "ConfigMap"},
 			MatchConstraints: &admissionregistrationv1.MatchResources{
 				NamespaceSelector: &metav1.LabelSelector{},
 				ObjectSelector:    &metav1.LabelSelector{},
@@ -478,41 +524,33 @@ func Policy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 						Rule: admissionregistrationv1.Rule{
 							APIGroups:   []string{"*"},
 							APIVersions: []string{"*"},
-							Resources:   []string{"*", "*/*"},
+							Resources:   []string{"*/*"}, // every resource and subresource
 							Scope:       ptr.To(admissionregistrationv1.AllScopes),
 						},
 					},
 				}},
 			},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "node-identity", Expression: matchNodeIdentity}},
-			Variables:       []admissionregistrationv1.Variable{{Name: "node", Expression: nodeVariable}},
+			Variables: []admissionregistrationv1.Variable{
+				{Name: "node", Expression: nodeVariable},
+				{Name: "revoked", Expression: revokedLit},
+				{Name: "accepted", Expression: acceptedLit},
+			},
 			Validations: []admissionregistrationv1.Validation{{
 				Expression:        validationExpression,
 				MessageExpression: messageExpression,
 				Reason:            ptr.To(metav1.StatusReasonForbidden),
 			}},
 		},
-	}
+	}, nil
 }
 
-// Binding returns the policy's binding.
-//
-// A missing parameter lets requests through (parameterNotFoundAction
-// Allow): the ConfigMap is created before the binding, and only a
-// workload-cluster administrator can delete it — who could as well delete
-// the policy. Deny would turn that deletion into every node of the cluster
-// losing write access; the controller writes the ConfigMap again (empty:
-// the revocations it held are gone) within a recheck period.
+// Binding returns the policy's binding: cluster-wide, no parameter.
 func Binding() *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
 	return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: PolicyName, Labels: managedLabels},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName: PolicyName,
-			ParamRef: &admissionregistrationv1.ParamRef{
-				Name:                    ConfigMapName,
-				Namespace:               Namespace,
-				ParameterNotFoundAction: ptr.To(admissionregistrationv1.AllowAction),
-			},
+			PolicyName:        PolicyName,
 			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
 		},
 	}

@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 var t0 = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
@@ -31,39 +30,13 @@ func configMap(t *testing.T, s *State) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: ConfigMapName}, Data: d}
 }
 
-// The keys the policy reads: the message of each revoked name under the
-// name, the node of each accepted certificate under its fingerprint, and
-// none of the controller's own keys can be a node name.
-func TestData(t *testing.T) {
+// The state round-trips through its ConfigMap, and the policy carries what
+// it says: each revoked name with the message of its refusal, each accepted
+// certificate with its name.
+func TestStateAndPolicy(t *testing.T) {
 	cm := configMap(t, sample())
-	want := map[string]string{
-		"worker-a":                               "node worker-a was revoked: its Machine team/worker-a was deleted from the management cluster at 2026-11-25T10:00:00Z; certificates issued to the node before then are refused until 2026-12-02T10:00:00Z",
-		"ip-10-0-0-1.ec2.internal":               "node ip-10-0-0-1.ec2.internal was revoked: its Machine team/md-0-x was deleted",
-		"X509SHA256." + strings.Repeat("ab", 32): "worker-a",
-	}
-	for k, v := range want {
-		if !strings.HasPrefix(cm.Data[k], v) {
-			t.Errorf("data[%s] = %q, want it to start with %q", k, cm.Data[k], v)
-		}
-	}
-	if len(cm.Data) != len(want)+1 {
-		t.Errorf("data has %d keys, want %d", len(cm.Data), len(want)+1)
-	}
-	for k, v := range cm.Data {
-		if errs := validation.IsConfigMapKey(k); len(errs) > 0 {
-			t.Errorf("key %q is not a ConfigMap key: %v", k, errs)
-		}
-		if _, ok := want[k]; !ok && k != StateKey {
-			t.Errorf("unexpected key %q", k)
-		}
-		if strings.ContainsAny(v, "\n\r") && k != StateKey {
-			t.Errorf("data[%s] spans lines; a policy message must not", k)
-		}
-	}
-	for _, k := range []string{StateKey, CredentialKeyPrefix + strings.Repeat("ab", 32)} {
-		if len(validation.IsDNS1123Subdomain(k)) == 0 {
-			t.Errorf("controller key %q is a valid node name", k)
-		}
+	if len(cm.Data) != 1 {
+		t.Errorf("ConfigMap has keys %v, want only %s", cm.Data, StateKey)
 	}
 	got, err := Decode(cm)
 	if err != nil {
@@ -71,6 +44,45 @@ func TestData(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, sample()) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", got, sample())
+	}
+	p, err := Policy(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, v := range p.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	wantRevoked := `{"ip-10-0-0-1.ec2.internal": "node ip-10-0-0-1.ec2.internal was revoked: its Machine team/md-0-x was deleted from the management cluster at 2026-11-25T10:00:00Z; ` +
+		`certificates issued to the node before then are refused until 2026-11-25T11:00:00Z. A new Machine of this name joins through the node-attestation-controller, which accepts the certificates it issues to it", ` +
+		`"worker-a": "node worker-a was revoked: its Machine team/worker-a was deleted from the management cluster at 2026-11-25T10:00:00Z; ` +
+		`certificates issued to the node before then are refused until 2026-12-02T10:00:00Z. A new Machine of this name joins through the node-attestation-controller, which accepts the certificates it issues to it"}`
+	if vars["revoked"] != wantRevoked {
+		t.Errorf("variable revoked =\n%s\nwant\n%s", vars["revoked"], wantRevoked)
+	}
+	if want := `{"` + strings.Repeat("ab", 32) + `": "worker-a"}`; vars["accepted"] != want {
+		t.Errorf("variable accepted = %s, want %s", vars["accepted"], want)
+	}
+	empty, err := Policy(&State{Version: stateVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range empty.Spec.Variables {
+		if v.Name != "node" && v.Expression != "{}" {
+			t.Errorf("empty state: variable %s = %s", v.Name, v.Expression)
+		}
+	}
+}
+
+// Nothing written into the policy can end its literal.
+func TestCELMapRefuses(t *testing.T) {
+	for _, s := range []string{`a"b`, `a\b`, "a\nb", "naïve"} {
+		if _, err := celMap(map[string]string{"k": s}); err == nil {
+			t.Errorf("celMap accepted value %q", s)
+		}
+		if _, err := celMap(map[string]string{s: "v"}); err == nil {
+			t.Errorf("celMap accepted key %q", s)
+		}
 	}
 }
 
@@ -83,6 +95,7 @@ func TestDecodeRefuses(t *testing.T) {
 		"trailing data":     good + "{}",
 		"other version":     strings.Replace(good, `"v1"`, `"v2"`, 1),
 		"upper-case node":   strings.Replace(good, `"node":"worker-a"`, `"node":"Worker-A"`, 1),
+		"quote in Machine":  strings.Replace(good, `"name":"md-0-x"`, `"name":"md-0-x\\\""`, 1),
 		"empty node":        strings.Replace(good, `"node":"worker-a"`, `"node":""`, 1),
 		"short fingerprint": strings.Replace(good, strings.Repeat("ab", 32), "abab", 1),
 		"upper fingerprint": strings.Replace(good, strings.Repeat("ab", 32), strings.Repeat("AB", 32), 1),

@@ -140,11 +140,17 @@ func (k *kubelet) expectRevoked(t *testing.T, machine string) {
 // expectWorks waits until k's heartbeat (Node status and Lease) succeeds.
 func (k *kubelet) expectWorks(t *testing.T) {
 	t.Helper()
-	var last error
-	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
-		last = k.heartbeat(context.Background())
-		return last == nil, nil
-	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := k.heartbeat(context.Background())
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (certificate %s) cannot write its Node and Lease: %v", k.name, revoke.Fingerprint(k.cert)[:12], err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // revocationState reads what the controller keeps in the workload cluster.
