@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -187,10 +188,22 @@ func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, 
 	if m == nil || m.UID == "" {
 		return errors.New("no Machine matched")
 	}
-	if e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert); err != nil {
+	e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert)
+	if err != nil && !errors.Is(err, revoke.ErrRevokedMachine) {
 		a.st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
+		if apierrors.IsForbidden(err) || errors.Is(err, revoke.ErrMalformed) {
+			// Revocation cannot work in this cluster until this is fixed
+			// (its RBAC, or a record someone else edited): signing does not
+			// wait for it. Were the name revoked, the node would be refused
+			// until it is fixed and the certificate renewed.
+			klog.FromContext(ctx).Info("Issuing without checking the revoked node names", "node", node, "err", err.Error())
+			return nil
+		}
+	}
+	if err != nil {
 		return err
-	} else if e != nil {
+	}
+	if e != nil {
 		klog.FromContext(ctx).Info("Accepted a certificate for a revoked node name, issued to a new Machine", "node", node, "revokedMachine", e.Machine.String(), "revokedUntil", e.Until)
 		if a.r.Events != nil {
 			a.r.Events.Eventf(a.cluster, corev1.EventTypeNormal, ReasonRevokedNodeAccepted,

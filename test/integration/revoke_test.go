@@ -286,6 +286,25 @@ func TestRevokeDeletedMachine(t *testing.T) {
 	cert2 := e.expectIssued(t, "a-2-renewal", node, "test:///a-2", 24*time.Hour)
 	e.kubeletClient(t, node, cert2, renewedKey.(*ecdsa.PrivateKey)).expectWorks(t)
 	old.expectRevoked(t, signerNS+"/"+node)
+	if en := e.revocationState(t).Find(node); en == nil || len(en.Accepted) != 2 {
+		t.Fatalf("state of %s after the renewal: %+v; want both certificates of the new Machine accepted", node, en)
+	}
+
+	// The policy is written when the revocations change, not at every
+	// recheck (10 s here).
+	policies := e.wl.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+	before, err := policies.Get(ctx, revoke.PolicyName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(12 * time.Second)
+	after, err := policies.Get(ctx, revoke.PolicyName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion {
+		t.Errorf("the policy was rewritten without a change (generation %d, then %d)", before.Generation, after.Generation)
+	}
 }
 
 // expectClusterEvent waits for an Event with reason on the test's Cluster
