@@ -71,22 +71,29 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	}
 }
 
-// revokedNames returns the node names of the deleted Machine m that no
-// other Machine of its Cluster claims: its nodeRef once it has one, else
-// every name it could have been issued a certificate for.
+// revokedNames returns the node names of the deleted Machine m to revoke
+// (namesToRevoke), given the Cluster's Machines as the cache has them.
 func (r *ClusterReconciler) revokedNames(ctx context.Context, nn types.NamespacedName, m *clusterv1.Machine) ([]string, error) {
-	names := claimedNames(m)
-	if m.Status.NodeRef.IsDefined() {
-		names = []string{m.Status.NodeRef.Name}
-	}
 	var list clusterv1.MachineList
 	if err := r.Client.List(ctx, &list, client.InNamespace(nn.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: nn.Name}); err != nil {
 		return nil, fmt.Errorf("unable to list the Cluster's Machines: %w", err)
 	}
+	return namesToRevoke(m, list.Items), nil
+}
+
+// namesToRevoke returns the node names of the deleted Machine m that no
+// other of the Cluster's Machines claims: its nodeRef once it has one, else
+// every name it could have been issued a certificate for (claims). Names
+// that cannot be node names are left out.
+func namesToRevoke(m *clusterv1.Machine, machines []clusterv1.Machine) []string {
+	names := claimedNames(m)
+	if m.Status.NodeRef.IsDefined() {
+		names = []string{m.Status.NodeRef.Name}
+	}
 	return slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(names))), func(n string) bool {
-		return len(validation.IsDNS1123Subdomain(n)) > 0 || // never a node name
-			slices.ContainsFunc(list.Items, func(o clusterv1.Machine) bool { return o.UID != m.UID && claims(&o, n) })
-	}), nil
+		return len(validation.IsDNS1123Subdomain(n)) > 0 ||
+			slices.ContainsFunc(machines, func(o clusterv1.Machine) bool { return o.UID != m.UID && claims(&o, n) })
+	})
 }
 
 // keepRevocations keeps the revocations of one workload cluster until ctx
@@ -191,9 +198,10 @@ func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, 
 	e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert)
 	if err != nil && !errors.Is(err, revoke.ErrRevokedMachine) {
 		a.st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
-		if apierrors.IsForbidden(err) || errors.Is(err, revoke.ErrMalformed) {
+		if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || errors.Is(err, revoke.ErrMalformed) {
 			// Revocation cannot work in this cluster until this is fixed
-			// (its RBAC, or a record someone else edited): signing does not
+			// (its RBAC, an API server without ValidatingAdmissionPolicy, or a
+			// record someone else edited): signing does not
 			// wait for it. Were the name revoked, the node would be refused
 			// until it is fixed and the certificate renewed.
 			klog.FromContext(ctx).Info("Issuing without checking the revoked node names", "node", node, "err", err.Error())

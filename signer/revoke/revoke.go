@@ -251,7 +251,7 @@ func (r *Revoker) now() time.Time {
 // expired entries, and returns the state and the names it dropped.
 func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
-	s, err := r.update(ctx, func(s *State) bool {
+	s, err := r.update(ctx, true, func(s *State) bool {
 		dropped = s.prune(r.now())
 		return len(dropped) > 0
 	})
@@ -275,7 +275,7 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string) (*State
 		}
 	}
 	now := r.now()
-	return r.update(ctx, func(s *State) bool {
+	return r.update(ctx, false, func(s *State) bool {
 		for _, n := range names {
 			e := Entry{Node: n, Machine: m, RevokedAt: now.UTC().Truncate(time.Second), Until: now.Add(r.Lifetime + Margin).UTC().Truncate(time.Second).Add(time.Second)}
 			if old := s.Find(n); old != nil {
@@ -303,7 +303,7 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 	}
 	var out *Entry
 	var refused error
-	_, err := r.update(ctx, func(s *State) bool {
+	_, err := r.update(ctx, false, func(s *State) bool {
 		out, refused = nil, nil
 		e := s.Find(node)
 		if e == nil {
@@ -333,10 +333,11 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 
 // update reads the state (a missing ConfigMap is an empty state), applies
 // change, and writes it when change reports a change or the ConfigMap is
-// missing (conflicts are retried); then it makes the policy say what the
-// state says.
-func (r *Revoker) update(ctx context.Context, change func(*State) bool) (*State, error) {
+// missing (conflicts are retried); then, when it wrote or always is set, it
+// makes the policy say what the state says.
+func (r *Revoker) update(ctx context.Context, always bool, change func(*State) bool) (*State, error) {
 	var out *State
+	written := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		api := r.Client.CoreV1().ConfigMaps(Namespace)
 		cm, err := api.Get(ctx, ConfigMapName, metav1.GetOptions{})
@@ -377,14 +378,16 @@ func (r *Revoker) update(ctx context.Context, change func(*State) bool) (*State,
 			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
 		}
 		r.cache(s)
-		out = s
+		out, written = s, true
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := r.ensurePolicy(ctx, out); err != nil {
-		return nil, err
+	if written || always {
+		if err := r.ensurePolicy(ctx, out); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
