@@ -84,7 +84,7 @@ const (
 	Margin = 5 * time.Minute
 )
 
-// LabelManagedBy marks the objects the controller keeps.
+// managedLabels mark the objects the controller keeps.
 var managedLabels = map[string]string{"app.kubernetes.io/managed-by": "node-attestation-controller", "app.kubernetes.io/part-of": "kubelet-authenticator"}
 
 // Machine is a deleted Machine, as a revocation names it.
@@ -400,17 +400,6 @@ func (r *Revoker) cache(s *State) {
 	r.mu.Lock()
 	r.revoked = m
 	r.mu.Unlock()
-}
-
-// Revoked returns the listed names as last read or written (sorted), and
-// false when the list has not been read yet.
-func (r *Revoker) Revoked() ([]string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.revoked == nil {
-		return nil, false
-	}
-	return slices.Sorted(maps.Keys(r.revoked)), true
 }
 
 // ensurePolicy creates, restores or updates the policy for s, then its
