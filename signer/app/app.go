@@ -122,9 +122,6 @@ func (o *Options) Run(ctx context.Context) error {
 	// Trust-on-first-use records live in the controller's own namespace,
 	// where tenants cannot write (signer/tofu).
 	identities := &tofu.Store{Namespace: o.namespace(), Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
-	if err := (&tofu.Cleaner{Store: identities}).SetupWithManager(ctx, mgr); err != nil {
-		return err
-	}
 	r := &capi.ClusterReconciler{
 		Client:        mgr.GetClient(),
 		APIReader:     mgr.GetAPIReader(),
@@ -149,6 +146,11 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer unregister()
+	// One Machine deletion hook: the Machine's trust-on-first-use records
+	// go, and its node names are revoked in its workload cluster.
+	if err := (&tofu.Cleaner{Store: identities, Deleted: r.MachineDeleted}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("unable to set up the Cluster reconciler: %w", err)
 	}

@@ -111,7 +111,7 @@ type fleetCollector struct {
 
 	connected, lastContact, synced, queue, lockdown, lockdownRemoved, generation *prometheus.Desc
 	servingCAExpiry, servingCAs, trustBundlesPublished                           *prometheus.Desc
-	scopedIdentity, tokenExpiry                                                  *prometheus.Desc
+	scopedIdentity, tokenExpiry, revokedNodes, revocationErrors                  *prometheus.Desc
 }
 
 func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
@@ -135,13 +135,16 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 			"1 when the controller works in the workload cluster through tokens of its own ServiceAccount, 0 when as the kubeconfig's (non-admin) user."),
 		tokenExpiry: d("workload_token_expiry_timestamp_seconds",
 			"When the token of the controller's ServiceAccount in the workload cluster expires (Unix seconds); alert when it comes near."),
+		revokedNodes: d("revoked_node_names", "Node names of deleted Machines refused in the workload cluster until every certificate issued before their deletion has expired."),
+		revocationErrors: d("revocation_write_errors_total",
+			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; a deleted Machine's node keeps access while they fail."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation,
-		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.scopedIdentity, c.tokenExpiry} {
+		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.scopedIdentity, c.tokenExpiry, c.revokedNodes, c.revocationErrors} {
 		ch <- d
 	}
 }
@@ -167,6 +170,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.lockdown, prometheus.GaugeValue, b(s.Lockdown), cl)
 		ch <- prometheus.MustNewConstMetric(c.lockdownRemoved, prometheus.CounterValue, float64(s.LockdownRemoved), cl)
 		ch <- prometheus.MustNewConstMetric(c.generation, prometheus.GaugeValue, float64(s.Generation), cl)
+		ch <- prometheus.MustNewConstMetric(c.revokedNodes, prometheus.GaugeValue, float64(s.RevokedNodes), cl)
+		ch <- prometheus.MustNewConstMetric(c.revocationErrors, prometheus.CounterValue, float64(s.RevocationErrors), cl)
 		if !s.ServingCAExpiry.IsZero() { // not in standalone mode
 			ch <- prometheus.MustNewConstMetric(c.servingCAExpiry, prometheus.GaugeValue, float64(s.ServingCAExpiry.Unix()), cl)
 			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)

@@ -74,6 +74,13 @@ type ClusterStatus struct {
 	TokenExpiry    time.Time
 	TokenRenewals  int
 	IdentityError  string
+	// RevokedNodes is how many node names of deleted Machines are refused
+	// in the workload cluster (package revoke); RevocationErrors counts the
+	// failed attempts to write the revocations since the controller
+	// started, and RevocationError is the last one's error.
+	RevokedNodes     int
+	RevocationErrors int
+	RevocationError  string
 }
 
 // state is the mutable part of a workload's status.

@@ -131,14 +131,18 @@ type ClusterReconciler struct {
 	base    context.Context
 	started chan struct{}
 	running map[types.NamespacedName]*workload
+	// deleted are the Machines of served Clusters seen deleted whose node
+	// names are not revoked yet (revoke.go).
+	deleted map[types.NamespacedName][]*clusterv1.Machine
 }
 
 type workload struct {
-	hash   string
-	state  *state
-	ctrl   *controller.Controller
-	cancel context.CancelFunc
-	done   chan struct{}
+	hash       string
+	state      *state
+	revocation *revocation
+	ctrl       *controller.Controller
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
 // SetupWithManager registers the reconciler, the Machine index and the
@@ -172,6 +176,7 @@ func (r *ClusterReconciler) init() {
 	if r.started == nil {
 		r.started = make(chan struct{})
 		r.running = map[types.NamespacedName]*workload{}
+		r.deleted = map[types.NamespacedName][]*clusterv1.Machine{}
 	}
 }
 
@@ -354,6 +359,8 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
+	clusterRef := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: nn.Namespace, Name: nn.Name, UID: cluster.UID}
+	revocation := r.newRevocation(cs)
 	c, err := controller.New(controller.Config{
 		Cluster: nn.String(),
 		Client:  cs,
@@ -376,13 +383,14 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Workers:  workers,
 		MinRetry: r.MinRetry,
 		MaxRetry: r.MaxRetry,
+		Issuing:  &acceptor{r: r, rv: revocation.rv, cluster: clusterRef, st: st},
 	})
 	if err != nil {
 		return next, err
 	}
 
 	if cur != nil {
-		r.stop(logger, nn, "configuration changed")
+		r.stop(logger, nn, reasonRestart)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -392,7 +400,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	w := &workload{hash: hash, state: st, ctrl: c, cancel: cancel, done: make(chan struct{})}
+	w := &workload{hash: hash, state: st, revocation: revocation, ctrl: c, cancel: cancel, done: make(chan struct{})}
 	r.running[nn] = w
 	// The probe reports the cluster disconnected until the identity is
 	// installed; everything else waits for it.
@@ -403,6 +411,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 			return
 		}
 		go id.Run(wctx)
+		go r.keepRevocations(wctx, klog.FromContext(wctx).WithValues("cluster", nn), clusterRef, revocation, st, r.revocationPeriod())
 		if lockdown {
 			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 		} else {
@@ -423,6 +432,9 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
 	return next, nil
 }
+
+// reasonRestart is why a workload's controller is stopped to start another.
+const reasonRestart = "configuration changed"
 
 // ReasonKubeconfigRefused is the reason of the Warning Event on a Cluster
 // whose `<cluster>-kubeconfig` Secret is refused (RefusedKubeconfigError).
@@ -445,6 +457,9 @@ func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, wh
 	r.mu.Lock()
 	w := r.running[nn]
 	delete(r.running, nn)
+	if why != reasonRestart {
+		delete(r.deleted, nn)
+	}
 	r.mu.Unlock()
 	if w == nil {
 		return

@@ -13,6 +13,7 @@ package controller
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"time"
@@ -75,6 +76,16 @@ type Config struct {
 	// MaxTries bounds the tries of a request that keeps failing
 	// transiently; 0 means DefaultMaxTries.
 	MaxTries int
+	// Issuing, when set, is told of every client certificate before it is
+	// written to its request (revocation accepts the certificates of a new
+	// Machine of a revoked node name); an error leaves the request to be
+	// retried, and it is signed anew.
+	Issuing IssueHook
+}
+
+// IssueHook is told of a client certificate before it is handed out.
+type IssueHook interface {
+	Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate) error
 }
 
 // key names a CSR in the queue: its signer name tells which informer holds

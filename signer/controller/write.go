@@ -2,7 +2,10 @@ package controller
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
@@ -147,6 +151,19 @@ func (c *Controller) sign(ctx context.Context, name string, d *engine.Decision) 
 	certPEM, err := d.Profile.Signer.Sign(d.Issue)
 	if err != nil {
 		return fmt.Errorf("unable to sign: %w", err)
+	}
+	if c.cfg.Issuing != nil && d.Profile.Kind == checks.Client {
+		b, _ := pem.Decode(certPEM)
+		if b == nil {
+			return errors.New("the signer returned no PEM certificate")
+		}
+		cert, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return fmt.Errorf("unable to parse the certificate just signed: %w", err)
+		}
+		if err := c.cfg.Issuing.Issuing(ctx, d.NodeName, d.Machine, cert); err != nil {
+			return fmt.Errorf("certificate for node %s not handed out yet: %w", d.NodeName, err)
+		}
 	}
 	live.Status.Certificate = certPEM
 	if _, err := api.UpdateStatus(ctx, live, metav1.UpdateOptions{}); err != nil {

@@ -32,6 +32,10 @@ type Cleaner struct {
 	Machines client.Reader
 	// SweepPeriod; 0 means DefaultSweepPeriod.
 	SweepPeriod time.Duration
+	// Deleted, when set, is also called with every Machine the informer
+	// reports deleted (revocation of its node name, signer/capi), so that
+	// one hook reacts to Machine deletions.
+	Deleted func(machine client.Object)
 
 	queue workqueue.TypedRateLimitingInterface[types.UID]
 }
@@ -61,6 +65,9 @@ func (c *Cleaner) deleted(obj any) {
 	}
 	if o, ok := obj.(client.Object); ok && o.GetUID() != "" {
 		c.queue.Add(o.GetUID())
+		if c.Deleted != nil {
+			c.Deleted(o)
+		}
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -577,6 +578,15 @@ func TestRBACIsSufficient(t *testing.T) {
 	bootstrapSubjects(0)
 	setLockdown("false")
 	bootstrapSubjects(1)
+	// Revocation through deploy/workload's role: the policy, its binding
+	// and the controller's record are in place (docs/revocation.md).
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		if _, err := wl.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, revoke.PolicyName, metav1.GetOptions{}); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		_, err := wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+		return err == nil, client.IgnoreNotFound(err)
+	})
 	if log := readFile(t, replicas[second].log); strings.Contains(strings.ToLower(log), "forbidden") {
 		t.Errorf("%s logs a forbidden request:\n%s", replicas[second].proc.Name, grep(log, "orbidden"))
 	}

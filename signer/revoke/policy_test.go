@@ -1,0 +1,166 @@
+package revoke
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// node is one client certificate of a node, and a client that uses it.
+type node struct {
+	name   string
+	cert   *x509.Certificate
+	client kubernetes.Interface
+}
+
+func newNode(t *testing.T, cp *harness.ControlPlane, name string) *node {
+	t.Helper()
+	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:"+name, "system:nodes")
+	b, _ := pem.Decode(certPEM)
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cp.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{name: name, cert: cert, client: cs}
+}
+
+// write labels the node's Node (creating it first), as a kubelet writes
+// its Node.
+func (n *node) write(ctx context.Context) error {
+	nodes := n.client.CoreV1().Nodes()
+	obj, err := nodes.Get(ctx, n.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	obj.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+	_, err = nodes.UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	return err
+}
+
+// eventually waits until n's write is refused as revoked (refused) or
+// succeeds (!refused).
+func (n *node) eventually(t *testing.T, refused bool) {
+	t.Helper()
+	var last error
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		last = n.write(context.Background())
+		isRefused := apierrors.IsForbidden(last) && strings.Contains(last.Error(), "node "+n.name+" was revoked")
+		if isRefused == refused && (refused || last == nil) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s (certificate %s): %v; want refused=%t", n.name, Fingerprint(n.cert)[:12], last, refused)
+}
+
+// TestRevoker: the policy against a real kube-apiserver, driven through a
+// Revoker with a fake clock.
+func TestRevoker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	cp := harness.StartControlPlane(t, "revoke")
+	ctx := context.Background()
+	clock := clocktesting.NewFakePassiveClock(time.Now())
+	r := &Revoker{Client: cp.Client, Lifetime: 24 * time.Hour, Clock: clock}
+
+	s, _, err := r.Ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Entries) != 0 {
+		t.Fatalf("entries in a new cluster: %+v", s.Entries)
+	}
+	old, other := newNode(t, cp, "n1"), newNode(t, cp, "n2")
+	old.eventually(t, false)
+	other.eventually(t, false)
+
+	deleted := Machine{Namespace: "team", Name: "n1", UID: "uid-1"}
+	if _, err := r.Revoke(ctx, deleted, []string{"n1"}); err != nil {
+		t.Fatal(err)
+	}
+	old.eventually(t, true)
+	other.eventually(t, false) // another node is not touched
+
+	// A certificate issued to the deleted Machine itself is never accepted.
+	if _, err := r.Accept(ctx, "n1", deleted, old.cert); !errors.Is(err, ErrRevokedMachine) {
+		t.Fatalf("Accept for the deleted Machine: %v, want ErrRevokedMachine", err)
+	}
+	// One issued to a new Machine is; the old one stays refused.
+	fresh := newNode(t, cp, "n1")
+	if e, err := r.Accept(ctx, "n1", Machine{Namespace: "team", Name: "n1", UID: "uid-2"}, fresh.cert); err != nil || e == nil {
+		t.Fatalf("Accept for the new Machine: %+v, %v", e, err)
+	}
+	fresh.eventually(t, false)
+	old.eventually(t, true)
+	// Accepting for a name that is not revoked changes nothing.
+	if e, err := r.Accept(ctx, "n2", Machine{Namespace: "team", Name: "n2", UID: "uid-3"}, other.cert); err != nil || e != nil {
+		t.Fatalf("Accept for a name not revoked: %+v, %v", e, err)
+	}
+
+	// A record someone else edited is not overwritten: revocations stay as
+	// they are, and the error says what to do.
+	cms := cp.Client.CoreV1().ConfigMaps(Namespace)
+	cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := cm.Data[StateKey]
+	cm.Data[StateKey] = strings.Replace(good, `{"version":"v1",`, `{"version":"v1","version":"v1",`, 1)
+	if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Ensure(ctx); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("Ensure with an edited record: %v, want ErrMalformed", err)
+	}
+	old.eventually(t, true)
+	cm.Data[StateKey] = good
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A deleted policy is restored from the record.
+	if err := cp.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, PolicyName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	old.eventually(t, false)
+	if _, _, err := r.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old.eventually(t, true)
+	fresh.eventually(t, false)
+
+	// Once every certificate issued before the revocation has expired, the
+	// name is dropped.
+	clock.SetTime(clock.Now().Add(24*time.Hour + Margin + time.Minute))
+	s, dropped, err := r.Ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dropped) != 1 || dropped[0] != "n1" || len(s.Entries) != 0 {
+		t.Fatalf("after the lifetime: dropped %q, left %+v", dropped, s.Entries)
+	}
+	old.eventually(t, false)
+}

@@ -1,0 +1,549 @@
+// Package revoke makes the node names of deleted Machines unusable in their
+// workload cluster before the client certificates issued to them expire.
+//
+// Kubernetes has no revocation for client certificates: a kubelet whose
+// Machine was deleted keeps its certificate, valid for days, and with it
+// the node's write access. In each workload cluster the controller keeps a
+// ValidatingAdmissionPolicy and its binding (PolicyName) that list the
+// revoked node names. The policy refuses every write (create, update,
+// patch, delete, connect) by a
+// requester named system:node:<name> whose name is listed, unless the
+// client certificate it authenticated with (its fingerprint, which
+// kube-apiserver puts in the user's extra
+// authentication.kubernetes.io/credential-id as X509SHA256=<hex>) was issued
+// by the controller to a new Machine of that name after the revocation.
+//
+// A name is listed for the longest lifetime of a client certificate (the
+// signer's cap) after the revocation: by then every certificate issued
+// before it has expired and the entry is dropped, so the list stays bounded.
+// A name is lifted only for the certificates the controller signs for a
+// live Machine: a Machine object of that name alone lifts nothing.
+//
+// The controller's record is a ConfigMap (Namespace/ConfigMapName) whose key
+// State.json holds the entries (strict JSON, "version": "v1"). The policy is
+// derived from it on every change: the revoked names, their messages and the
+// accepted certificates are literals in the policy's CEL variables. The
+// policy does not take the ConfigMap as its parameter: kube-apiserver 1.36
+// stops its informer of a built-in parameter kind when the last binding
+// that uses it goes away and never restarts it (the shared informer
+// factory starts a type once), so after a binding is deleted and created
+// again, changes to the parameter are not seen until kube-apiserver
+// restarts. A policy that carries its data has no such cache.
+package revoke
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	sigsjson "sigs.k8s.io/json"
+)
+
+// Names of what the controller keeps in each workload cluster.
+const (
+	// PolicyName names the ValidatingAdmissionPolicy and its binding.
+	PolicyName = "kubelet-authenticator-revoked-nodes"
+	// Namespace and ConfigMapName name the policy's parameter.
+	Namespace     = metav1.NamespaceSystem
+	ConfigMapName = "kubelet-authenticator-revoked-nodes"
+	// StateKey is the ConfigMap key holding the entries.
+	StateKey = "State.json"
+	// CredentialIDExtra is the user info extra kube-apiserver sets to an
+	// authenticating client certificate's fingerprint (X509SHA256=<hex>).
+	CredentialIDExtra = "authentication.kubernetes.io/credential-id"
+	// FieldManager is the manager of the controller's writes.
+	FieldManager = "node-attestation-controller"
+	// stateVersion is the version of State.json.
+	stateVersion = "v1"
+	// maxAllowed bounds the certificates accepted per revoked name: a
+	// node renews a few times within a certificate lifetime.
+	maxAllowed = 32
+	// Margin is added to how long a name stays listed, for clock skew
+	// between the controller's replicas and the API server.
+	Margin = 5 * time.Minute
+)
+
+// managedLabels mark the objects the controller keeps.
+var managedLabels = map[string]string{"app.kubernetes.io/managed-by": "node-attestation-controller", "app.kubernetes.io/part-of": "kubelet-authenticator"}
+
+// Machine is a deleted Machine, as a revocation names it.
+type Machine struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	UID       types.UID `json:"uid"`
+}
+
+func (m Machine) String() string { return m.Namespace + "/" + m.Name }
+
+// valid reports whether m's names are what the API server accepts for a
+// Machine (they are written into the policy).
+func (m Machine) valid() bool {
+	return len(validation.IsDNS1123Label(m.Namespace)) == 0 && len(validation.IsDNS1123Subdomain(m.Name)) == 0
+}
+
+// Entry is one revoked node name.
+type Entry struct {
+	// Node is the node name.
+	Node string `json:"node"`
+	// Machine is the deleted Machine that was the node.
+	Machine Machine `json:"machine"`
+	// RevokedAt is when the controller saw the Machine gone; Until is when
+	// every certificate issued before then has expired.
+	RevokedAt time.Time `json:"revokedAt"`
+	Until     time.Time `json:"until"`
+	// Accepted are the certificates the controller issued for the name
+	// after the revocation (to a new Machine).
+	Accepted []Credential `json:"accepted,omitempty"`
+}
+
+// Credential is an accepted certificate.
+type Credential struct {
+	// SHA256 is the lower-case hex SHA-256 of the certificate's DER.
+	SHA256 string `json:"sha256"`
+	// Machine is the Machine it was issued for.
+	Machine  Machine   `json:"machine"`
+	NotAfter time.Time `json:"notAfter"`
+}
+
+// State is what State.json holds.
+type State struct {
+	Version string  `json:"version"`
+	Entries []Entry `json:"entries"`
+}
+
+// Find returns the entry of node, or nil.
+func (s *State) Find(node string) *Entry {
+	for i := range s.Entries {
+		if s.Entries[i].Node == node {
+			return &s.Entries[i]
+		}
+	}
+	return nil
+}
+
+// Message is what the policy answers a refused request of e's node.
+func (e *Entry) Message() string {
+	return fmt.Sprintf("node %s was revoked: its Machine %s was deleted from the management cluster at %s; "+
+		"certificates issued to the node before then are refused until %s. A new Machine of this name joins through "+
+		"the node-attestation-controller, which accepts the certificates it issues to it",
+		e.Node, e.Machine, e.RevokedAt.UTC().Format(time.RFC3339), e.Until.UTC().Format(time.RFC3339))
+}
+
+// Fingerprint returns the credential ID hex of cert (SHA-256 of its DER).
+func Fingerprint(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// ErrMalformed is returned when the ConfigMap is not what the controller
+// writes: someone else edited it. The controller does not overwrite it (it
+// would drop revocations); delete it and the controller writes a new one
+// (and forgets the revocations it held).
+var ErrMalformed = errors.New("not written by node-attestation-controller")
+
+// ErrRevokedMachine is returned by Accept for a certificate issued to the
+// very Machine whose deletion revoked the name.
+var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Machine")
+
+// Decode reads the state of a ConfigMap strictly: duplicate and unknown
+// fields, case-folded names and trailing data are errors.
+func Decode(cm *corev1.ConfigMap) (*State, error) {
+	raw, ok := cm.Data[StateKey]
+	if !ok {
+		return nil, fmt.Errorf("ConfigMap %s/%s has no %s: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
+	}
+	var s State
+	strict, err := sigsjson.UnmarshalStrict([]byte(raw), &s)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s %s: %v: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
+	}
+	if s.Version != stateVersion {
+		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)
+	}
+	for _, e := range s.Entries {
+		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 || !e.Machine.valid() {
+			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q, Machine %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, e.Machine, ErrMalformed)
+		}
+		for _, c := range e.Accepted {
+			if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() {
+				return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed fingerprint for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
+			}
+		}
+	}
+	return &s, nil
+}
+
+// data returns the ConfigMap data of s.
+func data(s *State) (map[string]string, error) {
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{StateKey: string(raw)}, nil
+}
+
+// prune drops entries and accepted certificates that have expired at now.
+func (s *State) prune(now time.Time) (dropped []string) {
+	s.Entries = slices.DeleteFunc(s.Entries, func(e Entry) bool {
+		if !now.Before(e.Until) {
+			dropped = append(dropped, e.Node)
+			return true
+		}
+		return false
+	})
+	for i := range s.Entries {
+		s.Entries[i].Accepted = slices.DeleteFunc(s.Entries[i].Accepted, func(c Credential) bool { return !now.Before(c.NotAfter) })
+	}
+	return dropped
+}
+
+// Revoker keeps the revocations of one workload cluster. Its methods are
+// safe for concurrent use.
+type Revoker struct {
+	// Client talks to the workload cluster.
+	Client kubernetes.Interface
+	// Lifetime is the longest a client certificate issued for the cluster
+	// lives (the signer's cap): how long a name stays listed.
+	Lifetime time.Duration
+	// Clock; nil means the real clock.
+	Clock clock.PassiveClock
+
+	mu sync.Mutex
+	// revoked caches the listed names once read (only the leader writes
+	// the list), so that issuing for a name that is not revoked costs no
+	// request; nil until the list has been read.
+	revoked map[string]bool
+}
+
+func (r *Revoker) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
+}
+
+// Ensure makes the policy, its binding and its parameter exist as the
+// controller writes them (restoring what someone deleted or changed), drops
+// expired entries, and returns the state and the names it dropped.
+func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
+	var dropped []string
+	s, err := r.update(ctx, true, func(s *State) bool {
+		dropped = s.prune(r.now())
+		return len(dropped) > 0
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, dropped, nil
+}
+
+// Revoke lists names as revoked for the deleted Machine m. A name listed
+// already (for an earlier Machine) is listed again from now, and the
+// certificates accepted for it are refused: they were issued to m. It
+// returns the state written.
+func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string) (*State, error) {
+	if !m.valid() {
+		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
+	}
+	for _, n := range names {
+		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a node name: %s", n, strings.Join(errs, "; "))
+		}
+	}
+	now := r.now()
+	return r.update(ctx, false, func(s *State) bool {
+		for _, n := range names {
+			e := Entry{Node: n, Machine: m, RevokedAt: now.UTC().Truncate(time.Second), Until: now.Add(r.Lifetime + Margin).UTC().Truncate(time.Second).Add(time.Second)}
+			if old := s.Find(n); old != nil {
+				*old = e
+			} else {
+				s.Entries = append(s.Entries, e)
+			}
+		}
+		slices.SortFunc(s.Entries, func(a, b Entry) int { return strings.Compare(a.Node, b.Node) })
+		return len(names) > 0
+	})
+}
+
+// Accept is called before a client certificate for node, issued for
+// Machine m, is handed out. When node is revoked, the certificate is
+// accepted (it was issued after the revocation, to a live Machine) and
+// Accept returns the entry; otherwise it returns nil. An error means the
+// certificate must not be handed out yet.
+func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate) (*Entry, error) {
+	r.mu.Lock()
+	known, revoked := r.revoked != nil, r.revoked[node]
+	r.mu.Unlock()
+	if known && !revoked {
+		return nil, nil
+	}
+	var out *Entry
+	var refused error
+	_, err := r.update(ctx, false, func(s *State) bool {
+		out, refused = nil, nil
+		e := s.Find(node)
+		if e == nil {
+			return false
+		}
+		if e.Machine.UID == m.UID {
+			// Decided before the Machine was gone, signed after.
+			refused = fmt.Errorf("%w: node %s was revoked when its Machine %s was deleted", ErrRevokedMachine, node, m)
+			return false
+		}
+		fp := Fingerprint(cert)
+		if !slices.ContainsFunc(e.Accepted, func(c Credential) bool { return c.SHA256 == fp }) {
+			e.Accepted = append(e.Accepted, Credential{SHA256: fp, Machine: m, NotAfter: cert.NotAfter.UTC()})
+			if len(e.Accepted) > maxAllowed {
+				e.Accepted = e.Accepted[len(e.Accepted)-maxAllowed:]
+			}
+		}
+		c := *e
+		out = &c
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, refused
+}
+
+// update reads the state (a missing ConfigMap is an empty state), applies
+// change, and writes it when change reports a change or the ConfigMap is
+// missing (conflicts are retried); then, when it wrote or always is set, it
+// makes the policy say what the state says.
+func (r *Revoker) update(ctx context.Context, always bool, change func(*State) bool) (*State, error) {
+	var out *State
+	written := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		api := r.Client.CoreV1().ConfigMaps(Namespace)
+		cm, err := api.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		missing := apierrors.IsNotFound(err)
+		if err != nil && !missing {
+			return fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+		}
+		s := &State{Version: stateVersion}
+		if !missing {
+			if s, err = Decode(cm); err != nil {
+				return err
+			}
+		}
+		if !change(s) && !missing {
+			r.cache(s)
+			out = s
+			return nil
+		}
+		d, err := data(s)
+		if err != nil {
+			return err
+		}
+		if missing {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: ConfigMapName, Labels: managedLabels}, Data: d}
+			_, err = api.Create(ctx, cm, metav1.CreateOptions{FieldManager: FieldManager})
+			if apierrors.IsAlreadyExists(err) {
+				return apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
+			}
+		} else {
+			cm = cm.DeepCopy()
+			cm.Data, cm.BinaryData = d, nil
+			_, err = api.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		}
+		if err != nil {
+			if apierrors.IsConflict(err) {
+				return err
+			}
+			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+		}
+		r.cache(s)
+		out, written = s, true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if written || always {
+		if err := r.ensurePolicy(ctx, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (r *Revoker) cache(s *State) {
+	m := make(map[string]bool, len(s.Entries))
+	for _, e := range s.Entries {
+		m[e.Node] = true
+	}
+	r.mu.Lock()
+	r.revoked = m
+	r.mu.Unlock()
+}
+
+// ensurePolicy creates, restores or updates the policy for s, then its
+// binding.
+func (r *Revoker) ensurePolicy(ctx context.Context, s *State) error {
+	api := r.Client.AdmissionregistrationV1()
+	want, err := Policy(s)
+	if err != nil {
+		return err
+	}
+	got, err := api.ValidatingAdmissionPolicies().Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = api.ValidatingAdmissionPolicies().Create(ctx, want, metav1.CreateOptions{FieldManager: FieldManager})
+	case err == nil && !equality.Semantic.DeepEqual(got.Spec, want.Spec):
+		got = got.DeepCopy()
+		got.Spec = want.Spec
+		_, err = api.ValidatingAdmissionPolicies().Update(ctx, got, metav1.UpdateOptions{FieldManager: FieldManager})
+	}
+	if err != nil {
+		return fmt.Errorf("unable to write ValidatingAdmissionPolicy %s: %w", want.Name, err)
+	}
+	wantB := Binding()
+	gotB, err := api.ValidatingAdmissionPolicyBindings().Get(ctx, wantB.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = api.ValidatingAdmissionPolicyBindings().Create(ctx, wantB, metav1.CreateOptions{FieldManager: FieldManager})
+	case err == nil && !equality.Semantic.DeepEqual(gotB.Spec, wantB.Spec):
+		gotB = gotB.DeepCopy()
+		gotB.Spec = wantB.Spec
+		_, err = api.ValidatingAdmissionPolicyBindings().Update(ctx, gotB, metav1.UpdateOptions{FieldManager: FieldManager})
+	}
+	if err != nil {
+		return fmt.Errorf("unable to write ValidatingAdmissionPolicyBinding %s: %w", wantB.Name, err)
+	}
+	return nil
+}
+
+// The policy's expressions. matchCondition selects node identities only,
+// so that nothing else in the cluster ever depends on this policy; the
+// validation refuses a revoked name unless one of the requester's
+// credential IDs is a certificate accepted for that very name.
+const (
+	matchNodeIdentity    = `request.userInfo.username.startsWith('system:node:')`
+	nodeVariable         = `request.userInfo.username.substring(12)`
+	validationExpression = `!(variables.node in variables.revoked) || ` +
+		`(has(request.userInfo.extra) && '` + CredentialIDExtra + `' in request.userInfo.extra && ` +
+		`request.userInfo.extra['` + CredentialIDExtra + `'].exists(c, c.startsWith('X509SHA256=') && ` +
+		`c.substring(11) in variables.accepted && variables.accepted[c.substring(11)] == variables.node))`
+	messageExpression = `string(variables.revoked[variables.node])`
+)
+
+// celMap returns a CEL map literal of string keys and values. It refuses
+// any character but printable ASCII other than the quote and the
+// backslash, so that nothing it is given can end a literal.
+func celMap(m map[string]string) (string, error) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		for _, s := range []string{k, m[k]} {
+			if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '"' || r == '\\' }) >= 0 {
+				return "", fmt.Errorf("%q cannot be written into the revocation policy", s)
+			}
+		}
+		fmt.Fprintf(&b, "%q: %q", k, m[k])
+	}
+	b.WriteString("}")
+	return b.String(), nil
+}
+
+// Policy returns the ValidatingAdmissionPolicy the controller keeps for s:
+// the variable revoked maps each revoked name to the message of its
+// refusal, accepted maps the fingerprint of each certificate accepted for a
+// revoked name to that name.
+//
+// failurePolicy is Fail: if the policy cannot be evaluated, a revoked
+// node's writes must not go through. Its blast radius is bounded by the
+// match condition (requesters named system:node:*), so an error never
+// stops an administrator or a controller from repairing the cluster.
+func Policy(s *State) (*admissionregistrationv1.ValidatingAdmissionPolicy, error) {
+	revoked, accepted := map[string]string{}, map[string]string{}
+	for i := range s.Entries {
+		e := &s.Entries[i]
+		revoked[e.Node] = e.Message()
+		for _, c := range e.Accepted {
+			accepted[c.SHA256] = e.Node
+		}
+	}
+	revokedLit, err := celMap(revoked)
+	if err != nil {
+		return nil, err
+	}
+	acceptedLit, err := celMap(accepted)
+	if err != nil {
+		return nil, err
+	}
+	return &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: PolicyName, Labels: managedLabels},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{},
+				ObjectSelector:    &metav1.LabelSelector{},
+				MatchPolicy:       ptr.To(admissionregistrationv1.Equivalent),
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{
+							admissionregistrationv1.Create, admissionregistrationv1.Update,
+							admissionregistrationv1.Delete, admissionregistrationv1.Connect,
+						},
+						Rule: admissionregistrationv1.Rule{
+							APIGroups:   []string{"*"},
+							APIVersions: []string{"*"},
+							Resources:   []string{"*/*"}, // every resource and subresource
+							Scope:       ptr.To(admissionregistrationv1.AllScopes),
+						},
+					},
+				}},
+			},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "node-identity", Expression: matchNodeIdentity}},
+			Variables: []admissionregistrationv1.Variable{
+				{Name: "node", Expression: nodeVariable},
+				{Name: "revoked", Expression: revokedLit},
+				{Name: "accepted", Expression: acceptedLit},
+			},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression:        validationExpression,
+				MessageExpression: messageExpression,
+				Reason:            ptr.To(metav1.StatusReasonForbidden),
+			}},
+		},
+	}, nil
+}
+
+// Binding returns the policy's binding: cluster-wide, no parameter.
+func Binding() *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+	return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: PolicyName, Labels: managedLabels},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        PolicyName,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+}
