@@ -155,6 +155,19 @@ func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs .
 	return &ClusterAPI{Core: procs[0], Bootstrap: procs[1]}
 }
 
+// InstallCRDs installs the CRDs in the YAML files of dir (for example a
+// test's own infrastructure provider) and returns once they are served.
+func (m *Management) InstallCRDs(tb testing.TB, dir string) {
+	tb.Helper()
+	crds, err := readCRDs(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := installCRDs(m.ControlPlane, crds); err != nil {
+		tb.Fatalf("control plane %s: %v", m.Name, err)
+	}
+}
+
 // readCRDs decodes every CRD in the YAML files of dir.
 func readCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
@@ -171,6 +184,9 @@ func readCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
 			if err := yaml.UnmarshalStrict(doc, crd); err != nil {
 				return nil, fmt.Errorf("unable to decode CRD in %s: %w", file, err)
+			}
+			if crd.Name == "" { // a document of comments only
+				continue
 			}
 			crds = append(crds, crd)
 		}
