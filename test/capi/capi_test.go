@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -123,9 +124,11 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	})
 
 	// The control plane. CABPK writes join data only once the Cluster's
-	// ControlPlaneInitialized condition is true. Without a control-plane
+	// ControlPlaneInitialized condition is true (the condition, not
+	// status.initialization.controlPlaneInitialized, which only a
+	// control-plane provider's object sets). Without a control-plane
 	// provider (no spec.controlPlaneRef), Cluster API v1.14's Cluster
-	// controller sets it when a Machine labelled
+	// controller sets the condition when a Machine labelled
 	// cluster.x-k8s.io/control-plane has a nodeRef. So: one such Machine,
 	// whose bootstrap data is a Secret given as is (the node `kubeadm init`
 	// made), whose infrastructure is a TestMachine, and whose node is a hollow
@@ -158,7 +161,7 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 		if err := mgmt.Client.Get(ctx, keyOf(ns, clusterName), &c); err != nil {
 			return false, err
 		}
-		return ptr.Deref(c.Status.Initialization.ControlPlaneInitialized, false), nil
+		return meta.IsStatusConditionTrue(c.Status.Conditions, clusterv1.ClusterControlPlaneInitializedCondition), nil
 	})
 
 	// The workers: the documented KubeadmConfigTemplate, verbatim.

@@ -72,8 +72,9 @@ type clusterAPIProvider struct {
 
 // StartClusterAPI runs the core manager and CABPK from dir (see
 // ClusterAPIBinaries) against m, as admin, without leader election or
-// metrics. It installs CABPK's CRDs, points every CRD that Cluster API
-// converts (its config/*/crd/patches) at the manager serving it, starts both
+// metrics. It installs CABPK's CRDs, labels both providers' CRDs with their
+// contract versions and points the ones they convert at the manager serving
+// them, as their config/*/crd kustomizations do, starts both
 // managers with a serving certificate of a CA made here, waits until both are
 // ready, and then installs their validating and mutating webhook
 // configurations with the services rewritten to https://127.0.0.1:<port>.
@@ -124,7 +125,7 @@ func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs .
 		tb.Fatalf("control plane %s: %v", m.Name, err)
 	}
 	for _, p := range providers {
-		if err := convertThrough(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "crd", "patches"), p.webhookPort, ca.CertPEM); err != nil {
+		if err := kustomizeCRDs(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "crd"), p.webhookPort, ca.CertPEM); err != nil {
 			tb.Fatalf("%s: %v", p.name, err)
 		}
 	}
@@ -210,33 +211,49 @@ func yamlDocuments(file string) ([][]byte, error) {
 	return docs, nil
 }
 
-// convertThrough sets the conversion webhook of every CRD that has a
-// kustomize patch "webhook_in_<plural>.yaml" in patchDir (the CRDs the
-// provider converts) to https://127.0.0.1:port/convert, trusting caPEM.
-func convertThrough(ctx context.Context, cp *ControlPlane, patchDir string, port int, caPEM []byte) error {
+// kustomizeCRDs does to the provider's installed CRDs what its
+// config/<provider>/crd/kustomization.yaml does: adds the labels of its
+// "labels" pairs (Cluster API reads each provider's contract versions from
+// them, e.g. cluster.x-k8s.io/v1beta2: v1beta2) and, for every CRD with a
+// patch "webhook_in_<plural>.yaml" in crd/patches, sets the conversion
+// webhook, here https://127.0.0.1:port/convert trusting caPEM.
+func kustomizeCRDs(ctx context.Context, cp *ControlPlane, crdDir string, port int, caPEM []byte) error {
 	c, err := apiextensionsclient.NewForConfig(cp.AdminConfig)
 	if err != nil {
 		return fmt.Errorf("unable to create apiextensions client: %w", err)
 	}
-	patches, err := filepath.Glob(filepath.Join(patchDir, "webhook_in_*.yaml"))
-	if err != nil || len(patches) == 0 {
-		return fmt.Errorf("no conversion patches in %s (%v)", patchDir, err)
+	b, err := os.ReadFile(filepath.Join(crdDir, "kustomization.yaml"))
+	if err != nil {
+		return fmt.Errorf("unable to read the CRDs' kustomization: %w", err)
+	}
+	var kustomization struct {
+		Labels []struct {
+			Pairs map[string]string `json:"pairs"`
+		} `json:"labels"`
+	}
+	if err := yaml.Unmarshal(b, &kustomization); err != nil {
+		return fmt.Errorf("unable to decode %s/kustomization.yaml: %w", crdDir, err)
+	}
+	crds, err := readCRDs(filepath.Join(crdDir, "bases"))
+	if err != nil {
+		return err
 	}
 	url := fmt.Sprintf("https://127.0.0.1:%d/convert", port)
-	for _, file := range patches {
-		docs, err := yamlDocuments(file)
+	for _, base := range crds {
+		crd, err := c.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, base.Name, metav1.GetOptions{})
 		if err != nil {
-			return err
+			return fmt.Errorf("unable to get CRD %s: %w", base.Name, err)
 		}
-		for _, doc := range docs {
-			var patch metav1.PartialObjectMetadata
-			if err := yaml.Unmarshal(doc, &patch); err != nil || patch.Name == "" {
-				return fmt.Errorf("unable to read the CRD name in %s: %v", file, err)
+		if crd.Labels == nil {
+			crd.Labels = map[string]string{}
+		}
+		for _, l := range kustomization.Labels {
+			for k, v := range l.Pairs {
+				crd.Labels[k] = v
 			}
-			crd, err := c.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, patch.Name, metav1.GetOptions{})
-			if err != nil {
-				return fmt.Errorf("unable to get CRD %s: %w", patch.Name, err)
-			}
+		}
+		patch := filepath.Join(crdDir, "patches", "webhook_in_"+crd.Spec.Names.Plural+".yaml")
+		if _, err := os.Stat(patch); err == nil {
 			crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{
 				Strategy: apiextensionsv1.WebhookConverter,
 				Webhook: &apiextensionsv1.WebhookConversion{
@@ -244,9 +261,9 @@ func convertThrough(ctx context.Context, cp *ControlPlane, patchDir string, port
 					ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
 				},
 			}
-			if _, err := c.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
-				return fmt.Errorf("unable to point CRD %s at its conversion webhook: %w", patch.Name, err)
-			}
+		}
+		if _, err := c.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, crd, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("unable to update CRD %s: %w", crd.Name, err)
 		}
 	}
 	return nil
