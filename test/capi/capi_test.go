@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
@@ -40,7 +42,9 @@ const (
 	rolloutTimeout = 10 * time.Minute
 )
 
-func keyOf(ns, name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
+func keyOf(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
 
 // TestMachineDeploymentLifecycle runs Cluster API's own controllers (core
 // manager and CABPK) with the node-attestation-controller: a
@@ -100,7 +104,7 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	}, wl)
 
 	f := &fleet{dir: t.TempDir(), binDir: binDir, k8sBin: harness.Binaries(t), repo: repo, mgmt: mgmt, wl: wl, ns: ns,
-		nodes: map[string]*node{}, issued: map[string]time.Time{}}
+		nodes: map[string]*node{}, issued: map[string]time.Time{}, firstCSR: map[string]certificatesv1.CertificateSigningRequest{}}
 	f.p = &provider{dyn: dyn, mgmt: mgmt.Client, ns: ns, workload: wl.URL, stopVM: f.stop, created: map[string]vm{}}
 	pctx, stopProvider := context.WithCancel(ctx)
 	providerDone := make(chan struct{})
@@ -276,6 +280,19 @@ func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, want 
 			t.Fatalf("Machine %s is Running but its node did not boot from its bootstrap data", m.Name)
 		}
 	}
+	// Each node's certificate came from the controller, for the insecure
+	// signer the template's attestor names, on a CSR the bootstrap token filed.
+	for _, m := range ms {
+		f.mu.Lock()
+		c, ok := f.firstCSR[m.Name]
+		f.mu.Unlock()
+		if !ok {
+			t.Fatalf("Machine %s is Running but no certificate was seen issued for its node", m.Name)
+		}
+		if c.Spec.SignerName != attestor.ClientSignerName("insecure") || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+			t.Fatalf("node %s got its first certificate from signer %q on a CSR by %q", m.Name, c.Spec.SignerName, c.Spec.Username)
+		}
+	}
 	// postKubeadmCommands: `credential` got the certificate and the token went.
 	for _, m := range ms {
 		n := f.nodes[m.Name]
@@ -334,6 +351,13 @@ func (f *fleet) waitGone(t *testing.T, gone []clusterv1.Machine) {
 			}
 			return true, nil
 		})
+		var all corev1.ConfigMapList
+		if err := f.mgmt.Client.List(ctx, &all, client.InNamespace(scenario.ControllerNamespace), client.HasLabels{tofu.LabelMachineUID}); err != nil {
+			t.Fatal(err)
+		}
+		// The insecure attestor proves no stable identity, so it records
+		// none; with tpm, aws, azure or gcp each joined Machine has one.
+		t.Logf("trust-on-first-use records in the controller's namespace: %d", len(all.Items))
 		f.wait(t, 2*time.Minute, "trust-on-first-use records of "+m.Name+" removed", func() (bool, error) {
 			var list corev1.ConfigMapList
 			if err := f.mgmt.Client.List(ctx, &list, client.InNamespace(scenario.ControllerNamespace), client.MatchingLabels{tofu.LabelMachineUID: string(m.UID)}); err != nil {

@@ -47,7 +47,9 @@ type fleet struct {
 	// issued is when the test first saw each node's client certificate
 	// issued (by node name); denied lists CSRs denied or failed.
 	issued map[string]time.Time
-	denied []string
+	// firstCSR is the first issued CSR of each node.
+	firstCSR map[string]certificatesv1.CertificateSigningRequest
+	denied   []string
 }
 
 // node is a booted machine.
@@ -136,6 +138,7 @@ func (f *fleet) observeCSRs(t *testing.T) {
 		name := strings.TrimPrefix(r.CSR.Subject.CommonName, "system:node:")
 		if _, seen := f.issued[name]; !seen {
 			f.issued[name] = now
+			f.firstCSR[name] = c
 		}
 	}
 }
