@@ -295,7 +295,9 @@ func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, want 
 	}
 	// postKubeadmCommands: `credential` got the certificate and the token went.
 	for _, m := range ms {
+		f.mu.Lock()
 		n := f.nodes[m.Name]
+		f.mu.Unlock()
 		select {
 		case <-n.runcmd.Done():
 		case <-time.After(2 * time.Minute):
