@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
@@ -96,7 +98,7 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	mgmt.CreateWorkloadCluster(t, &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Name: clusterName, Namespace: ns, Annotations: map[string]string{
 			scenario.AnnotationEnabled:   "true",
-			scenario.AnnotationAttestors: "insecure",
+			scenario.AnnotationAttestors: "insecure,tpm",
 		}},
 		Spec: clusterv1.ClusterSpec{
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infraGroup, Kind: "TestCluster", Name: clusterName},
@@ -112,7 +114,15 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	t.Cleanup(func() { stopProvider(); <-providerDone })
 
 	env := &scenario.Env{Mgmt: mgmt, Workload: wl, Namespace: ns, Cluster: clusterName, BinDir: binDir, K8sBin: f.k8sBin, Dir: t.TempDir()}
-	env.StartController(t)
+	tpmCA, err := tpmtest.NewManufacturerCA("Test TPM Maker", time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpmCADir := t.TempDir()
+	if err := tpmCA.Save(tpmCADir); err != nil {
+		t.Fatal(err)
+	}
+	env.StartController(t, "--tpm-manufacturer-ca="+filepath.Join(tpmCADir, tpmtest.BundleFile))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("controller log:\n%s", tail(env.ControllerLog(), 60))
@@ -206,7 +216,7 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	}
 
 	// Three Machines, made by the MachineSet controller, reach Running.
-	first := f.waitRunning(t, md, 3, nil, joinTimeout)
+	first := f.waitRunning(t, md, "insecure", 3, nil, joinTimeout)
 	f.reportJoinTimes(t, first)
 
 	t.Run("scale down", func(t *testing.T) {
@@ -238,16 +248,67 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 		if err := mgmt.Client.Patch(ctx, md, patch); err != nil {
 			t.Fatal(err)
 		}
-		after := f.waitRunning(t, md, 2, before, rolloutTimeout)
+		after := f.waitRunning(t, md, "insecure", 2, before, rolloutTimeout)
 		f.reportJoinTimes(t, after)
 		f.waitGone(t, before)
+		f.checkNoDenials(t, env)
+	})
+
+	// The same template with the tpm attestor (each instance's TPM is the
+	// simulator of a test build, its seed from the instance metadata): trust
+	// on first use records the TPM's EK for the Machine, and the record goes
+	// when Cluster API deletes the Machine.
+	t.Run("trust-on-first-use record goes with its Machine", func(t *testing.T) {
+		const insecureLine = "          attestor: insecure\n"
+		if strings.Count(string(b), insecureLine) != 1 {
+			t.Fatalf("%s no longer has the line %q this test turns into the tpm attestor", kubeadmConfigTemplate, insecureLine)
+		}
+		tpmTemplate := strings.Replace(string(b), insecureLine, fmt.Sprintf(`          attestor: tpm
+          tpm:
+            device: simulator
+            simulator:
+              seed: {{ ds.meta_data.tpm_seed }}
+              manufacturerCADir: %s
+`, tpmCADir), 1)
+		kct := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(tpmTemplate), &kct.Object); err != nil {
+			t.Fatal(err)
+		}
+		kct.SetNamespace(ns)
+		kct.SetName("workers-tpm")
+		if err := mgmt.Client.Create(ctx, kct); err != nil {
+			t.Fatal(err)
+		}
+		mdTPM := &clusterv1.MachineDeployment{
+			ObjectMeta: metav1.ObjectMeta{Name: "md-tpm", Namespace: ns},
+			Spec:       *md.Spec.DeepCopy(),
+		}
+		mdTPM.Spec.Replicas = ptr.To[int32](1)
+		mdTPM.Spec.Selector = metav1.LabelSelector{}
+		mdTPM.Spec.Template.Labels = nil
+		mdTPM.Spec.Template.Spec.Bootstrap.ConfigRef.Name = kct.GetName()
+		if err := mgmt.Client.Create(ctx, mdTPM); err != nil {
+			t.Fatal(err)
+		}
+		ms := f.waitRunning(t, mdTPM, "tpm", 1, nil, joinTimeout)
+		f.reportJoinTimes(t, ms)
+		var recs corev1.ConfigMapList
+		if err := mgmt.Client.List(ctx, &recs, client.InNamespace(scenario.ControllerNamespace), client.MatchingLabels{tofu.LabelMachineUID: string(ms[0].UID)}); err != nil {
+			t.Fatal(err)
+		}
+		if len(recs.Items) != 1 || !strings.HasPrefix(recs.Items[0].Name, tofu.NamePrefix) || !strings.HasPrefix(recs.Items[0].Data[tofu.KeyIdentity], tpm.StablePrefix) {
+			t.Fatalf("Machine %s joined with its TPM; want one trust-on-first-use record of its EK, have %d: %+v", ms[0].Name, len(recs.Items), recs.Items)
+		}
+		patchReplicas(t, mgmt.Client, mdTPM, 0)
+		f.waitGone(t, ms)
 		f.checkNoDenials(t, env)
 	})
 }
 
 // waitRunning waits until md has exactly want Machines, none of them in
-// exclude, every one Running with a nodeRef, and returns them.
-func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, want int, exclude []clusterv1.Machine, timeout time.Duration) []clusterv1.Machine {
+// exclude, every one Running with a nodeRef and a certificate from the
+// attestor's signer, and returns them.
+func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, attestorName string, want int, exclude []clusterv1.Machine, timeout time.Duration) []clusterv1.Machine {
 	t.Helper()
 	var ms []clusterv1.Machine
 	f.wait(t, timeout, fmt.Sprintf("%d new Machines of %s Running", want, md.Name), func() (bool, error) {
@@ -280,8 +341,8 @@ func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, want 
 			t.Fatalf("Machine %s is Running but its node did not boot from its bootstrap data", m.Name)
 		}
 	}
-	// Each node's certificate came from the controller, for the insecure
-	// signer the template's attestor names, on a CSR the bootstrap token filed.
+	// Each node's certificate came from the controller, for the signer of
+	// the template's attestor, on a CSR the bootstrap token filed.
 	for _, m := range ms {
 		f.mu.Lock()
 		c, ok := f.firstCSR[m.Name]
@@ -289,7 +350,7 @@ func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, want 
 		if !ok {
 			t.Fatalf("Machine %s is Running but no certificate was seen issued for its node", m.Name)
 		}
-		if c.Spec.SignerName != attestor.ClientSignerName("insecure") || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+		if c.Spec.SignerName != attestor.ClientSignerName(attestorName) || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
 			t.Fatalf("node %s got its first certificate from signer %q on a CSR by %q", m.Name, c.Spec.SignerName, c.Spec.Username)
 		}
 	}
