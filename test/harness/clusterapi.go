@@ -79,8 +79,8 @@ type clusterAPIProvider struct {
 // ready, and then installs their validating and mutating webhook
 // configurations with the services rewritten to https://127.0.0.1:<port>.
 // extraCABPKArgs are added to CABPK's flags (e.g. --bootstrap-token-ttl).
-// The test's cleanup stops both managers (before m's kube-apiserver, which
-// was started earlier) and deletes the webhook configurations' targets with them.
+// Both managers are stopped before m's kube-apiserver, by m.Stop and by the
+// test's cleanup; their logs are cluster-api/<manager>.log in m.Dir.
 func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs ...string) *ClusterAPI {
 	tb.Helper()
 	ctx := context.Background()
@@ -142,6 +142,9 @@ func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs .
 			"--v=2",
 		}, p.args...)
 		procs[i] = StartProcess(tb, p.name, filepath.Join(work, p.name+".log"), filepath.Join(dir, p.binary), args...)
+		m.mu.Lock()
+		m.others = append(m.others, procs[i])
+		m.mu.Unlock()
 	}
 	for i, p := range providers {
 		if err := waitReady(ctx, procs[i], p.healthPort); err != nil {
