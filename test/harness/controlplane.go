@@ -401,7 +401,8 @@ func (cp *ControlPlane) Stop() {
 }
 
 // Processes returns the control plane's processes that were started:
-// kube-controller-manager (if started), kube-apiserver and etcd.
+// the others started against it (kube-controller-manager, the Cluster API
+// managers), kube-apiserver and etcd.
 func (cp *ControlPlane) Processes() []*Process {
 	cp.mu.Lock()
 	ps := append([]*Process(nil), cp.others...)

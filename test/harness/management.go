@@ -236,10 +236,6 @@ func warmUp(ctx context.Context, cp *ControlPlane, crds []*apiextensionsv1.Custo
 // cluster.x-k8s.io/cluster-name=<name> and owned by the Cluster.
 func (m *Management) AddWorkloadCluster(tb testing.TB, ns, name string, wl *ControlPlane, annotations map[string]string) *clusterv1.Cluster {
 	tb.Helper()
-	ctx := context.Background()
-	if err := ensureNamespace(ctx, m.ControlPlane.Client, ns); err != nil {
-		tb.Fatal(err)
-	}
 	u, err := url.Parse(wl.URL)
 	if err != nil {
 		tb.Fatalf("unable to parse workload cluster URL: %v", err)
@@ -253,6 +249,20 @@ func (m *Management) AddWorkloadCluster(tb testing.TB, ns, name string, wl *Cont
 		Spec: clusterv1.ClusterSpec{
 			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: u.Hostname(), Port: int32(port)},
 		},
+	}
+	return m.CreateWorkloadCluster(tb, cluster, wl)
+}
+
+// CreateWorkloadCluster creates cluster (its namespace too, if missing) as
+// given, for example with an infrastructureRef and no controlPlaneEndpoint
+// when real Cluster API controllers fill it in, and then the Secrets Cluster
+// API keeps for it, as AddWorkloadCluster does.
+func (m *Management) CreateWorkloadCluster(tb testing.TB, cluster *clusterv1.Cluster, wl *ControlPlane) *clusterv1.Cluster {
+	tb.Helper()
+	ctx := context.Background()
+	ns, name := cluster.Namespace, cluster.Name
+	if err := ensureNamespace(ctx, m.ControlPlane.Client, ns); err != nil {
+		tb.Fatal(err)
 	}
 	if err := m.Client.Create(ctx, cluster); err != nil {
 		tb.Fatalf("unable to create Cluster %s/%s: %v", ns, name, err)
