@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -134,6 +135,16 @@ type ClusterReconciler struct {
 	// deleted are the Machines of served Clusters seen deleted whose node
 	// names are not revoked yet (revoke.go).
 	deleted map[types.NamespacedName][]*clusterv1.Machine
+
+	kindsOnce sync.Once
+	kindCache *kindMisses
+}
+
+// kinds is the manager's RESTMapper behind one memory of unserved kinds,
+// shared by every Cluster's Machine matcher.
+func (r *ClusterReconciler) kinds() meta.RESTMapper {
+	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.now) })
+	return r.kindCache
 }
 
 type workload struct {
@@ -354,7 +365,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if workers <= 0 {
 		workers = 2
 	}
-	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name, Mapper: r.Client.RESTMapper()}
+	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name, Mapper: r.kinds()}
 	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
