@@ -32,6 +32,16 @@ const (
 // serves, for metrics and tests.
 type ClusterStatus struct {
 	Cluster types.NamespacedName
+	// ClusterUID is the UID of the Cluster object served, and
+	// ObservedGeneration its metadata.generation.
+	ClusterUID         types.UID
+	ObservedGeneration int64
+	// AuthorizedAttestors are the providers the Cluster authorizes, and
+	// SignerNames the signer names of theirs the controller decides in the
+	// workload cluster (a client-only provider's serving signer name, which
+	// is refused, is not among them).
+	AuthorizedAttestors []string
+	SignerNames         []string
 	// Connected is true when the last probe of the workload API server
 	// (/readyz) succeeded; LastContact is when one last did, and LastError
 	// the last probe's error.
@@ -46,9 +56,12 @@ type ClusterStatus struct {
 	// disarmed; LockdownRemoved counts the bindings disarmed since the
 	// controller started, and LockdownError is the last enforcement (or
 	// restoration) error.
-	Lockdown        bool
-	LockdownRemoved int
-	LockdownError   string
+	// LockdownEnforced is true once the last enforcement succeeded (false
+	// when lockdown is not asked for, or once it was lifted).
+	Lockdown         bool
+	LockdownEnforced bool
+	LockdownRemoved  int
+	LockdownError    string
 	// ServingApproval is true when kubelet-serving CSRs are approved.
 	ServingApproval bool
 	// Generation counts the controllers started for this Cluster (one more
@@ -81,6 +94,23 @@ type ClusterStatus struct {
 	RevokedNodes     int
 	RevocationErrors int
 	RevocationError  string
+	// LastDecision is the last CSR the controller approved, denied or
+	// failed in the workload cluster; zero before the first.
+	LastDecision Decision
+}
+
+// Decision is one CSR decision, as the controller's Recorder reports it.
+type Decision struct {
+	Time time.Time
+	// CSR is the request's name, Machine the Machine it matched (empty
+	// when it matched none).
+	CSR     string
+	Machine string
+	// Outcome is controller.DecisionApproved, DecisionDenied or
+	// DecisionFailed; Reason and Message are the decision's.
+	Outcome string
+	Reason  string
+	Message string
 }
 
 // state is the mutable part of a workload's status.

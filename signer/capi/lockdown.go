@@ -32,6 +32,7 @@ func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs
 		}
 		st.update(func(s *ClusterStatus) {
 			s.LockdownRemoved += len(removed)
+			s.LockdownEnforced = err == nil
 			s.LockdownError = ""
 			if err != nil {
 				s.LockdownError = err.Error()
@@ -62,7 +63,7 @@ func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs k
 			logger.Info("Lockdown not lifted yet, will retry", "err", err.Error())
 			return
 		}
-		st.update(func(s *ClusterStatus) { s.LockdownError = "" })
+		st.update(func(s *ClusterStatus) { s.LockdownEnforced, s.LockdownError = false, "" })
 		<-ctx.Done() // done: nothing more until the controller restarts
 	}, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod))
 }

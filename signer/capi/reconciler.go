@@ -127,6 +127,9 @@ type ClusterReconciler struct {
 	TokenLifetime, TokenRenewBefore time.Duration
 	// IdentityMetrics, when set, counts token renewals and failures.
 	IdentityMetrics IdentityMetrics
+	// StatusPeriod is how often the ClusterAttestations are brought up to
+	// date (status.go); 0 means DefaultStatusPeriod.
+	StatusPeriod time.Duration
 
 	mu      sync.Mutex
 	base    context.Context
@@ -135,6 +138,9 @@ type ClusterReconciler struct {
 	// deleted are the Machines of served Clusters seen deleted whose node
 	// names are not revoked yet (revoke.go).
 	deleted map[types.NamespacedName][]*clusterv1.Machine
+	// optedOut are the Clusters seen opted out, with their generation, whose
+	// ClusterAttestation says so (status.go).
+	optedOut map[types.NamespacedName]int64
 
 	kindsOnce sync.Once
 	kindCache *kindMisses
@@ -188,6 +194,7 @@ func (r *ClusterReconciler) init() {
 		r.started = make(chan struct{})
 		r.running = map[types.NamespacedName]*workload{}
 		r.deleted = map[types.NamespacedName][]*clusterv1.Machine{}
+		r.optedOut = map[types.NamespacedName]int64{}
 	}
 }
 
@@ -203,6 +210,7 @@ func (r *ClusterReconciler) Start(ctx context.Context) error {
 	r.base = ctx
 	close(r.started)
 	r.mu.Unlock()
+	go r.keepStatus(ctx)
 	<-ctx.Done()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -249,18 +257,22 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.Get(ctx, req.NamespacedName, &cluster); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.stop(logger, req.NamespacedName, "Cluster deleted")
+			r.setOptedOut(req.NamespacedName, nil)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
 	if !cluster.DeletionTimestamp.IsZero() {
 		r.stop(logger, req.NamespacedName, "Cluster is being deleted")
+		r.setOptedOut(req.NamespacedName, nil)
 		return reconcile.Result{}, nil
 	}
 	if !Enabled(&cluster) {
 		r.stop(logger, req.NamespacedName, "Cluster opted out")
+		r.setOptedOut(req.NamespacedName, &cluster.Generation)
 		return reconcile.Result{}, nil
 	}
+	r.setOptedOut(req.NamespacedName, nil)
 
 	period := r.RecheckPeriod
 	if period <= 0 {
@@ -326,6 +338,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	cur := r.running[nn]
 	r.mu.Unlock()
 	if cur != nil && cur.hash == hash {
+		cur.state.update(func(s *ClusterStatus) { s.ObservedGeneration = cluster.Generation })
 		return next, nil
 	}
 
@@ -345,8 +358,19 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if cur != nil {
 		generation = cur.state.snapshot().Generation + 1
 	}
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
+	profiles := engine.Profiles(engine.ProfileSet{
+		Verifiers:      r.Verifiers,
+		ClientOnly:     r.ClientOnly,
+		Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
+		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
+		KubeletServing: approveServing,
+	})
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
+		Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
 		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
+	if cur != nil { // the last decision outlives a restart
+		st.LastDecision = cur.state.snapshot().LastDecision
+	}
 	// The admin credential installs the controller's own identity (once
 	// connected); every client below works through that identity's tokens
 	// (identity.go).
@@ -376,13 +400,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Cluster: nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
-			Profiles: engine.Profiles(engine.ProfileSet{
-				Verifiers:      r.Verifiers,
-				ClientOnly:     r.ClientOnly,
-				Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
-				Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
-				KubeletServing: approveServing,
-			}),
+			Profiles:     profiles,
 			Authorized:   authorized,
 			Policies:     policies,
 			Machines:     machines,
@@ -390,7 +408,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 			ChallengeKey: r.ChallengeKey,
 		},
 		Metrics:  r.Metrics,
-		Events:   r.decisionEvents(cluster),
+		Events:   r.decisionEvents(cluster, st),
 		Workers:  workers,
 		MinRetry: r.MinRetry,
 		MaxRetry: r.MaxRetry,
@@ -462,6 +480,17 @@ func (r *ClusterReconciler) refuseKubeconfig(logger klog.Logger, cluster *cluste
 		ref := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: nn.Namespace, Name: nn.Name, UID: cluster.UID}
 		r.Events.Eventf(ref, corev1.EventTypeWarning, ReasonKubeconfigRefused, "Secret %s not used: %v", secret, err)
 	}
+}
+
+// setOptedOut records whether cluster opted out (generation set) or not.
+func (r *ClusterReconciler) setOptedOut(cluster types.NamespacedName, generation *int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if generation == nil {
+		delete(r.optedOut, cluster)
+		return
+	}
+	r.optedOut[cluster] = *generation
 }
 
 func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, why string) {

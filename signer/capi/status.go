@@ -1,0 +1,344 @@
+package capi
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+)
+
+// ClusterAttestationGVK is the kind of the per-Cluster status object the
+// controller writes (deploy/crd): one ClusterAttestation per Cluster it
+// serves, of the same name and namespace, owned by the Cluster.
+var ClusterAttestationGVK = schema.GroupVersionKind{Group: "kubelet-authenticator.x-k8s.io", Version: "v1alpha1", Kind: "ClusterAttestation"}
+
+// StatusFieldManager is the field manager of the controller's
+// server-side applies of ClusterAttestations.
+const StatusFieldManager = "node-attestation-controller"
+
+// DefaultStatusPeriod is how often the ClusterAttestations are brought up
+// to date; an object is written only when its status changed.
+const DefaultStatusPeriod = 2 * time.Second
+
+// maxDecisionMessage bounds the last decision's message in the status.
+const maxDecisionMessage = 1024
+
+// Condition types of a ClusterAttestation (docs/status.md).
+const (
+	ConditionReady              = "Ready"
+	ConditionOptedIn            = "OptedIn"
+	ConditionWorkloadReachable  = "WorkloadReachable"
+	ConditionSignersServed      = "SignersServed"
+	ConditionLockdownApplied    = "LockdownApplied"
+	ConditionServingCAPublished = "ServingCAPublished"
+	ConditionScopedIdentity     = "ScopedIdentity"
+)
+
+// ClusterAttestationStatus is the status of a ClusterAttestation, as
+// written (its schema is deploy/crd).
+type ClusterAttestationStatus struct {
+	// ClusterName is the Cluster served (the object's own name).
+	ClusterName string `json:"clusterName"`
+	// ObservedGeneration is the Cluster's metadata.generation the status
+	// was computed from.
+	ObservedGeneration  int64              `json:"observedGeneration,omitempty"`
+	Conditions          []metav1.Condition `json:"conditions,omitempty"`
+	AuthorizedAttestors []string           `json:"authorizedAttestors,omitempty"`
+	SignerNames         []string           `json:"signerNames,omitempty"`
+	// ServingCAExpiry is when the serving CA that signs expires.
+	ServingCAExpiry *metav1.Time `json:"servingCAExpiry,omitempty"`
+	// LastDecision is the last CSR approved, denied or failed.
+	LastDecision *LastDecision `json:"lastDecision,omitempty"`
+	// RevokedNodes is how many node names of deleted Machines are refused
+	// in the workload cluster.
+	RevokedNodes *int `json:"revokedNodes,omitempty"`
+}
+
+// LastDecision is a ClusterAttestation's last decision.
+type LastDecision struct {
+	Time    metav1.Time `json:"time"`
+	CSR     string      `json:"csr"`
+	Machine string      `json:"machine,omitempty"`
+	Outcome string      `json:"outcome"`
+	Reason  string      `json:"reason,omitempty"`
+	Message string      `json:"message,omitempty"`
+}
+
+// servedSignerNames are the signer names of profiles a request can be
+// signed or approved through, given the authorized providers: refused
+// signer names and those of providers not authorized are left out.
+func servedSignerNames(profiles []*engine.Profile, authorized []string) []string {
+	var out []string
+	for _, p := range profiles {
+		if p.Refused == "" && (p.Provider == "" || slices.Contains(authorized, p.Provider)) {
+			out = append(out, p.SignerName)
+		}
+	}
+	return out
+}
+
+// attestationStatus is what a ClusterAttestation says of a Cluster served.
+func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStatus {
+	out := ClusterAttestationStatus{
+		ClusterName:         s.Cluster.Name,
+		ObservedGeneration:  generation,
+		AuthorizedAttestors: s.AuthorizedAttestors,
+		SignerNames:         s.SignerNames,
+		RevokedNodes:        &s.RevokedNodes,
+	}
+	if !s.ServingCAExpiry.IsZero() {
+		out.ServingCAExpiry = &metav1.Time{Time: s.ServingCAExpiry.UTC().Truncate(time.Second)}
+	}
+	if d := s.LastDecision; d.CSR != "" {
+		msg := d.Message
+		if len(msg) > maxDecisionMessage {
+			msg = msg[:maxDecisionMessage] + "..."
+		}
+		out.LastDecision = &LastDecision{Time: metav1.Time{Time: d.Time.UTC().Truncate(time.Second)}, CSR: d.CSR, Machine: d.Machine,
+			Outcome: d.Outcome, Reason: d.Reason, Message: msg}
+	}
+	cond := func(t string, ok bool, reason, format string, args ...any) {
+		st := metav1.ConditionFalse
+		if ok {
+			st = metav1.ConditionTrue
+		}
+		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	cond(ConditionOptedIn, true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)
+
+	reachable := s.Connected
+	switch {
+	case s.Connected:
+		cond(ConditionWorkloadReachable, true, "Ready", "the workload API server answers /readyz")
+	case s.LastError != "":
+		cond(ConditionWorkloadReachable, false, "Unreachable", "the workload API server does not answer /readyz: %s", s.LastError)
+	default:
+		cond(ConditionWorkloadReachable, false, "NotProbed", "the workload API server has not been reached yet")
+	}
+
+	served := s.Synced && len(s.SignerNames) > 0
+	switch {
+	case len(s.SignerNames) == 0:
+		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "annotation %s names no attestor this controller serves (%q): every request is denied", AnnotationAuthorizedAttestors, strings.Join(s.AuthorizedAttestors, ","))
+	case !s.Synced:
+		cond(ConditionSignersServed, false, "NotSynced", "the CSRs of the workload cluster are not listed yet")
+	default:
+		cond(ConditionSignersServed, true, "Serving", "deciding the CSRs of %s", strings.Join(s.SignerNames, ", "))
+	}
+
+	switch {
+	case s.Lockdown && s.LockdownEnforced:
+		cond(ConditionLockdownApplied, true, "Enforced", "the bootstrap auto-approve bindings are kept disarmed (%d disarmed since the controller started)", s.LockdownRemoved)
+	case s.Lockdown && s.LockdownError != "":
+		cond(ConditionLockdownApplied, false, "EnforcementFailed", "lockdown is asked for but not enforced yet (retried): %s", s.LockdownError)
+	case s.Lockdown:
+		cond(ConditionLockdownApplied, false, "Pending", "lockdown is asked for and not enforced yet")
+	case s.LockdownError != "":
+		cond(ConditionLockdownApplied, false, "RestoreFailed", "annotation %s is not \"true\", but restoring the bootstrap auto-approve bindings failed (retried): %s", AnnotationLockdown, s.LockdownError)
+	default:
+		cond(ConditionLockdownApplied, false, "NotRequested", "annotation %s is not \"true\": kube-controller-manager's bootstrap auto-approval is left as it is", AnnotationLockdown)
+	}
+
+	expiry := s.ServingCAExpiry.UTC().Format(time.RFC3339)
+	switch {
+	case s.TrustBundlesPublished:
+		cond(ConditionServingCAPublished, true, "Published", "%d serving CA(s) published as ClusterTrustBundles; the signing one expires %s", s.ServingCAs, expiry)
+	case s.TrustBundleError != "":
+		cond(ConditionServingCAPublished, false, "PublishFailed", "publishing the serving CAs as ClusterTrustBundles failed (retried): %s", s.TrustBundleError)
+	default:
+		cond(ConditionServingCAPublished, false, "Pending", "the serving CAs are not published yet")
+	}
+
+	switch {
+	case s.ScopedIdentity:
+		cond(ConditionScopedIdentity, true, "TokenIssued", "working through the controller's own ServiceAccount in the workload cluster")
+	case s.IdentityError != "":
+		cond(ConditionScopedIdentity, false, "Failed", "installing the controller's identity in the workload cluster failed (retried): %s", s.IdentityError)
+	default:
+		cond(ConditionScopedIdentity, false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet", s.Cluster.Name+KubeconfigSecretSuffix)
+	}
+
+	ready := reachable && served
+	switch {
+	case ready:
+		cond(ConditionReady, true, "Serving", "the workload cluster is reachable and its CSRs are decided")
+	case !reachable:
+		cond(ConditionReady, false, "WorkloadUnreachable", "see condition %s", ConditionWorkloadReachable)
+	default:
+		cond(ConditionReady, false, "SignersNotServed", "see condition %s", ConditionSignersServed)
+	}
+	return out
+}
+
+// optedOutStatus is what a ClusterAttestation says of a Cluster that opted
+// out: everything else is dropped by the apply.
+func optedOutStatus(cluster types.NamespacedName, generation int64) ClusterAttestationStatus {
+	msg := fmt.Sprintf("annotation %s is not \"true\": no CSR of this Cluster is decided", AnnotationEnabled)
+	return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: generation, Conditions: []metav1.Condition{
+		{Type: ConditionOptedIn, Status: metav1.ConditionFalse, ObservedGeneration: generation, Reason: "OptedOut", Message: msg},
+		{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: generation, Reason: "OptedOut", Message: msg},
+	}}
+}
+
+// statusWriter keeps the ClusterAttestations of one leader's term.
+type statusWriter struct {
+	r *ClusterReconciler
+	// written is the last status applied per Cluster (JSON), created the
+	// Clusters whose object this term applied, conditions the conditions
+	// last written (their transition times).
+	written    map[types.NamespacedName]string
+	created    map[types.NamespacedName]bool
+	conditions map[types.NamespacedName][]metav1.Condition
+	// noCRD is set while the CRD is not served (logged once).
+	noCRD bool
+}
+
+// keepStatus writes the ClusterAttestations until ctx is done.
+func (r *ClusterReconciler) keepStatus(ctx context.Context) {
+	w := &statusWriter{r: r, written: map[types.NamespacedName]string{}, created: map[types.NamespacedName]bool{}, conditions: map[types.NamespacedName][]metav1.Condition{}}
+	logger := klog.FromContext(ctx)
+	wait.UntilWithContext(ctx, func(ctx context.Context) { w.sync(ctx, logger) }, cmp.Or(r.StatusPeriod, DefaultStatusPeriod))
+}
+
+func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
+	w.r.mu.Lock()
+	optedOut := make(map[types.NamespacedName]int64, len(w.r.optedOut))
+	for nn, g := range w.r.optedOut {
+		optedOut[nn] = g
+	}
+	w.r.mu.Unlock()
+	seen := map[types.NamespacedName]bool{}
+	failed := func(cluster types.NamespacedName, err error) bool {
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case meta.IsNoMatchError(err):
+			if !w.noCRD {
+				logger.Info("The ClusterAttestation CRD is not installed (deploy/crd): the Clusters' status is not written", "err", err.Error())
+			}
+			w.noCRD = true
+			return true
+		default:
+			logger.Info("Unable to write the Cluster's status, will retry", "cluster", cluster, "err", err.Error())
+		}
+		return false
+	}
+	for _, s := range w.r.Statuses() {
+		seen[s.Cluster] = true
+		if failed(s.Cluster, w.write(ctx, s.Cluster, s.ClusterUID, attestationStatus(s, s.ObservedGeneration), true)) {
+			return
+		}
+	}
+	for nn, g := range optedOut {
+		if seen[nn] {
+			continue
+		}
+		seen[nn] = true
+		if failed(nn, w.write(ctx, nn, "", optedOutStatus(nn, g), false)) {
+			return
+		}
+	}
+	if w.noCRD {
+		logger.Info("The ClusterAttestation CRD is installed: writing the Clusters' status")
+		w.noCRD = false
+	}
+	for nn := range w.written {
+		if !seen[nn] { // deleted, or its Secrets are gone
+			delete(w.written, nn)
+			delete(w.created, nn)
+			delete(w.conditions, nn)
+		}
+	}
+}
+
+// write applies status to cluster's ClusterAttestation when it changed;
+// create makes the object (owned by the Cluster of uid) when this term has
+// not, otherwise a missing object is left missing.
+func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, uid types.UID, status ClusterAttestationStatus, create bool) error {
+	key, err := json.Marshal(status)
+	if err != nil {
+		return err
+	}
+	if w.written[cluster] == string(key) {
+		return nil
+	}
+	if _, ok := w.conditions[cluster]; !ok {
+		// The transition times of the conditions written before (another
+		// leader, an earlier term) are kept.
+		prev := &unstructured.Unstructured{}
+		prev.SetGroupVersionKind(ClusterAttestationGVK)
+		err := w.r.APIReader.Get(ctx, cluster, prev)
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return err
+		default:
+			var ps ClusterAttestationStatus
+			if m, ok := prev.Object["status"].(map[string]any); ok {
+				_ = runtime.DefaultUnstructuredConverter.FromUnstructured(m, &ps)
+			}
+			w.conditions[cluster] = ps.Conditions
+		}
+	}
+	conds := slices.Clone(w.conditions[cluster])
+	for _, c := range status.Conditions {
+		meta.SetStatusCondition(&conds, c)
+	}
+	conds = slices.DeleteFunc(conds, func(c metav1.Condition) bool {
+		return !slices.ContainsFunc(status.Conditions, func(n metav1.Condition) bool { return n.Type == c.Type })
+	})
+	applied := status
+	applied.Conditions = conds
+
+	if create && !w.created[cluster] {
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(ClusterAttestationGVK)
+		obj.SetNamespace(cluster.Namespace)
+		obj.SetName(cluster.Name)
+		obj.SetLabels(map[string]string{clusterv1.ClusterNameLabel: cluster.Name})
+		obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: uid}})
+		if err := w.r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(StatusFieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("unable to apply ClusterAttestation %s: %w", cluster, err)
+		}
+		w.created[cluster] = true
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&applied)
+	if err != nil {
+		return err
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"status": m}}
+	obj.SetGroupVersionKind(ClusterAttestationGVK)
+	obj.SetNamespace(cluster.Namespace)
+	obj.SetName(cluster.Name)
+	err = w.r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(StatusFieldManager), client.ForceOwnership)
+	if apierrors.IsNotFound(err) {
+		// Deleted by someone (made again next time), or a Cluster that
+		// opted out never had one.
+		delete(w.created, cluster)
+		if !create {
+			w.written[cluster] = string(key)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unable to apply the status of ClusterAttestation %s: %w", cluster, err)
+	}
+	w.written[cluster], w.conditions[cluster] = string(key), conds
+	return nil
+}
