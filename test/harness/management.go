@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,13 +65,19 @@ func Scheme() (*runtime.Scheme, error) {
 
 // StartManagement starts a control plane named "management", installs every
 // Cluster API core CRD of ClusterAPIVersion (Cluster, Machine, MachineSet,
-// MachineDeployment, MachinePool, ...) and returns once they are established.
+// MachineDeployment, MachinePool, ...) and this project's own (deploy/crd),
+// and returns once they are established.
 func StartManagement(tb testing.TB, opts ...Option) *Management {
 	tb.Helper()
 	crds, err := clusterAPICRDs()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	own, err := OwnCRDs()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	crds = append(slices.Clip(crds), own...)
 	cp := StartControlPlane(tb, "management", opts...)
 	if err := installCRDs(cp, crds); err != nil {
 		tb.Fatalf("control plane %s: %v", cp.Name, err)
@@ -129,6 +136,16 @@ func clusterAPICRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	}
 	capiCRDs.crds = crds
 	return crds, nil
+}
+
+// OwnCRDs reads this project's CRDs (deploy/crd), the files every
+// installation applies.
+func OwnCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	return readCRDs(filepath.Join(root, "deploy", "crd"))
 }
 
 // installCRDs creates crds and waits until all are established.
