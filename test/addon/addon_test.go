@@ -238,7 +238,8 @@ func (r *repository) components(t *testing.T, env ...string) ([]byte, objects) {
 // (--set ...).
 func chart(t *testing.T, tl tools, namespace string, flags ...string) ([]byte, objects) {
 	t.Helper()
-	args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace}, flags...)
+	// --include-crds: helm install installs the chart's crds/ too.
+	args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace, "--include-crds"}, flags...)
 	y := run(t, nil, nil, tl.helm, args...)
 	return y, decode(t, "helm template", y)
 }
@@ -426,7 +427,7 @@ func TestChartAndComponentsAgree(t *testing.T) {
 // clusterScoped are the cluster-scoped kinds the manifests hold. clusterctl
 // v1.14 knows only some (not the admission policies) and gives the others
 // the provider's namespace, which the API server ignores.
-var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+var clusterScoped = []string{"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "CustomResourceDefinition"}
 
 // objectKey names an object: kind, namespace if it has one, name.
 func objectKey(u *unstructured.Unstructured) string {

@@ -149,7 +149,7 @@ func TestManifests(t *testing.T) {
 	workload := render(t, "workload")
 
 	for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service", "PodDisruptionBudget",
-		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "CustomResourceDefinition"} {
 		if !base.kinds()[kind] {
 			t.Errorf("deploy/ has no %s", kind)
 		}
@@ -385,6 +385,25 @@ func TestRBACIsSufficient(t *testing.T) {
 	if err := sa.Create(ctx, planted); err == nil {
 		t.Error("the ServiceAccount created a Secret in a tenant's namespace")
 	}
+	// Nor a ClusterAttestation that speaks for no Cluster, or for another.
+	for _, owner := range []string{"", cluster} {
+		att := &unstructured.Unstructured{}
+		att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+		att.SetNamespace(ns)
+		att.SetName("planted")
+		att.SetLabels(map[string]string{clusterv1.ClusterNameLabel: "planted"})
+		if owner != "" {
+			att.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: owner, UID: "x"}})
+		}
+		// The policy takes a moment to be enforced after it is created.
+		harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+			err := sa.Create(ctx, att.DeepCopy())
+			if err == nil {
+				return false, mgmt.Client.Delete(ctx, att)
+			}
+			return apierrors.IsInvalid(err), nil
+		})
+	}
 
 	// Two replicas with the Deployment's arguments; the pod's namespace
 	// (from its service account) given as a flag, the ports made free.
@@ -476,6 +495,19 @@ func TestRBACIsSufficient(t *testing.T) {
 	first := leader()
 	sign("node-1")
 	t.Logf("replica %d leads and signed node-1", first)
+
+	// The leader reports the Cluster in its ClusterAttestation, written
+	// with the ServiceAccount's rights through admission.yaml's policy.
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		att := &unstructured.Unstructured{}
+		att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+		if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: cluster}, att); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		csr, _, _ := unstructured.NestedString(att.Object, "status", "lastDecision", "csr")
+		outcome, _, _ := unstructured.NestedString(att.Object, "status", "lastDecision", "outcome")
+		return csr == "node-1" && outcome == "approved", nil
+	})
 
 	// What the leader made with the ServiceAccount's rights: the serving CA
 	// in the Cluster's namespace, the TPM key in its own.

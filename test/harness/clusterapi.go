@@ -178,6 +178,11 @@ func readCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	if err != nil || len(files) == 0 {
 		return nil, fmt.Errorf("no CRDs in %s (%v)", dir, err)
 	}
+	return readCRDFiles(files)
+}
+
+// readCRDFiles decodes every CRD in files.
+func readCRDFiles(files []string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	for _, file := range files {
 		docs, err := yamlDocuments(file)

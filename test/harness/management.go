@@ -138,14 +138,29 @@ func clusterAPICRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return crds, nil
 }
 
-// OwnCRDs reads this project's CRDs (deploy/crd), the files every
-// installation applies.
+// OwnCRDs reads this project's CRDs: the resources deploy/crd's
+// kustomization lists, which every installation applies.
 func OwnCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
 	}
-	return readCRDs(filepath.Join(root, "deploy", "crd"))
+	dir := filepath.Join(root, "deploy", "crd")
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the project's CRDs: %w", err)
+	}
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal(b, &k); err != nil || len(k.Resources) == 0 {
+		return nil, fmt.Errorf("%s/kustomization.yaml lists no resources (%v)", dir, err)
+	}
+	files := make([]string, len(k.Resources))
+	for i, r := range k.Resources {
+		files[i] = filepath.Join(dir, r)
+	}
+	return readCRDFiles(files)
 }
 
 // installCRDs creates crds and waits until all are established.
