@@ -158,6 +158,14 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 // Versions implements attestor.Verifier: v2, and v1 for older nodes.
 func (*Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
 
+// ValidatePolicy reports every problem of a Cluster's TPM boot policy
+// document (ParsePolicy), so that the signer can say so once per Cluster
+// rather than per request.
+func (v *Verifier) ValidatePolicy(doc []byte) error {
+	_, err := ParsePolicy(doc)
+	return err
+}
+
 // Verify implements attestor.Verifier. First-round evidence yields a
 // Challenge. A response yields Answers (the challenged CSR's name) when
 // in.Answered is nil, and the Identity once the signer hands over the

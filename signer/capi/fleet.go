@@ -94,6 +94,9 @@ type ClusterStatus struct {
 	RevokedNodes     int
 	RevocationErrors int
 	RevocationError  string
+	// PolicyErrors are the problems of the Cluster's annotations
+	// (ValidateAnnotations); empty when there are none.
+	PolicyErrors string
 	// LastDecision is the last CSR the controller approved, denied or
 	// failed in the workload cluster; zero before the first.
 	LastDecision Decision

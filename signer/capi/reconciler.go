@@ -323,6 +323,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	next := servingCAs.NextChange
 	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
 	policies := Policies(cluster)
+	policyErrors := r.checkAnnotations(logger, cluster)
 	h := sha256.New()
 	parts := [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)}
 	for _, p := range slices.Sorted(maps.Keys(policies)) {
@@ -338,7 +339,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	cur := r.running[nn]
 	r.mu.Unlock()
 	if cur != nil && cur.hash == hash {
-		cur.state.update(func(s *ClusterStatus) { s.ObservedGeneration = cluster.Generation })
+		cur.state.update(func(s *ClusterStatus) { s.ObservedGeneration, s.PolicyErrors = cluster.Generation, policyErrors })
 		return next, nil
 	}
 
@@ -365,7 +366,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
 		KubeletServing: approveServing,
 	})
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, PolicyErrors: policyErrors, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
 		Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
 		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
 	if cur != nil { // the last decision outlives a restart
@@ -460,6 +461,34 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter,
 		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
 	return next, nil
+}
+
+// ReasonPolicyInvalid is the reason of the Warning Event on a Cluster whose
+// annotations have problems (ValidateAnnotations).
+const ReasonPolicyInvalid = "PolicyInvalid"
+
+// checkAnnotations validates cluster's annotations and returns the
+// problems, empty when there are none. It says so (log, Warning Event on
+// the Cluster) when they differ from what the Cluster's controller last
+// found.
+func (r *ClusterReconciler) checkAnnotations(logger klog.Logger, cluster *clusterv1.Cluster) string {
+	var msg string
+	if errs := ValidateAnnotations(cluster, r.Verifiers); len(errs) > 0 {
+		msg = errs.ToAggregate().Error()
+	}
+	r.mu.Lock()
+	cur := r.running[types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}]
+	r.mu.Unlock()
+	if (cur == nil && msg == "") || (cur != nil && cur.state.snapshot().PolicyErrors == msg) {
+		return msg
+	}
+	if msg == "" {
+		logger.Info("The Cluster's annotations are valid again")
+		return msg
+	}
+	logger.Info("The Cluster's annotations have problems", "errors", msg)
+	r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyInvalid, "Annotations of Cluster %s: %s (details in its ClusterAttestation)", cluster.Name, truncate(msg, 1024))
+	return msg
 }
 
 // reasonRestart is why a workload's controller is stopped to start another.

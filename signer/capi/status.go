@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -37,8 +38,23 @@ const StatusFieldManager = "node-attestation-controller"
 // to date; an object is written only when its status changed.
 const DefaultStatusPeriod = 2 * time.Second
 
-// maxDecisionMessage bounds the last decision's message in the status.
-const maxDecisionMessage = 1024
+// maxDecisionMessage bounds the last decision's message in the status,
+// maxConditionMessage a condition's.
+const (
+	maxDecisionMessage  = 1024
+	maxConditionMessage = 8192
+)
+
+// truncate cuts s to at most n bytes (and a mark), on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
 
 // Condition types of a ClusterAttestation (docs/status.md).
 const (
@@ -49,6 +65,7 @@ const (
 	ConditionLockdownApplied    = "LockdownApplied"
 	ConditionServingCAPublished = "ServingCAPublished"
 	ConditionScopedIdentity     = "ScopedIdentity"
+	ConditionPolicyValid        = "PolicyValid"
 )
 
 // ClusterAttestationStatus is the status of a ClusterAttestation, as
@@ -107,12 +124,8 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 		out.ServingCAExpiry = &metav1.Time{Time: s.ServingCAExpiry.UTC().Truncate(time.Second)}
 	}
 	if d := s.LastDecision; d.CSR != "" {
-		msg := d.Message
-		if len(msg) > maxDecisionMessage {
-			msg = msg[:maxDecisionMessage] + "..."
-		}
 		out.LastDecision = &LastDecision{Time: metav1.Time{Time: d.Time.UTC().Truncate(time.Second)}, CSR: d.CSR, Machine: d.Machine,
-			Outcome: d.Outcome, Reason: d.Reason, Message: msg}
+			Outcome: d.Outcome, Reason: d.Reason, Message: truncate(d.Message, maxDecisionMessage)}
 	}
 	cond := func(t string, ok bool, reason, format string, args ...any) {
 		st := metav1.ConditionFalse
@@ -122,6 +135,11 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format, args...)})
 	}
 	cond(ConditionOptedIn, true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)
+	if s.PolicyErrors == "" {
+		cond(ConditionPolicyValid, true, "Valid", "the Cluster's annotations are valid")
+	} else {
+		cond(ConditionPolicyValid, false, "Invalid", "%s", truncate(s.PolicyErrors, maxConditionMessage))
+	}
 
 	reachable := s.Connected
 	switch {

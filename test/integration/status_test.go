@@ -80,7 +80,7 @@ func hasCondition(st capi.ClusterAttestationStatus, typ string, status metav1.Co
 // it, that says the workload cluster is reachable, which signer names are
 // served, the serving CA's expiry, whether lockdown is applied and the last
 // decision (approval and denial, with its reason); `kubectl get` prints it;
-// opting out says so.
+// annotations with problems are reported; opting out says so.
 func TestClusterAttestationStatus(t *testing.T) {
 	bin := harness.Binaries(t)
 	ctx := context.Background()
@@ -211,6 +211,36 @@ func TestClusterAttestationStatus(t *testing.T) {
 	if d := st.LastDecision; d.Outcome != "denied" || d.Reason != denied.Reason || d.Message == "" || d.Machine != "" {
 		t.Errorf("lastDecision = %+v, want denied with reason %s and a message", d, denied.Reason)
 	}
+
+	// Annotations with problems: reported once per Cluster (condition and
+	// Event), not silently ignored; fixed, the condition says so.
+	e.waitAttestation(t, "with valid annotations", func(st capi.ClusterAttestationStatus) string {
+		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionTrue, "Valid")
+	})
+	setAnnotation(capi.AnnotationAuthorizedAttestors, "insecure,nosuch")
+	setAnnotation(capi.AnnotationPolicyPrefix+"tpm"+capi.AnnotationPolicySuffix, "apiVersion: wrong\nkind: Nonsense\n")
+	st = e.waitAttestation(t, "with bad annotations", func(st capi.ClusterAttestationStatus) string {
+		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionFalse, "Invalid")
+	})
+	msg := meta.FindStatusCondition(st.Conditions, capi.ConditionPolicyValid).Message
+	for _, want := range []string{capi.AnnotationAuthorizedAttestors, `"nosuch"`, "kubelet-authenticator.x-k8s.io/tpm-policy", "apiVersion"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("PolicyValid message does not say %q: %s", want, msg)
+		}
+	}
+	expectClusterEvent(t, e, capi.ReasonPolicyInvalid, "nosuch")
+	setAnnotation(capi.AnnotationAuthorizedAttestors, "insecure")
+	var c clusterv1.Cluster
+	if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
+		t.Fatal(err)
+	}
+	delete(c.Annotations, capi.AnnotationPolicyPrefix+"tpm"+capi.AnnotationPolicySuffix)
+	if err := mgmt.Client.Update(ctx, &c); err != nil {
+		t.Fatal(err)
+	}
+	e.waitAttestation(t, "with the annotations fixed", func(st capi.ClusterAttestationStatus) string {
+		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionTrue, "Valid")
+	})
 
 	// Opted out: the object says so, and keeps nothing else.
 	setAnnotation(capi.AnnotationEnabled, "false")
