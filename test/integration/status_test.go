@@ -169,6 +169,12 @@ func TestClusterAttestationStatus(t *testing.T) {
 		t.Errorf("kubectl row = %q", row)
 	}
 
+	// In the cluster-api category, with Cluster API's own kinds.
+	out, err = exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", mgmt.AdminKubeconfig, "get", "cluster-api", "-n", signerNS, "-o", "name").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "clusterattestation.kubelet-authenticator.x-k8s.io/"+signerCluster) {
+		t.Errorf("kubectl get cluster-api does not list the ClusterAttestation: %v\n%s", err, out)
+	}
+
 	// Lockdown, asked for by the annotation, shows once applied; lifted,
 	// it shows as not requested.
 	setAnnotation := func(key, value string) {
