@@ -138,9 +138,9 @@ type ClusterReconciler struct {
 	// deleted are the Machines of served Clusters seen deleted whose node
 	// names are not revoked yet (revoke.go).
 	deleted map[types.NamespacedName][]*clusterv1.Machine
-	// optedOut are the Clusters seen opted out, with their generation, whose
-	// ClusterAttestation says so (status.go).
-	optedOut map[types.NamespacedName]int64
+	// idle are the Clusters seen but not served, and why: their
+	// ClusterAttestations say so (status.go).
+	idle map[types.NamespacedName]idleCluster
 
 	kindsOnce sync.Once
 	kindCache *kindMisses
@@ -194,7 +194,7 @@ func (r *ClusterReconciler) init() {
 		r.started = make(chan struct{})
 		r.running = map[types.NamespacedName]*workload{}
 		r.deleted = map[types.NamespacedName][]*clusterv1.Machine{}
-		r.optedOut = map[types.NamespacedName]int64{}
+		r.idle = map[types.NamespacedName]idleCluster{}
 	}
 }
 
@@ -257,22 +257,21 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.Get(ctx, req.NamespacedName, &cluster); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.stop(logger, req.NamespacedName, "Cluster deleted")
-			r.setOptedOut(req.NamespacedName, nil)
+			r.setIdle(req.NamespacedName, nil)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
 	if !cluster.DeletionTimestamp.IsZero() {
 		r.stop(logger, req.NamespacedName, "Cluster is being deleted")
-		r.setOptedOut(req.NamespacedName, nil)
+		r.setIdle(req.NamespacedName, nil)
 		return reconcile.Result{}, nil
 	}
 	if !Enabled(&cluster) {
 		r.stop(logger, req.NamespacedName, "Cluster opted out")
-		r.setOptedOut(req.NamespacedName, &cluster.Generation)
+		r.setIdle(req.NamespacedName, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
 		return reconcile.Result{}, nil
 	}
-	r.setOptedOut(req.NamespacedName, nil)
 
 	period := r.RecheckPeriod
 	if period <= 0 {
@@ -287,6 +286,8 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		cfg, err = WorkloadRESTConfig(kubeconfig)
 		if fields, refused := refusedFields(err); refused {
 			r.refuseKubeconfig(logger, &cluster, fields, err)
+			r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonKubeconfigRefused,
+				message: fmt.Sprintf("Secret %s not used: %v", cluster.Name+KubeconfigSecretSuffix, err)})
 			return reconcile.Result{RequeueAfter: period}, nil
 		}
 		if err == nil {
@@ -300,11 +301,13 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	if apierrors.IsNotFound(err) {
 		logger.Info("Waiting for the Cluster's Secrets", "err", err.Error())
+		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonWaitingForSecrets, message: err.Error()})
 		return reconcile.Result{RequeueAfter: missingSecretRetry}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	r.setIdle(req.NamespacedName, nil)
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)
 	}
@@ -511,15 +514,31 @@ func (r *ClusterReconciler) refuseKubeconfig(logger klog.Logger, cluster *cluste
 	}
 }
 
-// setOptedOut records whether cluster opted out (generation set) or not.
-func (r *ClusterReconciler) setOptedOut(cluster types.NamespacedName, generation *int64) {
+// idleCluster is a Cluster seen and not served: opted out, or opted in
+// and not served yet (reason and message say why).
+type idleCluster struct {
+	uid             types.UID
+	generation      int64
+	optedIn         bool
+	reason, message string
+}
+
+// Reasons a Cluster is not served, in its ClusterAttestation.
+const (
+	ReasonOptedOut          = "OptedOut"
+	ReasonWaitingForSecrets = "WaitingForSecrets"
+)
+
+// setIdle records why cluster is not served, or (nil) that it is served or
+// gone.
+func (r *ClusterReconciler) setIdle(cluster types.NamespacedName, idle *idleCluster) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if generation == nil {
-		delete(r.optedOut, cluster)
+	if idle == nil {
+		delete(r.idle, cluster)
 		return
 	}
-	r.optedOut[cluster] = *generation
+	r.idle[cluster] = *idle
 }
 
 func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, why string) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -205,13 +206,21 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 	return out
 }
 
-// optedOutStatus is what a ClusterAttestation says of a Cluster that opted
-// out: everything else is dropped by the apply.
-func optedOutStatus(cluster types.NamespacedName, generation int64) ClusterAttestationStatus {
-	msg := fmt.Sprintf("annotation %s is not \"true\": no CSR of this Cluster is decided", AnnotationEnabled)
-	return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: generation, Conditions: []metav1.Condition{
-		{Type: ConditionOptedIn, Status: metav1.ConditionFalse, ObservedGeneration: generation, Reason: "OptedOut", Message: msg},
-		{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: generation, Reason: "OptedOut", Message: msg},
+// idleStatus is what a ClusterAttestation says of a Cluster not served:
+// everything else is dropped by the apply.
+func idleStatus(cluster types.NamespacedName, c idleCluster) ClusterAttestationStatus {
+	if !c.optedIn {
+		msg := fmt.Sprintf("annotation %s is not \"true\": no CSR of this Cluster is decided", AnnotationEnabled)
+		return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
+			{Type: ConditionOptedIn, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: ReasonOptedOut, Message: msg},
+			{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: ReasonOptedOut, Message: msg},
+		}}
+	}
+	return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
+		{Type: ConditionOptedIn, Status: metav1.ConditionTrue, ObservedGeneration: c.generation, Reason: "Enabled",
+			Message: fmt.Sprintf("annotation %s is \"true\"", AnnotationEnabled)},
+		{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: c.reason,
+			Message: truncate(c.message, maxConditionMessage)},
 	}}
 }
 
@@ -237,10 +246,7 @@ func (r *ClusterReconciler) keepStatus(ctx context.Context) {
 
 func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
 	w.r.mu.Lock()
-	optedOut := make(map[types.NamespacedName]int64, len(w.r.optedOut))
-	for nn, g := range w.r.optedOut {
-		optedOut[nn] = g
-	}
+	idle := maps.Clone(w.r.idle)
 	w.r.mu.Unlock()
 	seen := map[types.NamespacedName]bool{}
 	failed := func(cluster types.NamespacedName, err error) bool {
@@ -263,16 +269,16 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
 			return
 		}
 	}
-	for nn, g := range optedOut {
-		if seen[nn] {
+	for nn, c := range idle {
+		if seen[nn] { // a controller still runs
 			continue
 		}
 		seen[nn] = true
-		if failed(nn, w.write(ctx, nn, "", optedOutStatus(nn, g), false)) {
+		if failed(nn, w.write(ctx, nn, c.uid, idleStatus(nn, c), c.optedIn)) {
 			return
 		}
 	}
-	if w.noCRD {
+	if w.noCRD && len(seen) > 0 {
 		logger.Info("The ClusterAttestation CRD is installed: writing the Clusters' status")
 		w.noCRD = false
 	}

@@ -117,3 +117,21 @@ func TestAttestationStatus(t *testing.T) {
 		t.Errorf("unreachable: WorkloadReachable is %+v", c)
 	}
 }
+
+func TestIdleStatus(t *testing.T) {
+	nn := types.NamespacedName{Namespace: "ns", Name: "c"}
+	for _, tc := range []struct {
+		idle          idleCluster
+		optedIn, want string
+	}{
+		{idleCluster{reason: ReasonOptedOut}, "False/OptedOut", "False/OptedOut"},
+		{idleCluster{optedIn: true, reason: ReasonKubeconfigRefused, message: "Secret c-kubeconfig not used: exec"}, "True/Enabled", "False/KubeconfigRefused"},
+		{idleCluster{optedIn: true, reason: ReasonWaitingForSecrets, message: "not found"}, "True/Enabled", "False/WaitingForSecrets"},
+	} {
+		st := idleStatus(nn, tc.idle)
+		o, r := meta.FindStatusCondition(st.Conditions, ConditionOptedIn), meta.FindStatusCondition(st.Conditions, ConditionReady)
+		if len(st.Conditions) != 2 || o == nil || r == nil || string(o.Status)+"/"+o.Reason != tc.optedIn || string(r.Status)+"/"+r.Reason != tc.want || r.Message == "" {
+			t.Errorf("%+v: conditions %+v, want OptedIn %s, Ready %s", tc.idle, st.Conditions, tc.optedIn, tc.want)
+		}
+	}
+}

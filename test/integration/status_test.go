@@ -28,9 +28,15 @@ import (
 // there is none.
 func (e *signerEnv) attestation(t *testing.T) (obj *unstructured.Unstructured, status capi.ClusterAttestationStatus, ok bool) {
 	t.Helper()
+	return e.attestationOf(t, signerCluster)
+}
+
+// attestationOf reads the ClusterAttestation of Cluster name.
+func (e *signerEnv) attestationOf(t *testing.T, name string) (obj *unstructured.Unstructured, status capi.ClusterAttestationStatus, ok bool) {
+	t.Helper()
 	obj = &unstructured.Unstructured{}
 	obj.SetGroupVersionKind(capi.ClusterAttestationGVK)
-	if err := e.mgmt.Client.Get(context.Background(), types.NamespacedName{Namespace: signerNS, Name: signerCluster}, obj); err != nil {
+	if err := e.mgmt.Client.Get(context.Background(), types.NamespacedName{Namespace: signerNS, Name: name}, obj); err != nil {
 		return nil, status, false
 	}
 	if m, found := obj.Object["status"].(map[string]any); found {
@@ -45,10 +51,15 @@ func (e *signerEnv) attestation(t *testing.T) (obj *unstructured.Unstructured, s
 // cond (which says what it still lacks, or ""), and returns it.
 func (e *signerEnv) waitAttestation(t *testing.T, what string, cond func(capi.ClusterAttestationStatus) string) capi.ClusterAttestationStatus {
 	t.Helper()
+	return e.waitAttestationOf(t, signerCluster, what, cond)
+}
+
+func (e *signerEnv) waitAttestationOf(t *testing.T, name, what string, cond func(capi.ClusterAttestationStatus) string) capi.ClusterAttestationStatus {
+	t.Helper()
 	var last capi.ClusterAttestationStatus
 	lacking := "no ClusterAttestation"
 	if err := pollFor(60*time.Second, func() bool {
-		_, st, ok := e.attestation(t)
+		_, st, ok := e.attestationOf(t, name)
 		if !ok {
 			return false
 		}
@@ -92,6 +103,26 @@ func TestClusterAttestationStatus(t *testing.T) {
 	})
 	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
 	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrapClient(t, wl)}
+
+	// A Cluster opted in whose Secrets Cluster API has not written yet:
+	// its ClusterAttestation says what the controller waits for.
+	pending := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: "pending", Annotations: map[string]string{
+			capi.AnnotationEnabled: "true", capi.AnnotationAuthorizedAttestors: "insecure"}},
+		Spec: clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443}},
+	}
+	if err := mgmt.Client.Create(ctx, pending); err != nil {
+		t.Fatal(err)
+	}
+	e.waitAttestationOf(t, "pending", "while the Cluster's Secrets are missing", func(st capi.ClusterAttestationStatus) string {
+		if w := hasCondition(st, capi.ConditionOptedIn, metav1.ConditionTrue, "Enabled"); w != "" {
+			return w
+		}
+		return hasCondition(st, capi.ConditionReady, metav1.ConditionFalse, capi.ReasonWaitingForSecrets)
+	})
+	if obj, _, _ := e.attestationOf(t, "pending"); len(obj.GetOwnerReferences()) != 1 || obj.GetOwnerReferences()[0].UID != pending.UID {
+		t.Errorf("the pending Cluster's ClusterAttestation is not owned by it: %+v", obj.GetOwnerReferences())
+	}
 
 	// A node joins.
 	mgmt.CreateMachine(t, signerNS, signerCluster, "worker-0", "test:///0", true)
@@ -152,7 +183,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 	}
 
 	// kubectl get shows it.
-	out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", mgmt.AdminKubeconfig, "get", "clusterattestations", "-n", signerNS).CombinedOutput()
+	out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", mgmt.AdminKubeconfig, "get", "clusterattestations", "-n", signerNS, signerCluster).CombinedOutput()
 	if err != nil {
 		t.Fatalf("kubectl get clusterattestations: %v\n%s", err, out)
 	}
