@@ -112,6 +112,7 @@ type fleetCollector struct {
 	connected, lastContact, synced, queue, lockdown, lockdownRemoved, generation *prometheus.Desc
 	servingCAExpiry, servingCAs, trustBundlesPublished                           *prometheus.Desc
 	scopedIdentity, tokenExpiry, revokedNodes, revocationErrors                  *prometheus.Desc
+	policyValid                                                                  *prometheus.Desc
 }
 
 func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
@@ -138,13 +139,15 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		revokedNodes: d("revoked_node_names", "Node names of deleted Machines refused in the workload cluster until every certificate issued before their deletion has expired."),
 		revocationErrors: d("revocation_write_errors_total",
 			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; a deleted Machine's node keeps access while they fail."),
+		policyValid: d("cluster_policy_valid",
+			"1 when the Cluster's annotations have no problem, 0 when they have (listed in its ClusterAttestation's PolicyValid condition)."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connected, c.lastContact, c.synced, c.queue, c.lockdown, c.lockdownRemoved, c.generation,
-		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.scopedIdentity, c.tokenExpiry, c.revokedNodes, c.revocationErrors} {
+		c.servingCAExpiry, c.servingCAs, c.trustBundlesPublished, c.scopedIdentity, c.tokenExpiry, c.revokedNodes, c.revocationErrors, c.policyValid} {
 		ch <- d
 	}
 }
@@ -177,6 +180,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)
 			ch <- prometheus.MustNewConstMetric(c.trustBundlesPublished, prometheus.GaugeValue, b(s.TrustBundlesPublished), cl)
 			ch <- prometheus.MustNewConstMetric(c.scopedIdentity, prometheus.GaugeValue, b(s.ScopedIdentity), cl)
+			ch <- prometheus.MustNewConstMetric(c.policyValid, prometheus.GaugeValue, b(s.PolicyErrors == ""), cl)
 		}
 		if !s.TokenExpiry.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.tokenExpiry, prometheus.GaugeValue, float64(s.TokenExpiry.Unix()), cl)

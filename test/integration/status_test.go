@@ -266,6 +266,9 @@ func TestClusterAttestationStatus(t *testing.T) {
 		}
 	}
 	expectClusterEvent(t, e, capi.ReasonPolicyInvalid, "nosuch")
+	if v, ok := gauge(t, "kubelet_authenticator_signer_cluster_policy_valid", signerNS+"/"+signerCluster); !ok || v != 0 {
+		t.Errorf("cluster_policy_valid = %v (present %t), want 0", v, ok)
+	}
 	setAnnotation(capi.AnnotationAuthorizedAttestors, "insecure")
 	var c clusterv1.Cluster
 	if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
@@ -278,6 +281,9 @@ func TestClusterAttestationStatus(t *testing.T) {
 	e.waitAttestation(t, "with the annotations fixed", func(st capi.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionTrue, "Valid")
 	})
+	if v, ok := gauge(t, "kubelet_authenticator_signer_cluster_policy_valid", signerNS+"/"+signerCluster); !ok || v != 1 {
+		t.Errorf("cluster_policy_valid = %v (present %t), want 1", v, ok)
+	}
 
 	// Opted out: the object says so, and keeps nothing else.
 	setAnnotation(capi.AnnotationEnabled, "false")
