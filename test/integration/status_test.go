@@ -182,6 +182,14 @@ func TestClusterAttestationStatus(t *testing.T) {
 		t.Errorf("label %s = %q", clusterv1.ClusterNameLabel, got)
 	}
 
+	// Nothing changed, nothing written: the object keeps its
+	// resourceVersion over several write periods.
+	rv := obj.GetResourceVersion()
+	time.Sleep(3*capi.DefaultStatusPeriod + time.Second)
+	if again, _, _ := e.attestation(t); again.GetResourceVersion() != rv {
+		t.Errorf("the ClusterAttestation was written again while nothing changed (resourceVersion %s, then %s)", rv, again.GetResourceVersion())
+	}
+
 	// kubectl get shows it.
 	out, err := exec.Command(filepath.Join(bin, "kubectl"), "--kubeconfig", mgmt.AdminKubeconfig, "get", "clusterattestations", "-n", signerNS, signerCluster).CombinedOutput()
 	if err != nil {
