@@ -16,6 +16,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -210,6 +212,23 @@ func TestWorkloadKubeconfigIsTenantInput(t *testing.T) {
 			if !strings.Contains(msg, "."+tc.field+" ") {
 				t.Errorf("the Event does not name %s: %s", tc.field, msg)
 			}
+			// The Cluster's ClusterAttestation says so too.
+			harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+				att := &unstructured.Unstructured{}
+				att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+				if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: tc.cluster}, att); err != nil {
+					return false, client.IgnoreNotFound(err)
+				}
+				conds, _, _ := unstructured.NestedSlice(att.Object, "status", "conditions")
+				for _, c := range conds {
+					c, _ := c.(map[string]any)
+					if c["type"] == capi.ConditionReady && c["status"] == "False" && c["reason"] == capi.ReasonKubeconfigRefused {
+						msg, _ := c["message"].(string)
+						return strings.Contains(msg, "."+tc.field+" "), nil
+					}
+				}
+				return false, nil
+			})
 		})
 	}
 	// Give a controller that did not refuse time to connect, as the
