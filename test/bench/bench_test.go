@@ -9,7 +9,6 @@
 package bench
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -27,17 +26,8 @@ import (
 	"testing"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/client-go/util/certificate/csr"
-
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
-	"sigs.k8s.io/kubelet-authenticator/test/harness"
-	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
 type sample struct {
@@ -139,90 +129,6 @@ func BenchmarkCachedPath(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// BenchmarkColdPath obtains a certificate from nothing: our exec plugin
-// through the real controller (insecure attestor), against kubelet's TLS
-// bootstrap (client-go's csr.RequestCertificate + WaitForCertificate, what
-// kubelet runs) approved and signed by kube-controller-manager.
-func BenchmarkColdPath(b *testing.B) {
-	env := scenario.Start(b, scenario.Options{})
-	ctx := context.Background()
-
-	b.Run("kubelet-authenticator", func(b *testing.B) {
-		n := env.NewNode(b, "cold-1", "test:///fleet/cold-1", "insecure")
-		env.Machine(b, n)
-		var s sample
-		for b.Loop() {
-			if err := os.RemoveAll(n.CacheDir); err != nil {
-				b.Fatal(err)
-			}
-			r := n.Credential(ctx)
-			if r.Err != nil {
-				b.Fatalf("credential: %v\n%s", r.Err, r.Stderr)
-			}
-			s.wall = append(s.wall, r.Took)
-		}
-		s.report(b, "")
-	})
-
-	b.Run("kubelet-tls-bootstrap-kcm", func(b *testing.B) {
-		wl := env.Workload
-		autoApprove(b, wl)
-		harness.StartProcess(b, "kube-controller-manager", filepath.Join(env.Dir, "kcm.log"),
-			filepath.Join(env.K8sBin, "kube-controller-manager"),
-			"--kubeconfig="+wl.AdminKubeconfig,
-			"--authentication-kubeconfig="+wl.AdminKubeconfig,
-			"--authorization-kubeconfig="+wl.AdminKubeconfig,
-			"--controllers=csrapproving,csrsigning",
-			"--cluster-signing-cert-file="+wl.CACertFile,
-			"--cluster-signing-key-file="+wl.CAKeyFile,
-			"--leader-elect=false",
-			fmt.Sprintf("--secure-port=%d", harness.FreePort(b)),
-			"--bind-address=127.0.0.1")
-		client, err := kubernetes.NewForConfig(wl.RESTConfigFor(b, clientcmdapi.AuthInfo{Token: env.Token}))
-		if err != nil {
-			b.Fatal(err)
-		}
-		var s sample
-		for b.Loop() {
-			start := time.Now()
-			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-			der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-				Subject: pkix.Name{CommonName: "system:node:cold-2", Organization: []string{"system:nodes"}},
-			}, key)
-			if err != nil {
-				b.Fatal(err)
-			}
-			name, uid, err := csr.RequestCertificate(client, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), "",
-				certificatesv1.KubeAPIServerClientKubeletSignerName,
-				nil, []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
-			if err != nil {
-				b.Fatal(err)
-			}
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			_, err = csr.WaitForCertificate(wctx, client, name, uid)
-			cancel()
-			if err != nil {
-				b.Fatalf("kcm did not sign %s: %v", name, err)
-			}
-			s.wall = append(s.wall, time.Since(start))
-		}
-		s.report(b, "")
-	})
-}
-
-// autoApprove binds kubeadm's auto-approve role for bootstrap tokens, so
-// kube-controller-manager's csrapproving approves kubelet client CSRs.
-func autoApprove(b *testing.B, wl *harness.ControlPlane) {
-	_, err := wl.Client.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:node-autoapprove-bootstrap"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-}
 
 // writeCachedCredential writes a fresh self-signed client certificate into
 // the cache, as a previous cold call would have left it.

@@ -271,10 +271,17 @@ func signerReport(b *testing.B, n int, start, first, last time.Time) {
 func signerMachineName(i int) string { return fmt.Sprintf("node-%05d", i) }
 func signerProviderID(i int) string  { return fmt.Sprintf("test:///bench/node-%05d", i) }
 
-// signerCreateMachines creates Machines 0..n-1 of the benchmark Cluster
-// concurrently, as harness.CreateMachine does (create, then the status:
-// bootstrapped, one Hostname address).
+// signerCreateMachines creates Machines 0..n-1 of the benchmark Cluster.
 func signerCreateMachines(b *testing.B, mgmt *harness.Management, n int) {
+	b.Helper()
+	createMachines(b, mgmt, signerNamespace, signerClusterName, n, signerMachineName, signerProviderID)
+}
+
+// createMachines creates Machines name(0..n-1) of Cluster ns/cluster
+// concurrently, as harness.CreateMachine does (create, then the status:
+// bootstrapped, the Machine's name as its one Hostname address), each with
+// providerID(i).
+func createMachines(b *testing.B, mgmt *harness.Management, ns, cluster string, n int, machineName, providerID func(int) string) {
 	b.Helper()
 	cfg := rest.CopyConfig(mgmt.AdminConfig)
 	cfg.QPS, cfg.Burst = 2000, 4000
@@ -287,13 +294,13 @@ func signerCreateMachines(b *testing.B, mgmt *harness.Management, n int) {
 		b.Fatal(err)
 	}
 	signerParallel(b, n, func(ctx context.Context, i int) error {
-		name := signerMachineName(i)
+		name := machineName(i)
 		data := name + "-bootstrap"
 		m := &clusterv1.Machine{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: signerNamespace, Labels: map[string]string{clusterv1.ClusterNameLabel: signerClusterName}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{clusterv1.ClusterNameLabel: cluster}},
 			Spec: clusterv1.MachineSpec{
-				ClusterName: signerClusterName,
-				ProviderID:  signerProviderID(i),
+				ClusterName: cluster,
+				ProviderID:  providerID(i),
 				Bootstrap:   clusterv1.Bootstrap{DataSecretName: &data},
 				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 					APIGroup: clusterv1.GroupVersionInfrastructure.Group, Kind: "DockerMachine", Name: name,
