@@ -95,16 +95,8 @@ func peakRSS(b *testing.B, env []string, bin string, args ...string) int64 {
 // builds it (no build tags, CGO_ENABLED=0, stripped): the one binary kubelet
 // runs, whose every linked package is initialised on every call.
 func BenchmarkCachedPath(b *testing.B) {
-	bins := b.TempDir()
-	floor := filepath.Join(bins, "floor")
-	plugin := filepath.Join(bins, "kubelet-authenticator")
-	for _, build := range []struct{ out, pkg string }{{floor, "./floor"}, {plugin, "../../cmd/kubelet-authenticator"}} {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", build.out, build.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", build.pkg, err, out)
-		}
-	}
+	floor := buildRelease(b, "./floor")
+	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
 	dir := b.TempDir()
 	cacheDir := filepath.Join(dir, "cache")
 	writeCachedCredential(b, cacheDir)
@@ -126,6 +118,20 @@ func BenchmarkCachedPath(b *testing.B) {
 	p.report(b, "plugin-")
 	f.report(b, "floor-")
 	b.ReportMetric(float64(p.median())/float64(f.median()), "x-floor")
+}
+
+// buildRelease builds the command pkg (relative to this package) as make
+// build builds release binaries (no build tags, CGO_ENABLED=0, stripped)
+// and returns its path.
+func buildRelease(b *testing.B, pkg string) string {
+	b.Helper()
+	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if o, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build %s: %v\n%s", pkg, err, o)
+	}
+	return out
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -2,17 +2,23 @@ package bench
 
 import (
 	"context"
+	"encoding/base64"
 	"flag"
 	"fmt"
 	"html"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -24,6 +30,7 @@ import (
 var (
 	fleetNodes       = flag.Int("fleet-nodes", 1000, "BenchmarkFleetJoin: nodes that join, per side")
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
+	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
 )
 
@@ -38,6 +45,14 @@ type fleetSide struct {
 	color string
 	joins []fleetJoin
 	wall  time.Duration // first start to last end
+	// nodeCPU is the CPU time the nodes' side spent (the exec plugin
+	// processes; the benchmark process itself for kubelet's in-process
+	// bootstrap); signerCPU the signer's (the controller's or
+	// kube-controller-manager's process).
+	nodeCPU, signerCPU time.Duration
+	// server is, per CSR, from the API server announcing it to the
+	// certificate's arrival on a watch: the signer's share of a join.
+	server sample
 }
 
 func (s *fleetSide) perSecond() float64 { return float64(len(s.joins)) / s.wall.Seconds() }
@@ -108,7 +123,10 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 func BenchmarkFleetJoin(b *testing.B) {
 	n, c := *fleetNodes, *fleetConcurrency
 	env := scenario.Start(b, scenario.Options{NoController: true})
-	env.StartController(b, "-v=0") // scenario's -v=2 overridden: the default
+	// scenario's -v=2 overridden: the default.
+	controller := env.StartController(b, append([]string{"-v=0"}, strings.Fields(*fleetController)...)...)
+	// The node binary as released (no simulator, no test attestors).
+	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
 	autoApprove(b, env.Workload)
 	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
 	ctx := context.Background()
@@ -129,9 +147,13 @@ func BenchmarkFleetJoin(b *testing.B) {
 		harness.WaitFor(b, time.Minute, func() (bool, error) {
 			return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
 		})
+		stop := watchCSRs(b, env, &side.server)
+		self, kcm := selfCPU(b), procCPU(b, p.PID())
 		runFleet(b, side, n, c, func(i int) error {
 			return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
 		})
+		side.nodeCPU, side.signerCPU = selfCPU(b)-self, procCPU(b, p.PID())-kcm
+		stop()
 		p.Stop(10 * time.Second)
 	}
 	tuned := &fleetSide{name: "kcm-tuned", color: "#1f77b4"}
@@ -141,13 +163,16 @@ func BenchmarkFleetJoin(b *testing.B) {
 	for b.Loop() {
 		kcmSide(tuned, kcmTunedArgs...)
 		clearCSRs(b, env)
+		stop := watchCSRs(b, env, &ours.server)
+		var nodeCPU atomic.Int64
+		before := procCPU(b, controller.PID())
 		runFleet(b, ours, n, c, func(i int) error {
-			r := nodes[i].Credential(ctx)
-			if r.Err != nil {
-				return fmt.Errorf("credential: %v\n%s", r.Err, lastLines(r.Stderr, 10))
-			}
-			return nil
+			cpu, err := credential(ctx, plugin, env, nodes[i])
+			nodeCPU.Add(int64(cpu))
+			return err
 		})
+		ours.nodeCPU, ours.signerCPU = time.Duration(nodeCPU.Load()), procCPU(b, controller.PID())-before
+		stop()
 		clearCSRs(b, env)
 		kcmSide(dflt)
 		clearCSRs(b, env)
@@ -155,14 +180,19 @@ func BenchmarkFleetJoin(b *testing.B) {
 	b.StopTimer()
 
 	var table strings.Builder
-	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n  %-28s %8s %10s %10s %9s\n", n, c, "side", "CSR/s", "median", "p99", "wall")
+	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n  %-28s %8s %10s %10s %9s %14s %14s %14s\n", n, c, "side", "CSR/s", "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join")
 	for _, s := range sides {
 		key := strings.TrimPrefix(s.name, "node-attestation-")
 		l := s.latency()
 		b.ReportMetric(s.perSecond(), key+"-csrs/s")
 		b.ReportMetric(ms(l.median()), key+"-ms/median")
 		b.ReportMetric(ms(l.p99()), key+"-ms/p99")
-		fmt.Fprintf(&table, "  %-28s %8.1f %8.0fms %8.0fms %8.1fs\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds())
+		b.ReportMetric(ms(s.server.median()), key+"-signer-ms/median")
+		nodeCPU, signerCPU := s.nodeCPU/time.Duration(n), s.signerCPU/time.Duration(n)
+		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
+		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
+		fmt.Fprintf(&table, "  %-28s %8.1f %8.0fms %8.0fms %8.1fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
+			ms(s.server.median()), ms(nodeCPU), ms(signerCPU))
 	}
 	r := ours.perSecond() / tuned.perSecond()
 	b.ReportMetric(r, "controller-x-kcm-tuned")
@@ -179,8 +209,105 @@ func BenchmarkFleetJoin(b *testing.B) {
 	if err := writeFleetPlot(path, n, c, sides); err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(&table, "  plot of join latency over the run: %s", path)
+	logPath := strings.TrimSuffix(path, ".svg") + "-controller.log"
+	if err := os.WriteFile(logPath, []byte(env.ControllerLog()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(&table, "  plot of join latency over the run: %s (the controller's log: %s)", path, logPath)
 	b.Log(table.String())
+}
+
+// credential runs the exec plugin binary for node n as kubelet would (as
+// scenario.Node.Credential does) and returns the CPU time it used.
+func credential(ctx context.Context, bin string, env *scenario.Env, n *scenario.Node) (time.Duration, error) {
+	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
+		env.Workload.URL, base64.StdEncoding.EncodeToString(env.Workload.CACertPEM))
+	cmd := exec.CommandContext(ctx, bin, "credential", "--config="+n.ConfigPath)
+	cmd.Env = append(os.Environ(), "KUBERNETES_EXEC_INFO="+info)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var cpu time.Duration
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	if err != nil || len(out) == 0 {
+		return cpu, fmt.Errorf("credential: %v\n%s", err, lastLines(stderr.String(), 10))
+	}
+	return cpu, nil
+}
+
+// procCPU returns the CPU time (user and system) process pid has used.
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name (in parentheses, which may hold
+	// spaces): state is field 3, utime 14, stime 15.
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ticks int64
+	for _, f := range fields[11:13] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// selfCPU returns the CPU time this process has used.
+func selfCPU(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// watchCSRs watches the workload cluster's CSRs until stop is called and
+// adds, per CSR, the time from its creation event to the event that
+// carries its certificate to into.
+func watchCSRs(b *testing.B, env *scenario.Env, into *sample) (stop func()) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		added := map[string]time.Time{}
+		for ev := range w.ResultChan() {
+			csr, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+			if !ok {
+				continue
+			}
+			if _, seen := added[csr.Name]; !seen {
+				added[csr.Name] = time.Now()
+			}
+			if t := added[csr.Name]; !t.IsZero() && len(csr.Status.Certificate) > 0 {
+				into.wall = append(into.wall, time.Since(t))
+				added[csr.Name] = time.Time{}
+			}
+		}
+	}()
+	return func() {
+		// Let the last events arrive.
+		time.Sleep(time.Second)
+		cancel()
+		w.Stop()
+		<-done
+	}
 }
 
 // clearCSRs deletes every CSR of the workload cluster and waits until the
