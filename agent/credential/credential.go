@@ -272,7 +272,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, cfg.SignerName, provider, version)
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
-	obj, err = client.Wait(ctx, name, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitFrom(ctx, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		if err != nil || cert != nil {
 			return true, err
@@ -303,11 +303,12 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, answer.Annotations)); err != nil {
+	obj2, err := client.Create(ctx, csr.Object(name2, cfg.SignerName, request2, expiration, answer.Annotations))
+	if err != nil {
 		return nil, err
 	}
 	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)
-	obj, err = client.Wait(ctx, name2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitFrom(ctx, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		return err != nil || cert != nil, err
 	})
