@@ -214,7 +214,7 @@ func BenchmarkFleetJoin(b *testing.B) {
 		b.Fatal(err)
 	}
 	fmt.Fprintf(&table, "  plot of join latency over the run: %s (the controller's log: %s)", path, logPath)
-	b.Log(table.String())
+	fmt.Println(table.String())
 }
 
 // credential runs the exec plugin binary for node n as kubelet would (as
@@ -277,6 +277,16 @@ func selfCPU(b *testing.B) time.Duration {
 // adds, per CSR, the time from its creation event to the event that
 // carries its certificate to into.
 func watchCSRs(b *testing.B, env *scenario.Env, into *sample) (stop func()) {
+	return watchIssued(b, env, func(_ *certificatesv1.CertificateSigningRequest, took time.Duration) {
+		into.wall = append(into.wall, took)
+	})
+}
+
+// watchIssued watches the workload cluster's CSRs until stop is called and
+// calls issued, from one goroutine, with each CSR issued meanwhile and the
+// time from its creation event to the event that carries its certificate:
+// the signer's share of a join.
+func watchIssued(b *testing.B, env *scenario.Env, issued func(csr *certificatesv1.CertificateSigningRequest, took time.Duration)) (stop func()) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{})
@@ -296,7 +306,7 @@ func watchCSRs(b *testing.B, env *scenario.Env, into *sample) (stop func()) {
 				added[csr.Name] = time.Now()
 			}
 			if t := added[csr.Name]; !t.IsZero() && len(csr.Status.Certificate) > 0 {
-				into.wall = append(into.wall, time.Since(t))
+				issued(csr, time.Since(t))
 				added[csr.Name] = time.Time{}
 			}
 		}
