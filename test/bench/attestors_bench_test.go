@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -30,6 +31,11 @@ import (
 
 // coldAttestors are the attestors BenchmarkColdPath measures.
 var coldAttestors = []string{"insecure", "tpm", "aws", "azure", "gcp"}
+
+// coldCompare is a node binary of another commit that BenchmarkColdPath
+// runs as one more side, "insecure-compare", beside the insecure one: a
+// before/after of a change to the cold path in one run.
+var coldCompare = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra insecure side")
 
 // kubeletSide names the baseline in BenchmarkColdPath's figures.
 const kubeletSide = "kubelet-kcm"
@@ -151,6 +157,21 @@ func BenchmarkColdPath(b *testing.B) {
 		}
 		s.wall = append(s.wall, took)
 	})
+	if *coldCompare != "" {
+		n := env.NewNode(b, "cold-compare", "test:///fleet/cold-compare", "insecure")
+		env.Machine(b, n)
+		sides = append(sides, "insecure-compare")
+		joins = append(joins, func(int) (time.Duration, error) {
+			if err := os.RemoveAll(n.CacheDir); err != nil {
+				return 0, err
+			}
+			start := time.Now()
+			if _, err := credential(ctx, *coldCompare, env, n); err != nil {
+				return 0, fmt.Errorf("insecure-compare %w", err)
+			}
+			return time.Since(start), nil
+		})
+	}
 	spaced := make([]sample, len(sides))
 	b2b := make([]sample, len(sides))
 	i := 0
@@ -198,6 +219,9 @@ func BenchmarkColdPath(b *testing.B) {
 	table.WriteString("  signer's share of a join (CSR created to certificate, both patterns; tpm: the second CSR):\n")
 	for _, side := range sides {
 		signer := certificatesv1.KubeAPIServerClientKubeletSignerName
+		if side == "insecure-compare" {
+			continue // the same signer name as insecure
+		}
 		if side != kubeletSide {
 			signer = "cluster.x-k8s.io/kube-apiserver-client-kubelet-" + side
 		}
