@@ -4,6 +4,7 @@
 package credential
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
@@ -201,6 +202,20 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 	if err != nil {
 		return nil, err
 	}
+	if current == nil {
+		// A bootstrap talks to the bootstrap kubeconfig's cluster, which is
+		// what a success records: record it while the signer works, off the
+		// cold path's critical path. It is only read once the bootstrap
+		// kubeconfig is gone, and then only with a credential, so a failed
+		// bootstrap leaves nothing wrong behind. A renewal records its
+		// cluster only once it has succeeded.
+		recorded := make(chan struct{})
+		go func() {
+			defer close(recorded)
+			s.recordCluster(restCfg)
+		}()
+		defer func() { <-recorded }()
+	}
 	var expiration *int32
 	if d := cfg.CertificateLifetime.Duration; d > 0 {
 		v := int32(d / time.Second)
@@ -239,7 +254,9 @@ func (s *Source) obtainOnce(ctx context.Context, current *cache.Credential) (*ca
 		if err := dir.Store(certPEM, keyPEM); err != nil {
 			return nil, err
 		}
-		s.recordCluster(restCfg)
+		if current != nil {
+			s.recordCluster(restCfg)
+		}
 		if err := dir.ClearPendingKey(); err != nil {
 			s.logf("%v", err)
 		}
@@ -401,7 +418,11 @@ func (s *Source) recordCluster(restCfg *rest.Config) {
 		}
 		ca = data
 	}
-	if err := s.dir().StoreCluster(cache.Cluster{Server: restCfg.Host, CAData: ca, ServerName: restCfg.ServerName}); err != nil {
+	c := cache.Cluster{Server: restCfg.Host, CAData: ca, ServerName: restCfg.ServerName}
+	if old, err := s.dir().LoadCluster(); err == nil && old.Server == c.Server && old.ServerName == c.ServerName && bytes.Equal(old.CAData, c.CAData) {
+		return // unchanged: no write (and no fsync) on every renewal
+	}
+	if err := s.dir().StoreCluster(c); err != nil {
 		s.logf("not recording the cluster: %v", err)
 	}
 }

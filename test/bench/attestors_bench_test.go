@@ -201,12 +201,12 @@ func BenchmarkColdPath(b *testing.B) {
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "cold path, %d spaced joins (%s apart) and %d back to back per side, interleaved:\n", len(spaced[0].wall), spacedPause, len(b2b[0].wall))
-	fmt.Fprintf(&table, "  %-11s %9s %9s %9s %9s   %10s %10s %10s %10s\n", "side", "spaced", "p99", "b2b", "p99", "x-kubelet", "kubelet-x", "x-kub b2b", "kub-x b2b")
+	fmt.Fprintf(&table, "  %-16s %9s %9s %9s %9s   %10s %10s %10s %10s\n", "side", "spaced", "p99", "b2b", "p99", "x-kubelet", "kubelet-x", "x-kub b2b", "kub-x b2b")
 	base, baseB2B := spaced[0].median(), b2b[0].median()
 	for s, side := range sides {
 		spaced[s].report(b, side+"-spaced-")
 		b2b[s].report(b, side+"-b2b-")
-		fmt.Fprintf(&table, "  %-11s %7.1fms %7.1fms %7.1fms %7.1fms", side,
+		fmt.Fprintf(&table, "  %-16s %7.1fms %7.1fms %7.1fms %7.1fms", side,
 			ms(spaced[s].median()), ms(spaced[s].p99()), ms(b2b[s].median()), ms(b2b[s].p99()))
 		if s > 0 {
 			r, rb := ratio(spaced[s].median(), base), ratio(b2b[s].median(), baseB2B)
@@ -227,7 +227,7 @@ func BenchmarkColdPath(b *testing.B) {
 		}
 		if s := signerShare[signer]; s != nil && len(s.wall) > 0 {
 			b.ReportMetric(ms(s.median()), side+"-signer-ms/median")
-			fmt.Fprintf(&table, "    %-11s %7.1fms median, %7.1fms p99\n", side, ms(s.median()), ms(s.p99()))
+			fmt.Fprintf(&table, "    %-16s %7.1fms median, %7.1fms p99\n", side, ms(s.median()), ms(s.p99()))
 		}
 	}
 	cmds := tpmIssuanceCommands(b, ca)
