@@ -90,12 +90,18 @@ func BenchmarkColdPath(b *testing.B) {
 	}
 	clouds := scenario.StartClouds(b, "cold-gcp")
 	env := scenario.Start(b, scenario.Options{
-		Attestors: strings.Join(coldAttestors, ","),
-		ControllerArgs: []string{
-			"--tpm-manufacturer-ca=" + filepath.Join(caDir, tpmtest.BundleFile),
-			"--attestor-config=" + clouds.AttestorConfig,
-		},
+		NoController: true,
+		Attestors:    strings.Join(coldAttestors, ","),
 	})
+	// Machines are named machine-<node>; so are their DockerMachines.
+	var infra []string
+	for _, a := range append([]string{"compare"}, coldAttestors...) {
+		infra = append(infra, "machine-cold-"+a)
+	}
+	serveInfrastructure(b, env.Mgmt, env.Namespace, infra)
+	env.StartController(b,
+		"--tpm-manufacturer-ca="+filepath.Join(caDir, tpmtest.BundleFile),
+		"--attestor-config="+clouds.AttestorConfig)
 	autoApprove(b, env.Workload)
 	startKCM(b, env.Workload, "kcm.log")
 	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)

@@ -123,6 +123,12 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 func BenchmarkFleetJoin(b *testing.B) {
 	n, c := *fleetNodes, *fleetConcurrency
 	env := scenario.Start(b, scenario.Options{NoController: true})
+	name := func(i int) string { return fmt.Sprintf("fleet-%05d", i) }
+	names := make([]string, n)
+	for i := range names {
+		names[i] = name(i)
+	}
+	serveInfrastructure(b, env.Mgmt, env.Namespace, names)
 	// scenario's -v=2 overridden: the default.
 	controller := env.StartController(b, append([]string{"-v=0"}, strings.Fields(*fleetController)...)...)
 	// The node binary as released (no simulator, no test attestors).
@@ -132,7 +138,6 @@ func BenchmarkFleetJoin(b *testing.B) {
 	ctx := context.Background()
 
 	start := time.Now()
-	name := func(i int) string { return fmt.Sprintf("fleet-%05d", i) }
 	providerID := func(i int) string { return "test:///fleet/" + name(i) }
 	createMachines(b, env.Mgmt, env.Namespace, env.Cluster, n, name, providerID)
 	nodes := make([]*scenario.Node, n)
