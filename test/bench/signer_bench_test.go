@@ -58,8 +58,9 @@ const (
 // controller starts, and the clock runs until the last one is issued.
 //
 //   - node-attestation-controller: the release binary's code as a process with
-//     its default flags (2 workers per cluster, workload client at 20 QPS,
-//     burst 40: each CSR costs two writes, approval and certificate);
+//     its default flags (app.DefaultWorkersPerCluster workers, the workload
+//     client at app.DefaultWorkloadClientQPS: each CSR costs three requests,
+//     approval, a fresh read and the certificate);
 //   - node-attestation-controller-unthrottled: the same controller in
 //     process, with the workload client's rate limit lifted, to show what
 //     verification and signing themselves cost;
