@@ -1,11 +1,23 @@
-// Package bench measures the exec plugin: its cached path as a whole process
-// against the floor (a minimal Go binary printing a fixed ExecCredential),
-// and its cold path (no cache to certificate, through the real controller)
-// against kubelet's own TLS bootstrap through kube-controller-manager's
-// csrapproving and csrsigning controllers on the same API server.
+// Package bench measures the node binary and the controller against what
+// Kubernetes does without them, each figure beside its baseline from the
+// same run (docs/performance.md explains them all):
 //
-// Each benchmark reports the median wall time per call (ms/median) and, for
-// whole processes, the peak resident set size (MiB/peak-rss).
+//   - BenchmarkCachedPath: the exec plugin's cached path as a whole process
+//     against the floor (a minimal Go binary printing a fixed ExecCredential);
+//   - BenchmarkKubeletBootstrapLimiter: the client-side limiters behind
+//     kubelet TLS bootstrap's 400 ms back to back;
+//   - BenchmarkColdPath: a node from nothing to a certificate with every
+//     attestor, against kubelet's TLS bootstrap through kube-controller-manager,
+//     spaced and back to back, interleaved;
+//   - BenchmarkFleetJoin: a thousand exec-plugin processes joining 50 at a
+//     time, against tuned and default kube-controller-manager, with a plot;
+//   - BenchmarkSignerThroughput, BenchmarkSignerMemory, BenchmarkSignerClusters:
+//     the controller's signing rate, and its memory per Machine and per
+//     workload cluster;
+//   - BenchmarkAgentRSS: the agent's steady-state memory.
+//
+// Each benchmark reports medians and p99s (ms/median, ms/p99) and, for whole
+// processes, the peak resident set size (MiB/peak-rss).
 package bench
 
 import (
