@@ -113,7 +113,8 @@ func BenchmarkSignerThroughput(b *testing.B) {
 			}
 			o := app.NewOptions()
 			o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
-			o.RESTConfig.QPS, o.RESTConfig.Burst = 1000, 2000
+			// Complete applies the management client's limit from these.
+			o.KubeAPIQPS, o.KubeAPIBurst = 1000, 2000
 			o.LeaderElect = false
 			o.LeaderElectionNamespace = metav1.NamespaceDefault
 			o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
