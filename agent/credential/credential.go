@@ -4,6 +4,7 @@
 package credential
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
@@ -190,6 +191,20 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 		return nil, err
 	}
 	dir := s.dir()
+	if current == nil {
+		// A bootstrap talks to the bootstrap kubeconfig's cluster, which is
+		// what a success records: record it while the signer works, off the
+		// cold path's critical path. It is only read once the bootstrap
+		// kubeconfig is gone, and then only with a credential, so a failed
+		// bootstrap leaves nothing wrong behind. A renewal records its
+		// cluster only once it has succeeded.
+		recorded := make(chan struct{})
+		go func() {
+			defer close(recorded)
+			s.recordCluster(restCfg)
+		}()
+		defer func() { <-recorded }()
+	}
 	err = s.Obtain(ctx, restCfg, &Request{
 		SignerName:     cfg.SignerName,
 		Usages:         csr.ClientUsages,
@@ -200,7 +215,9 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 			if err := dir.Store(certPEM, keyPEM); err != nil {
 				return err
 			}
-			s.recordCluster(restCfg)
+			if current != nil {
+				s.recordCluster(restCfg)
+			}
 			return nil
 		},
 	})
@@ -322,7 +339,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, r.SignerName, provider, version)
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
-	obj, err = client.Wait(ctx, name, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitFrom(ctx, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		if err != nil || cert != nil {
 			return true, err
@@ -353,11 +370,12 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	if _, err := client.Create(ctx, csr.ObjectWithUsages(name2, r.SignerName, r.Usages, request2, expiration, answer.Annotations)); err != nil {
+	obj2, err := client.Create(ctx, csr.ObjectWithUsages(name2, r.SignerName, r.Usages, request2, expiration, answer.Annotations))
+	if err != nil {
 		return nil, err
 	}
 	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)
-	obj, err = client.Wait(ctx, name2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitFrom(ctx, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		return err != nil || cert != nil, err
 	})
@@ -477,7 +495,11 @@ func (s *Source) recordCluster(restCfg *rest.Config) {
 		}
 		ca = data
 	}
-	if err := s.dir().StoreCluster(cache.Cluster{Server: restCfg.Host, CAData: ca, ServerName: restCfg.ServerName}); err != nil {
+	c := cache.Cluster{Server: restCfg.Host, CAData: ca, ServerName: restCfg.ServerName}
+	if old, err := s.dir().LoadCluster(); err == nil && old.Server == c.Server && old.ServerName == c.ServerName && bytes.Equal(old.CAData, c.CAData) {
+		return // unchanged: no write (and no fsync) on every renewal
+	}
+	if err := s.dir().StoreCluster(c); err != nil {
 		s.logf("not recording the cluster: %v", err)
 	}
 }

@@ -450,11 +450,25 @@ func TestRenewalWithoutBootstrapKubeconfig(t *testing.T) {
 	if c.Host != cp.URL || !bytes.Equal(c.CAData, cp.CACertPEM) || c.BearerToken != "" {
 		t.Errorf("recorded cluster %s (CA %t, token %t), want %s with the cluster CA and no credential", c.Host, bytes.Equal(c.CAData, cp.CACertPEM), c.BearerToken != "", cp.URL)
 	}
+	recordPath := filepath.Join(src.Config.CacheDir, cache.ClusterFile)
+	before, err := os.Stat(recordPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	second, _, err := src.Renew(context.Background())
 	if err != nil {
 		t.Fatalf("renewal as the node without the bootstrap kubeconfig: %v", err)
 	}
 	if second.Leaf.SerialNumber.Cmp(first.Leaf.SerialNumber) == 0 {
 		t.Error("Renew returned the old certificate")
+	}
+	// The same cluster is not written again (an atomic write would have
+	// replaced the file).
+	after, err := os.Stat(recordPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Error("renewal rewrote the unchanged cluster record")
 	}
 }

@@ -203,28 +203,64 @@ func (c *Client) Get(ctx context.Context, name string) (*certificatesv1.Certific
 // or ctx ends. done sees every version of the object, starting with the
 // current one.
 func (c *Client) Wait(ctx context.Context, name string, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
-	lw := cache.NewListWatchFromClient(c.rc, resource, "", fields.OneTermEqualSelector("metadata.name", name))
-	ev, err := watchtools.UntilWithSync(ctx, lw, &certificatesv1.CertificateSigningRequest{}, nil,
-		func(ev watch.Event) (bool, error) {
-			switch ev.Type {
-			case watch.Deleted:
-				return false, fmt.Errorf("certificate signing request %s was deleted", name)
-			case watch.Added, watch.Modified:
-				obj, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
-				if !ok {
-					return false, nil
-				}
-				return done(obj)
-			}
-			return false, nil
-		})
+	ev, err := watchtools.UntilWithSync(ctx, c.listWatch(name), &certificatesv1.CertificateSigningRequest{}, nil, untilDone(name, done))
 	if err != nil {
-		if errors.Is(err, watchtools.ErrWatchClosed) || ctx.Err() != nil {
-			return nil, fmt.Errorf("timed out waiting for certificate signing request %s to be signed: %w", name, context.DeadlineExceeded)
-		}
-		return nil, err
+		return nil, waitError(ctx, name, err)
 	}
 	return ev.Object.(*certificatesv1.CertificateSigningRequest), nil
+}
+
+// WaitFrom is Wait for a CSR this node has just filed: obj is what Create
+// returned, and the watch starts at its resourceVersion, with no List
+// first (a request less on the cold path, and no wait for the API
+// server's watch cache to catch up with a fresh List). done sees obj, then
+// every later version. Where the API server no longer holds that version
+// (the watch expired), it falls back to Wait.
+func (c *Client) WaitFrom(ctx context.Context, obj *certificatesv1.CertificateSigningRequest, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+	if ok, err := done(obj); ok || err != nil {
+		return obj, err
+	}
+	if obj.ResourceVersion == "" || obj.ResourceVersion == "0" {
+		return c.Wait(ctx, obj.Name, done)
+	}
+	ev, err := watchtools.Until(ctx, obj.ResourceVersion, c.listWatch(obj.Name), untilDone(obj.Name, done))
+	if errors.Is(err, watchtools.ErrWatchClosed) && ctx.Err() == nil {
+		// The watch ended for good (its version expired): start over
+		// from the current object.
+		return c.Wait(ctx, obj.Name, done)
+	}
+	if err != nil {
+		return nil, waitError(ctx, obj.Name, err)
+	}
+	return ev.Object.(*certificatesv1.CertificateSigningRequest), nil
+}
+
+func (c *Client) listWatch(name string) *cache.ListWatch {
+	return cache.NewListWatchFromClient(c.rc, resource, "", fields.OneTermEqualSelector("metadata.name", name))
+}
+
+// untilDone turns done into a watch condition on the named CSR.
+func untilDone(name string, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) watchtools.ConditionFunc {
+	return func(ev watch.Event) (bool, error) {
+		switch ev.Type {
+		case watch.Deleted:
+			return false, fmt.Errorf("certificate signing request %s was deleted", name)
+		case watch.Added, watch.Modified:
+			obj, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+			if !ok {
+				return false, nil
+			}
+			return done(obj)
+		}
+		return false, nil
+	}
+}
+
+func waitError(ctx context.Context, name string, err error) error {
+	if errors.Is(err, watchtools.ErrWatchClosed) || ctx.Err() != nil {
+		return fmt.Errorf("timed out waiting for certificate signing request %s to be signed: %w", name, context.DeadlineExceeded)
+	}
+	return err
 }
 
 // Outcome reports what the signer decided on a CSR: its certificate, a

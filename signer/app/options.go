@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
-	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 )
 
 // Defaults of Options.
@@ -40,6 +39,16 @@ const (
 	// MaxClientCertificateLifetime is the largest cap accepted: a year, what
 	// kube-controller-manager would sign without attestation.
 	MaxClientCertificateLifetime = 365 * 24 * time.Hour
+	// DefaultWorkersPerCluster, DefaultWorkloadClientQPS and
+	// DefaultWorkloadClientBurst let one workload cluster's scale-up be
+	// signed at up to 100 CSRs/s (every signed CSR costs three requests to
+	// the workload API server: approval, a fresh read, the certificate).
+	// They load only that cluster's own API server, which its joining
+	// nodes write to anyway; the shared management API server stays under
+	// --kube-api-qps whatever the worker count (docs/performance.md).
+	DefaultWorkersPerCluster   = 8
+	DefaultWorkloadClientQPS   = 300
+	DefaultWorkloadClientBurst = 600
 	// DefaultLeaderElectionID names the Lease.
 	DefaultLeaderElectionID = "node-attestation-controller.kubelet-authenticator.x-k8s.io"
 )
@@ -131,11 +140,11 @@ func NewOptions() *Options {
 		MaxClientCertificateLifetime: DefaultMaxClientCertificateLifetime,
 		MetricsBindAddress:           DefaultMetricsBindAddress,
 		HealthProbeBindAddress:       ":8081",
-		WorkersPerCluster:            2,
+		WorkersPerCluster:            DefaultWorkersPerCluster,
 		KubeAPIQPS:                   50,
 		KubeAPIBurst:                 100,
-		WorkloadClientQPS:            capi.DefaultClientQPS,
-		WorkloadClientBurst:          capi.DefaultClientBurst,
+		WorkloadClientQPS:            DefaultWorkloadClientQPS,
+		WorkloadClientBurst:          DefaultWorkloadClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
 		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL},
 	}
@@ -158,7 +167,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the management cluster's API server.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the management cluster's API server.")
-	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS, "Requests per second to each workload API server (every signed CSR costs two).")
+	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS, "Requests per second to each workload API server (every signed CSR costs three: approval, a fresh read, the certificate).")
 	fs.IntVar(&o.WorkloadClientBurst, "workload-client-burst", o.WorkloadClientBurst, "Burst of requests to each workload API server.")
 	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
 	o.TPM.AddFlags(fs)

@@ -6,17 +6,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
+	certificatesv1 "k8s.io/api/certificates/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -26,36 +29,57 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
-// coldAttestors are the attestors BenchmarkColdIssuance compares, the
-// baseline first.
+// coldAttestors are the attestors BenchmarkColdPath measures.
 var coldAttestors = []string{"insecure", "tpm", "aws", "azure", "gcp"}
 
-// issuancePause spaces BenchmarkColdIssuance's issuances. The controller's
-// management-cluster client is throttled client-side (client-go's default
-// 5 requests/s, burst 10) and every decision reads trust-on-first-use
-// records through it: back to back, the issuances drain the burst and every
-// later decision waits for a token (a 200 ms grid). Spaced, each issuance
-// sees what one node booting into an idle fleet sees.
-const issuancePause = 700 * time.Millisecond
+// coldCompare is a node binary of another commit that BenchmarkColdPath
+// runs as one more side, "insecure-compare", beside the insecure one: a
+// before/after of a change to the cold path in one run.
+var coldCompare = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra insecure side")
 
-// BenchmarkColdIssuance obtains a certificate from nothing (empty cache,
-// whole `kubelet-authenticator credential` process, through the real API
-// server and the real controller) with each attestor: insecure (the
-// baseline: no evidence checked), tpm on the in-process simulator (two CSRs:
-// attestation, then the answer to the controller's challenge), and aws,
-// azure and gcp against their emulators. One iteration is one issuance per
-// attestor, in turn, so all see the same machine load (spaced by
-// issuancePause: this measures a node's latency, not the controller's
-// throughput); run it with -benchtime 50x. It reports each attestor's median and p99 wall time and
-// the TPM commands one issuance sends (tpm-cmds/issuance, counted in
-// process on the same attestor code over the simulator; tpm-cmd-ms/issuance
-// is the time the simulator took to run them).
+// kubeletSide names the baseline in BenchmarkColdPath's figures.
+const kubeletSide = "kubelet-kcm"
+
+// Join patterns of BenchmarkColdPath.
+const (
+	// spacedPause spaces single joins, as nodes booting one at a time into
+	// an idle cluster.
+	spacedPause = 200 * time.Millisecond
+	// backToBack is how many joins each side runs back to back in turn.
+	backToBack = 3
+)
+
+// BenchmarkColdPath obtains a certificate from nothing, the way a new node
+// does, on both sides of one workload API server:
+//
+//   - kubelet-kcm, the baseline: kubelet's TLS bootstrap in process
+//     (client-go's csr.RequestCertificate and WaitForCertificate, what
+//     kubelet's bootstrap package runs, through a new client per join as
+//     each kubelet process has one) approved and signed by an idle
+//     kube-controller-manager running only csrapproving and csrsigning,
+//     default flags;
+//   - ours: a whole `kubelet-authenticator credential` process with an empty
+//     cache (the release build; the test build for tpm, which links the
+//     simulator), through the real node-attestation-controller (default flags),
+//     with each attestor: insecure, tpm on the in-process simulator (two
+//     CSRs: attestation, then the answer to the controller's challenge), and
+//     aws, azure and gcp against their emulators.
+//
+// One iteration runs, side after side, one spaced join (after a pause of
+// spacedPause: a node booting into an idle cluster), then backToBack joins
+// back to back per side; so the machine's load hits every side alike.
+// Run it with -benchtime 30x. It reports each side's median and p99 per
+// pattern, and the ratio of each attestor's median to the baseline's both
+// ways (x-kubelet: ours / kubelet; kubelet-x: kubelet / ours), and the TPM
+// commands one issuance sends (tpm-cmds/issuance, counted in process on
+// the same attestor code over the simulator; tpm-cmd-ms/issuance is the
+// time the simulator took to run them).
 //
 // With the simulator, each node process also starts a simulated TPM and
 // provisions its EK certificate (a CreatePrimary of the RSA EK and NV
 // writes) before attesting: a real TPM does not, and its commands are
 // slower than the simulator's.
-func BenchmarkColdIssuance(b *testing.B) {
+func BenchmarkColdPath(b *testing.B) {
 	caDir := b.TempDir()
 	ca, err := tpmtest.NewManufacturerCA("Bench TPM Manufacturer", time.Now().Add(-time.Hour))
 	if err != nil {
@@ -66,59 +90,162 @@ func BenchmarkColdIssuance(b *testing.B) {
 	}
 	clouds := scenario.StartClouds(b, "cold-gcp")
 	env := scenario.Start(b, scenario.Options{
-		Attestors: strings.Join(coldAttestors, ","),
-		ControllerArgs: []string{
-			"--tpm-manufacturer-ca=" + filepath.Join(caDir, tpmtest.BundleFile),
-			"--attestor-config=" + clouds.AttestorConfig,
-		},
+		NoController: true,
+		Attestors:    strings.Join(coldAttestors, ","),
 	})
-	nodes := make([]*scenario.Node, len(coldAttestors))
-	for i, a := range coldAttestors {
+	// Machines are named machine-<node>; so are their DockerMachines.
+	var infra []string
+	for _, a := range append([]string{"compare"}, coldAttestors...) {
+		infra = append(infra, "machine-cold-"+a)
+	}
+	serveInfrastructure(b, env.Mgmt, env.Namespace, infra)
+	env.StartController(b,
+		"--tpm-manufacturer-ca="+filepath.Join(caDir, tpmtest.BundleFile),
+		"--attestor-config="+clouds.AttestorConfig)
+	autoApprove(b, env.Workload)
+	startKCM(b, env.Workload, "kcm.log")
+	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
+	release := buildRelease(b, "../../cmd/kubelet-authenticator")
+	ctx := context.Background()
+
+	sides := []string{kubeletSide}
+	joins := []func(i int) (time.Duration, error){func(i int) (time.Duration, error) {
+		start := time.Now()
+		err := kubeletJoin(ctx, bootCfg, nil, fmt.Sprintf("kcm-cold-%05d", i))
+		return time.Since(start), err
+	}}
+	for _, a := range coldAttestors {
 		name := "cold-" + a
+		var n *scenario.Node
 		switch a {
 		case "insecure":
-			nodes[i] = env.NewNode(b, name, "test:///fleet/"+name, a)
+			n = env.NewNode(b, name, "test:///fleet/"+name, a)
 		case "tpm":
-			nodes[i] = env.NewNode(b, name, "test:///fleet/"+name, a,
+			n = env.NewNode(b, name, "test:///fleet/"+name, a,
 				fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 7\n    manufacturerCADir: %s\n", caDir))
 		default:
-			nodes[i] = env.CloudNode(b, clouds, name, a)
+			n = env.CloudNode(b, clouds, name, a)
 		}
-		env.Machine(b, nodes[i])
-	}
-
-	ctx := context.Background()
-	samples := make([]sample, len(nodes))
-	for b.Loop() {
-		for i, n := range nodes {
-			b.StopTimer()
-			time.Sleep(issuancePause)
-			b.StartTimer()
+		env.Machine(b, n)
+		sides = append(sides, a)
+		joins = append(joins, func(int) (time.Duration, error) {
 			if err := os.RemoveAll(n.CacheDir); err != nil {
-				b.Fatal(err)
+				return 0, err
 			}
+			if a != "tpm" {
+				// The node binary as released.
+				start := time.Now()
+				if _, err := credential(ctx, release, env, n); err != nil {
+					return 0, fmt.Errorf("%s %w\ncontroller log:\n%s", a, err, lastLines(env.ControllerLog(), 30))
+				}
+				return time.Since(start), nil
+			}
+			// The simulator is linked only into the test build.
 			r := n.Credential(ctx)
 			if r.Err != nil {
-				b.Fatalf("%s credential: %v\n%s\ncontroller log:\n%s", coldAttestors[i], r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
+				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
 			}
-			samples[i].wall = append(samples[i].wall, r.Took)
+			return r.Took, nil
+		})
+	}
+
+	// The signer's share, per signer name: from the CSR's creation event
+	// to its certificate's.
+	var signerMu sync.Mutex
+	signerShare := map[string]*sample{}
+	stopWatch := watchIssued(b, env, func(csr *certificatesv1.CertificateSigningRequest, took time.Duration) {
+		signerMu.Lock()
+		defer signerMu.Unlock()
+		s := signerShare[csr.Spec.SignerName]
+		if s == nil {
+			s = &sample{}
+			signerShare[csr.Spec.SignerName] = s
+		}
+		s.wall = append(s.wall, took)
+	})
+	if *coldCompare != "" {
+		n := env.NewNode(b, "cold-compare", "test:///fleet/cold-compare", "insecure")
+		env.Machine(b, n)
+		sides = append(sides, "insecure-compare")
+		joins = append(joins, func(int) (time.Duration, error) {
+			if err := os.RemoveAll(n.CacheDir); err != nil {
+				return 0, err
+			}
+			start := time.Now()
+			if _, err := credential(ctx, *coldCompare, env, n); err != nil {
+				return 0, fmt.Errorf("insecure-compare %w", err)
+			}
+			return time.Since(start), nil
+		})
+	}
+	spaced := make([]sample, len(sides))
+	b2b := make([]sample, len(sides))
+	i := 0
+	join := func(side int, into *sample) {
+		i++
+		took, err := joins[side](i)
+		if err != nil {
+			b.Fatalf("%s: %v", sides[side], err)
+		}
+		into.wall = append(into.wall, took)
+	}
+	for b.Loop() {
+		for s := range sides {
+			b.StopTimer()
+			time.Sleep(spacedPause)
+			b.StartTimer()
+			join(s, &spaced[s])
+		}
+		for s := range sides {
+			for range backToBack {
+				join(s, &b2b[s])
+			}
 		}
 	}
 	b.StopTimer()
+	stopWatch()
 
 	var table strings.Builder
-	fmt.Fprintf(&table, "cold issuance over %d runs each:\n  %-9s %10s %10s\n", len(samples[0].wall), "attestor", "median", "p99")
-	for i, a := range coldAttestors {
-		samples[i].report(b, a+"-")
-		fmt.Fprintf(&table, "  %-9s %8.1fms %8.1fms\n", a, ms(samples[i].median()), ms(samples[i].p99()))
+	fmt.Fprintf(&table, "cold path, %d spaced joins (%s apart) and %d back to back per side, interleaved:\n", len(spaced[0].wall), spacedPause, len(b2b[0].wall))
+	fmt.Fprintf(&table, "  %-16s %9s %9s %9s %9s   %10s %10s %10s %10s\n", "side", "spaced", "p99", "b2b", "p99", "x-kubelet", "kubelet-x", "x-kub b2b", "kub-x b2b")
+	base, baseB2B := spaced[0].median(), b2b[0].median()
+	for s, side := range sides {
+		spaced[s].report(b, side+"-spaced-")
+		b2b[s].report(b, side+"-b2b-")
+		fmt.Fprintf(&table, "  %-16s %7.1fms %7.1fms %7.1fms %7.1fms", side,
+			ms(spaced[s].median()), ms(spaced[s].p99()), ms(b2b[s].median()), ms(b2b[s].p99()))
+		if s > 0 {
+			r, rb := ratio(spaced[s].median(), base), ratio(b2b[s].median(), baseB2B)
+			b.ReportMetric(r, side+"-spaced-x-kubelet")
+			b.ReportMetric(rb, side+"-b2b-x-kubelet")
+			fmt.Fprintf(&table, "   %9.2fx %9.2fx %9.2fx %9.2fx", r, 1/r, rb, 1/rb)
+		}
+		table.WriteString("\n")
+	}
+	table.WriteString("  signer's share of a join (CSR created to certificate, both patterns; tpm: the second CSR):\n")
+	for _, side := range sides {
+		signer := certificatesv1.KubeAPIServerClientKubeletSignerName
+		if side == "insecure-compare" {
+			continue // the same signer name as insecure
+		}
+		if side != kubeletSide {
+			signer = "cluster.x-k8s.io/kube-apiserver-client-kubelet-" + side
+		}
+		if s := signerShare[signer]; s != nil && len(s.wall) > 0 {
+			b.ReportMetric(ms(s.median()), side+"-signer-ms/median")
+			fmt.Fprintf(&table, "    %-16s %7.1fms median, %7.1fms p99\n", side, ms(s.median()), ms(s.p99()))
+		}
 	}
 	cmds := tpmIssuanceCommands(b, ca)
 	b.ReportMetric(float64(cmds.total()), "tpm-cmds/issuance")
 	b.ReportMetric(ms(cmds.took), "tpm-cmd-ms/issuance")
 	fmt.Fprintf(&table, "TPM commands per issuance: %d (%s), %.1fms in the simulator",
 		cmds.total(), cmds, ms(cmds.took))
-	b.Log(table.String())
+	fmt.Println(table.String())
 }
+
+// ratio returns a / b.
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
 
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")

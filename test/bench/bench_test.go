@@ -1,15 +1,26 @@
-// Package bench measures the exec plugin: its cached path as a whole process
-// against the floor (a minimal Go binary printing a fixed ExecCredential),
-// and its cold path (no cache to certificate, through the real controller)
-// against kubelet's own TLS bootstrap through kube-controller-manager's
-// csrapproving and csrsigning controllers on the same API server.
+// Package bench measures the node binary and the controller against what
+// Kubernetes does without them, each figure beside its baseline from the
+// same run (docs/performance.md explains them all):
 //
-// Each benchmark reports the median wall time per call (ms/median) and, for
-// whole processes, the peak resident set size (MiB/peak-rss).
+//   - BenchmarkCachedPath: the exec plugin's cached path as a whole process
+//     against the floor (a minimal Go binary printing a fixed ExecCredential);
+//   - BenchmarkKubeletBootstrapLimiter: the client-side limiters behind
+//     kubelet TLS bootstrap's 400 ms back to back;
+//   - BenchmarkColdPath: a node from nothing to a certificate with every
+//     attestor, against kubelet's TLS bootstrap through kube-controller-manager,
+//     spaced and back to back, interleaved;
+//   - BenchmarkFleetJoin: a thousand exec-plugin processes joining 50 at a
+//     time, against tuned and default kube-controller-manager, with a plot;
+//   - BenchmarkSignerThroughput, BenchmarkSignerMemory, BenchmarkSignerClusters:
+//     the controller's signing rate, and its memory per Machine and per
+//     workload cluster;
+//   - BenchmarkAgentRSS: the agent's steady-state memory.
+//
+// Each benchmark reports medians and p99s (ms/median, ms/p99) and, for whole
+// processes, the peak resident set size (MiB/peak-rss).
 package bench
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -27,17 +38,8 @@ import (
 	"testing"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/client-go/util/certificate/csr"
-
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
-	"sigs.k8s.io/kubelet-authenticator/test/harness"
-	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
 type sample struct {
@@ -105,16 +107,8 @@ func peakRSS(b *testing.B, env []string, bin string, args ...string) int64 {
 // builds it (no build tags, CGO_ENABLED=0, stripped): the one binary kubelet
 // runs, whose every linked package is initialised on every call.
 func BenchmarkCachedPath(b *testing.B) {
-	bins := b.TempDir()
-	floor := filepath.Join(bins, "floor")
-	plugin := filepath.Join(bins, "kubelet-authenticator")
-	for _, build := range []struct{ out, pkg string }{{floor, "./floor"}, {plugin, "../../cmd/kubelet-authenticator"}} {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", build.out, build.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", build.pkg, err, out)
-		}
-	}
+	floor := buildRelease(b, "./floor")
+	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
 	dir := b.TempDir()
 	cacheDir := filepath.Join(dir, "cache")
 	writeCachedCredential(b, cacheDir)
@@ -138,91 +132,21 @@ func BenchmarkCachedPath(b *testing.B) {
 	b.ReportMetric(float64(p.median())/float64(f.median()), "x-floor")
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// BenchmarkColdPath obtains a certificate from nothing: our exec plugin
-// through the real controller (insecure attestor), against kubelet's TLS
-// bootstrap (client-go's csr.RequestCertificate + WaitForCertificate, what
-// kubelet runs) approved and signed by kube-controller-manager.
-func BenchmarkColdPath(b *testing.B) {
-	env := scenario.Start(b, scenario.Options{})
-	ctx := context.Background()
-
-	b.Run("kubelet-authenticator", func(b *testing.B) {
-		n := env.NewNode(b, "cold-1", "test:///fleet/cold-1", "insecure")
-		env.Machine(b, n)
-		var s sample
-		for b.Loop() {
-			if err := os.RemoveAll(n.CacheDir); err != nil {
-				b.Fatal(err)
-			}
-			r := n.Credential(ctx)
-			if r.Err != nil {
-				b.Fatalf("credential: %v\n%s", r.Err, r.Stderr)
-			}
-			s.wall = append(s.wall, r.Took)
-		}
-		s.report(b, "")
-	})
-
-	b.Run("kubelet-tls-bootstrap-kcm", func(b *testing.B) {
-		wl := env.Workload
-		autoApprove(b, wl)
-		harness.StartProcess(b, "kube-controller-manager", filepath.Join(env.Dir, "kcm.log"),
-			filepath.Join(env.K8sBin, "kube-controller-manager"),
-			"--kubeconfig="+wl.AdminKubeconfig,
-			"--authentication-kubeconfig="+wl.AdminKubeconfig,
-			"--authorization-kubeconfig="+wl.AdminKubeconfig,
-			"--controllers=csrapproving,csrsigning",
-			"--cluster-signing-cert-file="+wl.CACertFile,
-			"--cluster-signing-key-file="+wl.CAKeyFile,
-			"--leader-elect=false",
-			fmt.Sprintf("--secure-port=%d", harness.FreePort(b)),
-			"--bind-address=127.0.0.1")
-		client, err := kubernetes.NewForConfig(wl.RESTConfigFor(b, clientcmdapi.AuthInfo{Token: env.Token}))
-		if err != nil {
-			b.Fatal(err)
-		}
-		var s sample
-		for b.Loop() {
-			start := time.Now()
-			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-			der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-				Subject: pkix.Name{CommonName: "system:node:cold-2", Organization: []string{"system:nodes"}},
-			}, key)
-			if err != nil {
-				b.Fatal(err)
-			}
-			name, uid, err := csr.RequestCertificate(client, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), "",
-				certificatesv1.KubeAPIServerClientKubeletSignerName,
-				nil, []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
-			if err != nil {
-				b.Fatal(err)
-			}
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			_, err = csr.WaitForCertificate(wctx, client, name, uid)
-			cancel()
-			if err != nil {
-				b.Fatalf("kcm did not sign %s: %v", name, err)
-			}
-			s.wall = append(s.wall, time.Since(start))
-		}
-		s.report(b, "")
-	})
-}
-
-// autoApprove binds kubeadm's auto-approve role for bootstrap tokens, so
-// kube-controller-manager's csrapproving approves kubelet client CSRs.
-func autoApprove(b *testing.B, wl *harness.ControlPlane) {
-	_, err := wl.Client.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:node-autoapprove-bootstrap"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		b.Fatal(err)
+// buildRelease builds the command pkg (relative to this package) as make
+// build builds release binaries (no build tags, CGO_ENABLED=0, stripped)
+// and returns its path.
+func buildRelease(b *testing.B, pkg string) string {
+	b.Helper()
+	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if o, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build %s: %v\n%s", pkg, err, o)
 	}
+	return out
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // writeCachedCredential writes a fresh self-signed client certificate into
 // the cache, as a previous cold call would have left it.

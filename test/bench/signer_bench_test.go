@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -57,8 +58,9 @@ const (
 // controller starts, and the clock runs until the last one is issued.
 //
 //   - node-attestation-controller: the release binary's code as a process with
-//     its default flags (2 workers per cluster, workload client at 20 QPS,
-//     burst 40: each CSR costs two writes, approval and certificate);
+//     its default flags (app.DefaultWorkersPerCluster workers, the workload
+//     client at app.DefaultWorkloadClientQPS: each CSR costs three requests,
+//     approval, a fresh read and the certificate);
 //   - node-attestation-controller-unthrottled: the same controller in
 //     process, with the workload client's rate limit lifted, to show what
 //     verification and signing themselves cost;
@@ -79,7 +81,12 @@ func BenchmarkSignerThroughput(b *testing.B) {
 	})
 	start := time.Now()
 	signerCreateMachines(b, mgmt, signerPendingCSRs)
-	b.Logf("%d Machines created in %s", signerPendingCSRs, time.Since(start).Round(time.Millisecond))
+	infra := make([]string, signerPendingCSRs)
+	for i := range infra {
+		infra[i] = signerMachineName(i)
+	}
+	serveInfrastructure(b, mgmt, signerNamespace, infra)
+	b.Logf("%d Machines and their DockerMachines created in %s", signerPendingCSRs, time.Since(start).Round(time.Millisecond))
 	bootstrap := signerBootstrapClient(b, wl)
 	ctx := context.Background()
 
@@ -106,7 +113,8 @@ func BenchmarkSignerThroughput(b *testing.B) {
 			}
 			o := app.NewOptions()
 			o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
-			o.RESTConfig.QPS, o.RESTConfig.Burst = 1000, 2000
+			// Complete applies the management client's limit from these.
+			o.KubeAPIQPS, o.KubeAPIBurst = 1000, 2000
 			o.LeaderElect = false
 			o.LeaderElectionNamespace = metav1.NamespaceDefault
 			o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
@@ -273,10 +281,17 @@ func signerReport(b *testing.B, n int, start, first, last time.Time) {
 func signerMachineName(i int) string { return fmt.Sprintf("node-%05d", i) }
 func signerProviderID(i int) string  { return fmt.Sprintf("test:///bench/node-%05d", i) }
 
-// signerCreateMachines creates Machines 0..n-1 of the benchmark Cluster
-// concurrently, as harness.CreateMachine does (create, then the status:
-// bootstrapped, one Hostname address).
+// signerCreateMachines creates Machines 0..n-1 of the benchmark Cluster.
 func signerCreateMachines(b *testing.B, mgmt *harness.Management, n int) {
+	b.Helper()
+	createMachines(b, mgmt, signerNamespace, signerClusterName, n, signerMachineName, signerProviderID)
+}
+
+// createMachines creates Machines name(0..n-1) of Cluster ns/cluster
+// concurrently, as harness.CreateMachine does (create, then the status:
+// bootstrapped, the Machine's name as its one Hostname address), each with
+// providerID(i).
+func createMachines(b *testing.B, mgmt *harness.Management, ns, cluster string, n int, machineName, providerID func(int) string) {
 	b.Helper()
 	cfg := rest.CopyConfig(mgmt.AdminConfig)
 	cfg.QPS, cfg.Burst = 2000, 4000
@@ -289,13 +304,13 @@ func signerCreateMachines(b *testing.B, mgmt *harness.Management, n int) {
 		b.Fatal(err)
 	}
 	signerParallel(b, n, func(ctx context.Context, i int) error {
-		name := signerMachineName(i)
+		name := machineName(i)
 		data := name + "-bootstrap"
 		m := &clusterv1.Machine{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: signerNamespace, Labels: map[string]string{clusterv1.ClusterNameLabel: signerClusterName}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{clusterv1.ClusterNameLabel: cluster}},
 			Spec: clusterv1.MachineSpec{
-				ClusterName: signerClusterName,
-				ProviderID:  signerProviderID(i),
+				ClusterName: cluster,
+				ProviderID:  providerID(i),
 				Bootstrap:   clusterv1.Bootstrap{DataSecretName: &data},
 				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 					APIGroup: clusterv1.GroupVersionInfrastructure.Group, Kind: "DockerMachine", Name: name,
@@ -488,4 +503,105 @@ func signerDeleteCSRs(b *testing.B, c kubernetes.Interface) {
 	if err := c.CertificatesV1().CertificateSigningRequests().DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// signerClusters is how many opted-in Clusters BenchmarkSignerClusters
+// gives the controller (go test ... -args -signer-clusters=N).
+var signerClusters = flag.Int("signer-clusters", 500, "BenchmarkSignerClusters: opted-in Clusters")
+
+// BenchmarkSignerClusters measures what each opted-in workload cluster
+// costs the controller: it starts the controller binary (default flags)
+// with one opted-in Cluster, then with -signer-clusters (500), and reads,
+// once every cluster's CSRs are listed, its resident set, goroutines
+// (/proc/<pid>/status Threads is not it: go_goroutines from its metrics)
+// and open sockets. It reports the growth per cluster.
+//
+// Every Cluster points at the same workload API server here (this machine
+// runs one): the controller keeps one set of informers and one client per
+// Cluster, but connections to one server with one CA may be shared, so
+// sockets/cluster understates what distinct servers cost (one connection
+// each).
+func BenchmarkSignerClusters(b *testing.B) {
+	bin := scenario.Binaries(b)
+	mgmt := harness.StartManagement(b)
+	wl := harness.StartControlPlane(b, "workload")
+	ann := map[string]string{scenario.AnnotationEnabled: "true", scenario.AnnotationAttestors: "insecure"}
+	mgmt.AddWorkloadCluster(b, signerNamespace, "wl-00000", wl, ann)
+	for b.Loop() {
+		one := signerMeasureClusters(b, mgmt, bin, 1)
+		start := time.Now()
+		for i := 1; i < *signerClusters; i++ {
+			mgmt.AddWorkloadCluster(b, signerNamespace, fmt.Sprintf("wl-%05d", i), wl, ann)
+		}
+		b.Logf("%d Clusters created in %s", *signerClusters-1, time.Since(start).Round(time.Millisecond))
+		all := signerMeasureClusters(b, mgmt, bin, *signerClusters)
+		d := float64(*signerClusters - 1)
+		b.ReportMetric(float64(one.rss)/1024, "MiB/rss-1-cluster")
+		b.ReportMetric(float64(all.rss)/1024, "MiB/rss-all-clusters")
+		b.ReportMetric(float64(all.rss-one.rss)/d, "KiB/cluster")
+		b.ReportMetric(float64(all.goroutines-one.goroutines)/d, "goroutines/cluster")
+		b.ReportMetric(float64(all.sockets-one.sockets)/d, "sockets/cluster")
+		b.ReportMetric(all.ready.Seconds(), "s/ready-all-clusters")
+		fmt.Printf("controller with %d opted-in Clusters: VmRSS %.1f MiB (1 Cluster: %.1f MiB), %.1f KiB, %.1f goroutines, %.2f sockets per Cluster; all synced %s after start\n",
+			*signerClusters, float64(all.rss)/1024, float64(one.rss)/1024, float64(all.rss-one.rss)/d,
+			float64(all.goroutines-one.goroutines)/d, float64(all.sockets-one.sockets)/d, all.ready.Round(time.Millisecond))
+	}
+}
+
+type signerClusterCost struct {
+	rss                 int64 // KiB
+	goroutines, sockets int
+	ready               time.Duration
+}
+
+// signerMeasureClusters starts the controller binary, waits until n
+// workload clusters report synced, lets it settle and measures it.
+func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n int) signerClusterCost {
+	b.Helper()
+	port := harness.FreePort(b)
+	t0 := time.Now()
+	p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(b.TempDir(), "controller.log"),
+		filepath.Join(bin, "node-attestation-controller"), signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port))...)
+	defer p.Stop(10 * time.Second)
+	metrics := func() string {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	harness.WaitFor(b, 10*time.Minute, func() (bool, error) {
+		synced := 0
+		for _, l := range strings.Split(metrics(), "\n") {
+			if strings.HasPrefix(l, "kubelet_authenticator_signer_workload_cluster_synced{") && strings.HasSuffix(l, " 1") {
+				synced++
+			}
+		}
+		return synced >= n, nil
+	})
+	c := signerClusterCost{ready: time.Since(t0)}
+	time.Sleep(10 * time.Second) // let the first GC cycles after the lists run
+	c.rss, _ = signerProcStatus(b, p.PID())
+	for _, l := range strings.Split(metrics(), "\n") {
+		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("go_goroutines %q: %v", v, err)
+			}
+			c.goroutines = int(f)
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.PID()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p.PID(), fd.Name())); err == nil && strings.HasPrefix(target, "socket:") {
+			c.sockets++
+		}
+	}
+	b.Logf("controller with %d Clusters ready in %s: VmRSS %d KiB, %d goroutines, %d sockets", n, c.ready.Round(time.Millisecond), c.rss, c.goroutines, c.sockets)
+	return c
 }

@@ -68,7 +68,7 @@ func BenchmarkTPMBootState(b *testing.B) {
 	issue := func(n *scenario.Node) time.Duration {
 		b.Helper()
 		b.StopTimer()
-		time.Sleep(issuancePause)
+		time.Sleep(spacedPause)
 		if err := os.RemoveAll(n.CacheDir); err != nil {
 			b.Fatal(err)
 		}

@@ -1,0 +1,442 @@
+package bench
+
+import (
+	"context"
+	"encoding/base64"
+	"flag"
+	"fmt"
+	"html"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+	"sigs.k8s.io/kubelet-authenticator/test/scenario"
+)
+
+// Size of BenchmarkFleetJoin (go test ... -args -fleet-nodes=N). The
+// documented run is 1,000 nodes, 50 at a time.
+var (
+	fleetNodes       = flag.Int("fleet-nodes", 1000, "BenchmarkFleetJoin: nodes that join, per side")
+	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
+	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin: extra flags of the controller, space-separated (default: none, the controller's defaults)")
+	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
+	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
+)
+
+// fleetJoin is one node's join in a fleet run.
+type fleetJoin struct {
+	start, took time.Duration // start from the run's start
+}
+
+// fleetSide is one side of BenchmarkFleetJoin.
+type fleetSide struct {
+	name  string
+	color string
+	joins []fleetJoin
+	wall  time.Duration // first start to last end
+	// nodeCPU is the CPU time the nodes' side spent (the exec plugin
+	// processes; the benchmark process itself for kubelet's in-process
+	// bootstrap); signerCPU the signer's (the controller's or
+	// kube-controller-manager's process).
+	nodeCPU, signerCPU time.Duration
+	// server is, per CSR, from the API server announcing it to the
+	// certificate's arrival on a watch: the signer's share of a join.
+	server sample
+}
+
+func (s *fleetSide) perSecond() float64 { return float64(len(s.joins)) / s.wall.Seconds() }
+
+func (s *fleetSide) latency() *sample {
+	var l sample
+	for _, j := range s.joins {
+		l.wall = append(l.wall, j.took)
+	}
+	return &l
+}
+
+// runFleet runs join(0..n-1) on c goroutines and records when each started
+// and how long it took.
+func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
+	b.Helper()
+	side.joins = make([]fleetJoin, n)
+	next := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	t0 := time.Now()
+	for range c {
+		wg.Go(func() {
+			for i := range next {
+				start := time.Now()
+				err := join(i)
+				side.joins[i] = fleetJoin{start: start.Sub(t0), took: time.Since(start)}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("%s: node %d: %w", side.name, i, err)
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	side.wall = time.Since(t0)
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+}
+
+// BenchmarkFleetJoin joins a fleet: -fleet-nodes nodes (1,000), -fleet-concurrency
+// (50) at a time, on each side in turn on one workload API server:
+//
+//   - kcm-tuned: kubelet's TLS bootstrap in process (a new client per node,
+//     as each kubelet has its own) through kube-controller-manager's
+//     csrapproving and csrsigning with its client rate limit lifted
+//     (kcmTunedArgs);
+//   - node-attestation-controller: each node a whole `kubelet-authenticator
+//     credential` process from an empty cache (insecure attestor), through
+//     the controller with its default flags;
+//   - kcm-default: the baseline again through kube-controller-manager's
+//     default flags.
+//
+// It reports each side's joins per second (first start to last
+// certificate: CSR/s, one CSR per node), and median and p99 join latency,
+// and writes an SVG plot of every node's join latency over the run.
+func BenchmarkFleetJoin(b *testing.B) {
+	n, c := *fleetNodes, *fleetConcurrency
+	env := scenario.Start(b, scenario.Options{NoController: true})
+	name := func(i int) string { return fmt.Sprintf("fleet-%05d", i) }
+	names := make([]string, n)
+	for i := range names {
+		names[i] = name(i)
+	}
+	serveInfrastructure(b, env.Mgmt, env.Namespace, names)
+	// scenario's -v=2 overridden: the default.
+	controller := env.StartController(b, append([]string{"-v=0"}, strings.Fields(*fleetController)...)...)
+	// The node binary as released (no simulator, no test attestors).
+	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
+	autoApprove(b, env.Workload)
+	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
+	ctx := context.Background()
+
+	start := time.Now()
+	providerID := func(i int) string { return "test:///fleet/" + name(i) }
+	createMachines(b, env.Mgmt, env.Namespace, env.Cluster, n, name, providerID)
+	nodes := make([]*scenario.Node, n)
+	for i := range nodes {
+		nodes[i] = env.NewNode(b, name(i), providerID(i), "insecure")
+	}
+	b.Logf("%d Machines and node configurations in %s", n, time.Since(start).Round(time.Millisecond))
+
+	kcmSide := func(side *fleetSide, args ...string) {
+		p := startKCM(b, env.Workload, side.name+".log", args...)
+		// Wait until it signs, so that its start-up is not counted.
+		harness.WaitFor(b, time.Minute, func() (bool, error) {
+			return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
+		})
+		stop := watchCSRs(b, env, &side.server)
+		self, kcm := selfCPU(b), procCPU(b, p.PID())
+		runFleet(b, side, n, c, func(i int) error {
+			return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
+		})
+		side.nodeCPU, side.signerCPU = selfCPU(b)-self, procCPU(b, p.PID())-kcm
+		stop()
+		p.Stop(10 * time.Second)
+	}
+	tuned := &fleetSide{name: "kcm-tuned", color: "#1f77b4"}
+	ours := &fleetSide{name: "node-attestation-controller", color: "#d62728"}
+	dflt := &fleetSide{name: "kcm-default", color: "#7f7f7f"}
+	sides := []*fleetSide{tuned, ours, dflt}
+	for b.Loop() {
+		kcmSide(tuned, kcmTunedArgs...)
+		clearCSRs(b, env)
+		stop := watchCSRs(b, env, &ours.server)
+		var nodeCPU atomic.Int64
+		before := procCPU(b, controller.PID())
+		runFleet(b, ours, n, c, func(i int) error {
+			cpu, err := credential(ctx, plugin, env, nodes[i])
+			nodeCPU.Add(int64(cpu))
+			return err
+		})
+		ours.nodeCPU, ours.signerCPU = time.Duration(nodeCPU.Load()), procCPU(b, controller.PID())-before
+		stop()
+		clearCSRs(b, env)
+		if *fleetKCMDefault {
+			kcmSide(dflt)
+			clearCSRs(b, env)
+		}
+	}
+	if !*fleetKCMDefault {
+		sides = sides[:2]
+	}
+	b.StopTimer()
+
+	var table strings.Builder
+	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n  %-28s %8s %10s %10s %9s %14s %14s %14s\n", n, c, "side", "CSR/s", "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join")
+	for _, s := range sides {
+		key := strings.TrimPrefix(s.name, "node-attestation-")
+		l := s.latency()
+		b.ReportMetric(s.perSecond(), key+"-csrs/s")
+		b.ReportMetric(ms(l.median()), key+"-ms/median")
+		b.ReportMetric(ms(l.p99()), key+"-ms/p99")
+		b.ReportMetric(ms(s.server.median()), key+"-signer-ms/median")
+		nodeCPU, signerCPU := s.nodeCPU/time.Duration(n), s.signerCPU/time.Duration(n)
+		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
+		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
+		fmt.Fprintf(&table, "  %-28s %8.1f %8.0fms %8.0fms %8.1fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
+			ms(s.server.median()), ms(nodeCPU), ms(signerCPU))
+	}
+	r := ours.perSecond() / tuned.perSecond()
+	b.ReportMetric(r, "controller-x-kcm-tuned")
+	fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
+	if *fleetKCMDefault {
+		fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
+	}
+	table.WriteString("\n")
+	path := *fleetPlot
+	if path == "" {
+		root, err := harness.RepoRoot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		path = filepath.Join(root, "bin", "fleet-join.svg")
+	}
+	if err := writeFleetPlot(path, n, c, sides); err != nil {
+		b.Fatal(err)
+	}
+	logPath := strings.TrimSuffix(path, ".svg") + "-controller.log"
+	if err := os.WriteFile(logPath, []byte(env.ControllerLog()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(&table, "  plot of join latency over the run: %s (the controller's log: %s)", path, logPath)
+	fmt.Println(table.String())
+}
+
+// credential runs the exec plugin binary for node n as kubelet would (as
+// scenario.Node.Credential does) and returns the CPU time it used.
+func credential(ctx context.Context, bin string, env *scenario.Env, n *scenario.Node) (time.Duration, error) {
+	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
+		env.Workload.URL, base64.StdEncoding.EncodeToString(env.Workload.CACertPEM))
+	cmd := exec.CommandContext(ctx, bin, "credential", "--config="+n.ConfigPath)
+	cmd.Env = append(os.Environ(), "KUBERNETES_EXEC_INFO="+info)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var cpu time.Duration
+	if cmd.ProcessState != nil {
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	if err != nil || len(out) == 0 {
+		return cpu, fmt.Errorf("credential: %v\n%s", err, lastLines(stderr.String(), 10))
+	}
+	return cpu, nil
+}
+
+// procCPU returns the CPU time (user and system) process pid has used.
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name (in parentheses, which may hold
+	// spaces): state is field 3, utime 14, stime 15.
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ticks int64
+	for _, f := range fields[11:13] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// selfCPU returns the CPU time this process has used.
+func selfCPU(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// watchCSRs watches the workload cluster's CSRs until stop is called and
+// adds, per CSR, the time from its creation event to the event that
+// carries its certificate to into.
+func watchCSRs(b *testing.B, env *scenario.Env, into *sample) (stop func()) {
+	return watchIssued(b, env, func(_ *certificatesv1.CertificateSigningRequest, took time.Duration) {
+		into.wall = append(into.wall, took)
+	})
+}
+
+// watchIssued watches the workload cluster's CSRs until stop is called and
+// calls issued, from one goroutine, with each CSR issued meanwhile and the
+// time from its creation event to the event that carries its certificate:
+// the signer's share of a join.
+func watchIssued(b *testing.B, env *scenario.Env, issued func(csr *certificatesv1.CertificateSigningRequest, took time.Duration)) (stop func()) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		added := map[string]time.Time{}
+		for ev := range w.ResultChan() {
+			csr, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+			if !ok {
+				continue
+			}
+			if _, seen := added[csr.Name]; !seen {
+				added[csr.Name] = time.Now()
+			}
+			if t := added[csr.Name]; !t.IsZero() && len(csr.Status.Certificate) > 0 {
+				issued(csr, time.Since(t))
+				added[csr.Name] = time.Time{}
+			}
+		}
+	}()
+	return func() {
+		// Let the last events arrive.
+		time.Sleep(time.Second)
+		cancel()
+		w.Stop()
+		<-done
+	}
+}
+
+// clearCSRs deletes every CSR of the workload cluster and waits until the
+// list is empty, so that each side starts from the same API server state.
+func clearCSRs(b *testing.B, env *scenario.Env) {
+	b.Helper()
+	csrs := env.Workload.Client.CertificatesV1().CertificateSigningRequests()
+	if err := csrs.DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	harness.WaitFor(b, time.Minute, func() (bool, error) {
+		l, err := csrs.List(context.Background(), metav1.ListOptions{Limit: 1})
+		return err == nil && len(l.Items) == 0, nil
+	})
+}
+
+// writeFleetPlot writes an SVG scatter plot: one point per node, x when it
+// started to join (seconds into its side's run), y how long the join took
+// (milliseconds, log scale), one colour per side.
+func writeFleetPlot(path string, n, c int, sides []*fleetSide) error {
+	const (
+		width, height          = 960.0, 540.0
+		left, right, top, bott = 70.0, 20.0, 50.0, 60.0
+	)
+	var maxX time.Duration
+	minY, maxY := time.Hour, time.Duration(0)
+	for _, s := range sides {
+		maxX = max(maxX, s.wall)
+		for _, j := range s.joins {
+			minY, maxY = min(minY, j.took), max(maxY, j.took)
+		}
+	}
+	// Decades of milliseconds that cover every latency.
+	lo, hi := 1.0, 10.0
+	for lo > ms(minY) && lo > 0.1 {
+		lo /= 10
+	}
+	for lo*10 <= ms(minY) {
+		lo *= 10
+	}
+	for hi < ms(maxY) {
+		hi *= 10
+	}
+	pw, ph := width-left-right, height-top-bott
+	xOf := func(d time.Duration) float64 { return left + pw*d.Seconds()/max(maxX.Seconds(), 1e-3) }
+	yOf := func(d time.Duration) float64 {
+		v := max(ms(d), lo)
+		return top + ph*(1-(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo)))
+	}
+	var w strings.Builder
+	fmt.Fprintf(&w, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&w, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&w, `<text x="%.0f" y="20" font-size="15">%s</text>`+"\n", left,
+		html.EscapeString(fmt.Sprintf("Join latency of %d nodes, %d at a time, per side (%s)", n, c, time.Now().UTC().Format("2006-01-02 15:04 UTC"))))
+	for d := lo; d <= hi*1.0001; d *= 10 {
+		y := yOf(time.Duration(d * float64(time.Millisecond)))
+		fmt.Fprintf(&w, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y, y)
+		fmt.Fprintf(&w, `<text x="%.1f" y="%.1f" text-anchor="end">%g ms</text>`+"\n", left-6, y+4, d)
+	}
+	step := niceStep(maxX.Seconds())
+	for s := 0.0; s <= maxX.Seconds()+1e-9; s += step {
+		x := xOf(time.Duration(s * float64(time.Second)))
+		fmt.Fprintf(&w, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", x, x, top, top+ph)
+		fmt.Fprintf(&w, `<text x="%.1f" y="%.1f" text-anchor="middle">%gs</text>`+"\n", x, top+ph+16, s)
+	}
+	fmt.Fprintf(&w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="black"/>`+"\n", left, top, pw, ph)
+	fmt.Fprintf(&w, `<text x="%.1f" y="%.1f" text-anchor="middle">time since the side's first node started (s)</text>`+"\n", left+pw/2, height-20)
+	fmt.Fprintf(&w, `<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">join latency (ms, log scale)</text>`+"\n", top+ph/2)
+	for i, s := range sides {
+		fmt.Fprintf(&w, `<g fill="%s" fill-opacity="0.55">`+"\n", s.color)
+		for _, j := range s.joins {
+			fmt.Fprintf(&w, `<circle cx="%.1f" cy="%.1f" r="2"/>`+"\n", xOf(j.start), yOf(j.took))
+		}
+		w.WriteString("</g>\n")
+		l := s.latency()
+		lx, ly := left+pw-330, top+18+float64(i)*18
+		fmt.Fprintf(&w, `<circle cx="%.1f" cy="%.1f" r="5" fill="%s"/>`+"\n", lx, ly-4, s.color)
+		fmt.Fprintf(&w, `<text x="%.1f" y="%.1f">%s</text>`+"\n", lx+10, ly,
+			html.EscapeString(fmt.Sprintf("%s: %.1f CSR/s, median %.0f ms, p99 %.0f ms", s.name, s.perSecond(), ms(l.median()), ms(l.p99()))))
+	}
+	w.WriteString("</svg>\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(w.String()), 0o644)
+}
+
+// niceStep returns a tick step of 1, 2 or 5 times a power of ten giving
+// about eight ticks over [0, span].
+func niceStep(span float64) float64 {
+	if span <= 0 {
+		return 1
+	}
+	raw := span / 8
+	p := 1.0
+	for p*10 <= raw {
+		p *= 10
+	}
+	for p > raw {
+		p /= 10
+	}
+	for _, m := range []float64{1, 2, 5, 10} {
+		if p*m >= raw {
+			return p * m
+		}
+	}
+	return p * 10
+}
