@@ -613,7 +613,7 @@ func TestPendingBound(t *testing.T) {
 	if r.v.calls != calls {
 		t.Errorf("the verifier was called %d times for a request over the bound", r.v.calls-calls)
 	}
-	if msg := r.get("a-3").Status.Conditions[0].Message; !strings.Contains(msg, `node "node-1"`) || !strings.Contains(msg, "2 older undecided") {
+	if msg := r.get("a-3").Status.Conditions[0].Message; !strings.Contains(msg, `node "node-1"`) || !strings.Contains(msg, "2 older requests waiting on a challenge") {
 		t.Errorf("denial does not say why: %q", msg)
 	}
 	// The older requests stay as they were.
@@ -681,7 +681,41 @@ func TestPendingBoundInAll(t *testing.T) {
 	if got := cond(r.get("p-3")); got != "Denied/"+attestor.ReasonTooManyPending {
 		t.Fatalf("third pending request of one requester: %s, want Denied/%s", got, attestor.ReasonTooManyPending)
 	}
-	if msg := r.get("p-3").Status.Conditions[0].Message; !strings.Contains(msg, "2 older undecided requests (at most 2") {
+	if msg := r.get("p-3").Status.Conditions[0].Message; !strings.Contains(msg, "2 older requests waiting on a challenge (at most 2") {
 		t.Errorf("denial does not say why: %q", msg)
+	}
+}
+
+// TestPendingBoundBurst: requests not looked at yet do not count against
+// a newer one (a burst is decided in queue order), only requests waiting
+// on a challenge do.
+func TestPendingBoundBurst(t *testing.T) {
+	r := newRig(t, false, func(c *Config) { c.Engine.MaxPendingPerNode = 1 })
+	base := time.Now().Truncate(time.Second)
+	for i, name := range []string{"x-1", "x-2", "x-3"} {
+		at := metav1.NewTime(base.Add(time.Duration(i) * time.Second))
+		r.fileWith(name, signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
+			func(c *certificatesv1.CertificateSigningRequest) { c.CreationTimestamp = at })
+	}
+	// The newest first: the two older ones have not been looked at.
+	if _, err := r.sync("x-2"); err != nil {
+		t.Fatal(err)
+	}
+	if r.get("x-2").Annotations[attestor.AnnotationChallenge] == "" {
+		t.Fatalf("x-2 behind requests not looked at yet: %s, want it challenged", cond(r.get("x-2")))
+	}
+	// x-3 is newer than a request waiting on its challenge: over the bound.
+	if _, err := r.sync("x-3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cond(r.get("x-3")); got != "Denied/"+attestor.ReasonTooManyPending {
+		t.Errorf("x-3: %s, want Denied/%s", got, attestor.ReasonTooManyPending)
+	}
+	// x-1 is older than every challenged one: looked at.
+	if _, err := r.sync("x-1"); err != nil {
+		t.Fatal(err)
+	}
+	if r.get("x-1").Annotations[attestor.AnnotationChallenge] == "" {
+		t.Errorf("x-1: %s, want it challenged", cond(r.get("x-1")))
 	}
 }

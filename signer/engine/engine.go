@@ -163,13 +163,13 @@ type Config struct {
 	// MaxChallengeTTL bounds how long a challenge may stay open; 0 means
 	// DefaultMaxChallengeTTL.
 	MaxChallengeTTL time.Duration
-	// MaxPendingPerNode bounds the undecided requests one requester may
-	// have for one node name; newer ones beyond it are denied
-	// TooManyPendingRequests without being verified. 0 means
+	// MaxPendingPerNode bounds the requests waiting on a challenge one
+	// requester may have for one node name; newer ones beyond it are
+	// denied TooManyPendingRequests without being verified. 0 means
 	// DefaultMaxPendingPerNode.
 	MaxPendingPerNode int
-	// MaxPendingPerRequester bounds one requester's undecided requests in
-	// all (a bootstrap token shared by nodes joining together); 0 means
+	// MaxPendingPerRequester bounds one requester's requests waiting on a
+	// challenge in all (a bootstrap token shared by nodes joining together); 0 means
 	// DefaultMaxPendingPerRequester.
 	MaxPendingPerRequester int
 	// Now is the clock; nil means time.Now.
@@ -180,8 +180,8 @@ type Config struct {
 // not; the controller's flags allow no longer challenge lifetime.
 const DefaultMaxChallengeTTL = time.Hour
 
-// DefaultMaxPendingPerNode leaves a node room for both rounds of a
-// challenge and a retry of each; DefaultMaxPendingPerRequester for a
+// DefaultMaxPendingPerNode leaves a node room for a challenged client and
+// serving request and a retry of each; DefaultMaxPendingPerRequester for a
 // bootstrap token shared by the nodes of a scale-up joining together (two
 // rounds each for TPM nodes). A pending request costs the controller at
 // most attestor.MaxRequestSize of cache (TPM evidence, the largest, is

@@ -9,8 +9,8 @@ import (
 )
 
 // pendingBound denies a request when its requester already has as many
-// older undecided requests, for the same node or in all, as the engine
-// holds for one requester. Older requests are kept and newer ones turned
+// older requests waiting on a challenge, for the same node or in all, as
+// the engine holds for one requester. Older requests are kept and newer ones turned
 // away, so a flood never displaces the requests before it, and a request's
 // standing only improves as older ones are decided. It returns nil when the
 // request is within the bounds, and retries when the requests cannot be
@@ -27,18 +27,22 @@ func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSignin
 	switch {
 	case olderForNode >= e.cfg.MaxPendingPerNode:
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
-			"%q has %d older undecided requests for node %q (at most %d are looked at); this one is not: wait for those to be decided, or delete them, and file again",
+			"%q has %d older requests waiting on a challenge for node %q (at most %d at a time); this one is not: wait for those to be decided, or delete them, and file again",
 			csr.Spec.Username, olderForNode, nodeName, e.cfg.MaxPendingPerNode)})
 	case older >= e.cfg.MaxPendingPerRequester:
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
-			"%q has %d older undecided requests (at most %d are looked at); this one is not: wait for those to be decided, or delete them, and file again",
+			"%q has %d older requests waiting on a challenge (at most %d at a time); this one is not: wait for those to be decided, or delete them, and file again",
 			csr.Spec.Username, older, e.cfg.MaxPendingPerRequester)})
 	}
 	return nil
 }
 
-// olderPending counts the undecided requests of csr's requester (for
-// nodeName, when set) filed before csr.
+// olderPending counts the requests of csr's requester (for nodeName, when
+// set) filed before csr that wait on a challenge this signer wrote: the
+// requests that stay pending for long (up to the challenge's lifetime) and
+// hold the controller's memory meanwhile. Requests not yet looked at are
+// not counted (a burst is decided in the order it is queued), nor are
+// approved ones, which wait only for a certificate.
 func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nodeName string) (int, error) {
 	all, err := e.cfg.CSRs.ByRequester(csr.Spec.Username, nodeName)
 	if err != nil {
@@ -46,7 +50,8 @@ func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nod
 	}
 	n := 0
 	for _, o := range all {
-		if o.UID != csr.UID && !Decided(o) && filedBefore(o, csr) {
+		_, challenged := o.Annotations[attestor.AnnotationChallengeSeal]
+		if o.UID != csr.UID && challenged && !Decided(o) && !HasCondition(o, certificatesv1.CertificateApproved) && filedBefore(o, csr) {
 			n++
 		}
 	}
