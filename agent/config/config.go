@@ -302,7 +302,7 @@ func (c *NodeConfig) Validate() error {
 	}
 	errs = append(errs, c.Agent.validate()...)
 	errs = append(errs, c.validateServing()...)
-	errs = append(errs, c.validateCloud()...)
+	errs = append(errs, c.validateProviders()...)
 	dirs := map[string]int{}
 	for i, p := range c.TrustBundles {
 		errs = append(errs, p.validate(i)...)

@@ -81,3 +81,24 @@ func TestLoadIsStrict(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateChecksTheTPMSection: the tpm section is checked by the TPM
+// attestor's own constructor when the configuration is validated, without
+// opening a TPM.
+func TestValidateChecksTheTPMSection(t *testing.T) {
+	c, err := Load(writeConfig(t, "nodeName: n1\ncacheDir: /var/lib/ka\ntpm:\n  device: /nonexistent/tpm\n  pcrBank: md5\n  pcrs: [24]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Default()
+	err = c.Validate()
+	for _, want := range []string{`tpm: unknown PCR bank "md5"`, "tpm: PCR 24 is out of range"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not report %q: %v", want, err)
+		}
+	}
+	c.TPM.PCRBank, c.TPM.PCRs = "", nil
+	if err := c.Validate(); err != nil {
+		t.Errorf("valid tpm section (device not opened): %v", err)
+	}
+}

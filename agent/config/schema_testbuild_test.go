@@ -39,6 +39,11 @@ func TestTestSectionsEnterAsExtensions(t *testing.T) {
 	if _, err := c.ProviderSection(d); err == nil || !strings.Contains(err.Error(), `unknown field "version"`) {
 		t.Errorf("misspelt nullAttestor field: %v", err)
 	}
+	c.NodeName, c.CacheDir = "n1", "/var/lib/ka"
+	c.Default()
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `null: nullAttestor: json: unknown field "version"`) {
+		t.Errorf("Validate of a misspelt nullAttestor field: %v", err)
+	}
 }
 
 // TestReleaseBuildRefusesTestSections runs the release build's schema
