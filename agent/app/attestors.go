@@ -3,37 +3,15 @@ package app
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
-	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
-	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
-	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/providers"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 )
-
-// attestorFactory builds a node half from the node's configuration.
-type attestorFactory func(*config.NodeConfig) (attestor.Attestor, error)
-
-// attestors lists the node halves this binary can use, by provider name:
-// the released ones, plus the test-only ones in test builds
-// (testAttestors, build tag testattestors).
-func attestors() map[string]attestorFactory {
-	table := map[string]attestorFactory{
-		insecure.Name: func(*config.NodeConfig) (attestor.Attestor, error) { return insecure.Attestor{}, nil },
-		"tpm":         newTPMAttestor,
-		aws.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return aws.NewAttestor(c.AWS) },
-		azure.Name:    func(c *config.NodeConfig) (attestor.Attestor, error) { return azure.NewAttestor(c.Azure) },
-		gcp.Name:      func(c *config.NodeConfig) (attestor.Attestor, error) { return gcp.NewAttestor(c.GCP) },
-	}
-	for name, mk := range testAttestors() {
-		table[name] = mk
-	}
-	return table
-}
 
 // providerIDReader is implemented by node attestors that can read the
 // machine's provider ID from their metadata service (aws, gcp).
@@ -44,30 +22,19 @@ type providerIDReader interface {
 // providerIDTimeout bounds reading the provider ID from a metadata service.
 const providerIDTimeout = 30 * time.Second
 
-func newTPMAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
-	var prefer []tpm.EKKind
-	for _, k := range c.TPM.EndorsementKeys {
-		prefer = append(prefer, tpm.EKKind(k))
-	}
-	cfg := tpm.AttestorConfig{EndorsementKeys: prefer, PCRBank: c.TPM.PCRBank, PCRs: c.TPM.PCRs, EventLogPath: c.TPM.EventLogPath, NoEventLog: c.TPM.NoEventLog}
-	open := device.Opener(c.TPM.Device)
-	if c.TPM.Device == "simulator" {
-		var err error
-		if open, err = simulatorOpener(c.TPM.Simulator); err != nil {
-			return nil, err
-		}
-		// The host's own event log does not describe the simulator's PCRs.
-		cfg.NoEventLog = true
-	}
-	return tpm.New(open, cfg)
-}
-
+// newAttestor builds the node half the configuration names, from the one
+// provider table (attestor/providers): its section of the configuration, a
+// field of NodeConfig or, for a test-only provider, an extension.
 func newAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
-	mk, ok := attestors()[c.Attestor]
+	d, ok := providers.Lookup(c.Attestor)
 	if !ok {
-		return nil, fmt.Errorf("attestor %q is not available in this binary", c.Attestor)
+		return nil, fmt.Errorf("attestor %q is not available in this binary (it has %s)", c.Attestor, strings.Join(providers.Names(), ", "))
 	}
-	a, err := mk(c)
+	cfg, err := c.ProviderSection(d)
+	if err != nil {
+		return nil, err
+	}
+	a, err := d.NewAttestor(cfg, providers.NodeEnv{OpenTPM: func(spec string) (tpm.Opener, bool, error) { return openTPM(c, spec) }})
 	if err != nil {
 		return nil, err
 	}
@@ -75,6 +42,17 @@ func newAttestor(c *config.NodeConfig) (attestor.Attestor, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// openTPM opens the TPM a device specification names: the host's device or
+// a socket TPM, or in test builds the in-process simulator
+// (simulator_*.go).
+func openTPM(c *config.NodeConfig, spec string) (tpm.Opener, bool, error) {
+	if spec == simulatorDevice {
+		open, err := simulatorOpener(c)
+		return open, false, err
+	}
+	return device.Opener(spec), true, nil
 }
 
 // deriveProviderID fills an unset providerID from the attestor's metadata

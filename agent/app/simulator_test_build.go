@@ -15,11 +15,32 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
 
+// simulatorDevice is the tpm.device value of the in-process simulator.
+const simulatorDevice = "simulator"
+
+// simulatorSection is the node configuration section of the simulator: an
+// extension only this build's schema knows.
+const simulatorSection = "tpm.simulator"
+
+func init() { config.RegisterExtension("tpm", "simulator") }
+
+// simulatorConfig configures the in-process TPM simulator: a fixed seed
+// stands for one machine's TPM, and its EK certificate is issued at start
+// by the manufacturer CA saved in ManufacturerCADir.
+type simulatorConfig struct {
+	Seed              int64  `json:"seed"`
+	ManufacturerCADir string `json:"manufacturerCADir"`
+}
+
 // simulatorOpener opens the in-process simulator (test and demo builds):
 // seeded so that every invocation sees the same EK, its EK certificate
 // issued by the manufacturer CA in the configured directory.
-func simulatorOpener(c *config.TPMSimulatorConfig) (tpm.Opener, error) {
-	if c == nil || c.ManufacturerCADir == "" {
+func simulatorOpener(nc *config.NodeConfig) (tpm.Opener, error) {
+	c := &simulatorConfig{}
+	if _, err := nc.Extension(simulatorSection, c); err != nil {
+		return nil, err
+	}
+	if c.ManufacturerCADir == "" {
 		return nil, errors.New("tpm.simulator.manufacturerCADir is required with the simulator")
 	}
 	ca, err := tpmtest.Load(c.ManufacturerCADir)

@@ -3,6 +3,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,12 +15,12 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 )
 
 // APIVersion and Kind identify the configuration document.
@@ -103,11 +104,11 @@ type NodeConfig struct {
 	AWS   aws.AttestorConfig   `json:"aws,omitempty"`
 	Azure azure.AttestorConfig `json:"azure,omitempty"`
 	GCP   gcp.AttestorConfig   `json:"gcp,omitempty"`
-	// Null configures the null rubber-stamp attestor, which only test
-	// builds contain (build tag testattestors). Not "null:": YAML reads
-	// that key, like the value of `attestor: null`, as null (quote it:
-	// `attestor: "null"`).
-	Null *NullConfig `json:"nullAttestor,omitempty"`
+	// Extensions holds the sections only some builds know (extensions.go):
+	// test builds' null attestor (nullAttestor) and TPM simulator
+	// (tpm.simulator), by dotted path. A release build's schema has no
+	// such field: it refuses them as unknown.
+	Extensions map[string]json.RawMessage `json:"-"`
 
 	// Agent configures the long-running agent (`kubelet-authenticator agent`).
 	Agent AgentConfig `json:"agent,omitempty"`
@@ -203,48 +204,9 @@ type TrustBundleProjection struct {
 // Key identifies a projection in logs, metrics and status: its path.
 func (p TrustBundleProjection) Key() string { return p.Path }
 
-// TPMConfig configures the tpm attestor.
-type TPMConfig struct {
-	// Device is the TPM to use: a character device (default /dev/tpmrm0,
-	// the kernel's resource manager), unix:///path or tcp://host:port for a
-	// socket TPM such as swtpm. Test builds also accept "simulator".
-	Device string `json:"device,omitempty"`
-	// EndorsementKeys lists EK kinds to prefer (rsa2048, ecc-p256,
-	// ecc-p384); by default the first with a certificate in that order.
-	EndorsementKeys []string `json:"endorsementKeys,omitempty"`
-	// PCRBank and PCRs are what the quote of TPM evidence v2 covers: a bank
-	// (sha1, sha256, sha384, sha512; default sha256) and PCR numbers
-	// (default 0-9). A Cluster whose boot-state policy names other PCRs
-	// needs them here.
-	PCRBank string `json:"pcrBank,omitempty"`
-	PCRs    []int  `json:"pcrs,omitempty"`
-	// EventLogPath is the measured-boot event log sent with the quote
-	// (default /sys/kernel/security/tpm0/binary_bios_measurements; a
-	// missing file sends none). NoEventLog sends none even where there is
-	// one.
-	EventLogPath string `json:"eventLogPath,omitempty"`
-	NoEventLog   bool   `json:"noEventLog,omitempty"`
-	// Simulator configures the in-process simulator (test builds only):
-	// a fixed seed stands for one machine's TPM, and its EK certificate is
-	// issued at start by the manufacturer CA saved in ManufacturerCADir.
-	Simulator *TPMSimulatorConfig `json:"simulator,omitempty"`
-}
-
-// TPMSimulatorConfig configures the in-process TPM simulator.
-type TPMSimulatorConfig struct {
-	Seed              int64  `json:"seed"`
-	ManufacturerCADir string `json:"manufacturerCADir"`
-}
-
-// NullConfig configures the null attestor (test builds only).
-type NullConfig struct {
-	// Versions lists the evidence versions the node produces, newest
-	// (preferred) first. Default: ["v1"].
-	Versions []string `json:"versions,omitempty"`
-	// Stable, when set, is the identity the node claims for trust on first
-	// use.
-	Stable string `json:"stable,omitempty"`
-}
+// TPMConfig configures the tpm attestor: the provider's own node
+// configuration type.
+type TPMConfig = tpm.NodeConfig
 
 // Load reads the file at path. A missing file at the default path is not an
 // error (every setting may come from flags); elsewhere it is.
@@ -260,7 +222,7 @@ func Load(path string) (*NodeConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unable to read config: %w", err)
 	}
-	if err := yaml.UnmarshalStrict(data, c); err != nil {
+	if err := decode(data, c); err != nil {
 		return nil, fmt.Errorf("unable to parse config %s: %w", path, err)
 	}
 	if c.APIVersion != "" && c.APIVersion != APIVersion {
@@ -340,7 +302,7 @@ func (c *NodeConfig) Validate() error {
 	}
 	errs = append(errs, c.Agent.validate()...)
 	errs = append(errs, c.validateServing()...)
-	errs = append(errs, c.validateCloud()...)
+	errs = append(errs, c.validateProviders()...)
 	dirs := map[string]int{}
 	for i, p := range c.TrustBundles {
 		errs = append(errs, p.validate(i)...)

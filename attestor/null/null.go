@@ -134,3 +134,21 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	}
 	return &attestor.Result{Identity: id}, nil
 }
+
+// Config is the node configuration of the null attestor (section
+// nullAttestor of a test build's node configuration).
+type Config struct {
+	// Versions lists the evidence versions the node produces, newest
+	// (preferred) first. Default: ["v1"].
+	Versions []string `json:"versions,omitempty"`
+	// Stable, when set, is the identity the node claims for trust on first
+	// use.
+	Stable string `json:"stable,omitempty"`
+}
+
+// VerifierConfig configures the verifier half (the controller's
+// --null-versions in test builds).
+type VerifierConfig struct {
+	// Versions lists the accepted evidence versions, newest first.
+	Versions []string
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"strings"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -12,10 +14,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
+	"sigs.k8s.io/kubelet-authenticator/attestor/providers"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 )
 
@@ -127,54 +129,33 @@ func (o *cloudOptions) validate() []error {
 	return nil
 }
 
-// addCloudVerifiers builds the verifiers of the cloud attestors the
-// attestor configuration names and adds them to table. ConfigMap CA bundles
-// of outbound TLS settings are read through c, from the controller's
-// namespace unless the reference names one.
-func (o *Options) addCloudVerifiers(ctx context.Context, c client.Client, table map[string]attestor.Verifier) error {
+// attestorConfigSections returns the verifier configurations the attestor
+// configuration file holds, by provider name: the sections whose key is a
+// provider's VerifierSection in the provider table.
+func (o *Options) attestorConfigSections() (map[string]any, error) {
 	if o.attestorConfig == nil && o.AttestorConfigFile != "" {
 		// Validate was not called (a caller that builds Options itself).
 		if errs := o.cloudOptions.validate(); len(errs) > 0 {
-			return errors.Join(errs...)
+			return nil, errors.Join(errs...)
 		}
 	}
-	cfg := o.attestorConfig
-	if cfg == nil {
-		return nil
+	out := map[string]any{}
+	if o.attestorConfig == nil {
+		return out, nil
 	}
-	var errs []error
-	add := func(name string, build func() (attestor.Verifier, error)) {
-		v, err := build()
-		if err != nil {
-			errs = append(errs, prefixed(name+" attestor", err)...)
-			return
+	v := reflect.ValueOf(o.attestorConfig).Elem()
+	for _, d := range providers.All() {
+		if d.VerifierSection == "" {
+			continue
 		}
-		table[name] = v
-	}
-	if cfg.AWS != nil {
-		vc := *cfg.AWS
-		add(aws.Name, func() (attestor.Verifier, error) {
-			var err error
-			if vc.STS.TLS, err = o.resolveTLS(ctx, c, vc.STS.TLS); err != nil {
-				return nil, fmt.Errorf("sts.tls: %w", err)
+		for i := 0; i < v.NumField(); i++ {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			if f := v.Field(i); name == d.VerifierSection && f.Kind() == reflect.Pointer && !f.IsNil() {
+				out[d.Name] = f.Interface()
 			}
-			return aws.NewVerifier(vc)
-		})
+		}
 	}
-	if cfg.Azure != nil {
-		add(azure.Name, func() (attestor.Verifier, error) { return azure.NewVerifier(*cfg.Azure) })
-	}
-	if cfg.GCP != nil {
-		vc := *cfg.GCP
-		add(gcp.Name, func() (attestor.Verifier, error) {
-			var err error
-			if vc.JWKS.TLS, err = o.resolveTLS(ctx, c, vc.JWKS.TLS); err != nil {
-				return nil, fmt.Errorf("jwks.tls: %w", err)
-			}
-			return gcp.NewVerifier(vc)
-		})
-	}
-	return errors.Join(errs...)
+	return out, nil
 }
 
 // resolveTLS returns a copy of t whose ConfigMap CA bundle, if any, is read

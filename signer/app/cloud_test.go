@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
 	"sigs.k8s.io/kubelet-authenticator/attestor/gcp"
@@ -117,15 +116,18 @@ gcp:
 	}
 
 	// A missing ConfigMap stops the start, naming where it was looked for.
-	table := map[string]attestor.Verifier{}
-	err := o.addCloudVerifiers(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), table)
+	sections, err := o.attestorConfigSections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = o.verifiersFrom(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), sections)
 	if err == nil || !strings.Contains(err.Error(), "aws attestor: sts.tls") || !strings.Contains(err.Error(), "capi-system/sts-ca") {
 		t.Fatalf("missing ConfigMap: %v", err)
 	}
 
 	c := fake.NewClientBuilder().WithObjects(cm("capi-system", "sts-ca", a.STSCAPEM), cm("other", "jwks-ca", g.JWKSCAPEM)).Build()
-	table = map[string]attestor.Verifier{}
-	if err := o.addCloudVerifiers(ctx, c, table); err != nil {
+	table, err := o.verifiersFrom(ctx, c, sections)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := table[aws.Name].(*aws.Verifier); !ok {
@@ -143,8 +145,16 @@ gcp:
 	if errs := o.cloudOptions.validate(); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	table = map[string]attestor.Verifier{}
-	if err := o.addCloudVerifiers(ctx, c, table); err != nil || len(table) != 0 {
-		t.Fatalf("no file: %v, %d verifiers", err, len(table))
+	if sections, err = o.attestorConfigSections(); err != nil {
+		t.Fatal(err)
+	}
+	table, err = o.verifiersFrom(ctx, c, sections)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{aws.Name, azure.Name, gcp.Name} {
+		if _, ok := table[name]; ok {
+			t.Errorf("no file: %s is served", name)
+		}
 	}
 }

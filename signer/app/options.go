@@ -17,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
+	"sigs.k8s.io/kubelet-authenticator/attestor/providers"
+	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 )
 
@@ -57,24 +58,53 @@ const (
 const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // Verifiers is the table of attestors the signer knows: provider name →
-// verifier half, configured from the options (the TPM one reads, or
-// creates, its key Secret through c). A Cluster authorizes a subset of them.
+// verifier half, built from the one provider table (attestor/providers)
+// with the configuration the options give each: the TPM one from its flags
+// (it reads, or creates, its key Secret through c), the cloud ones from the
+// attestor configuration file, the test-only ones from their test flags.
+// A provider that needs a configuration and has none is not served. A
+// Cluster authorizes a subset of them.
 func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, []byte, error) {
-	tpmVerifier, key, err := o.tpmVerifier(ctx, c)
+	tpmConfig, key, err := o.tpmVerifierConfig(ctx, c)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tpm attestor: %w", err)
 	}
-	table := map[string]attestor.Verifier{
-		insecure.Name: insecure.Verifier{},
-		tpm.Name:      tpmVerifier,
-	}
-	if err := o.addCloudVerifiers(ctx, c, table); err != nil { // aws, azure, gcp (cloud.go)
+	configs, err := o.attestorConfigSections() // aws, azure, gcp (cloud.go)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := o.addTestVerifiers(table); err != nil { // null, in test builds only (testattestors_*.go)
+	configs[tpm.Name] = tpmConfig
+	for name, cfg := range o.testVerifierConfigs() { // null, in test builds only (testattestors_*.go)
+		configs[name] = cfg
+	}
+	table, err := o.verifiersFrom(ctx, c, configs)
+	if err != nil {
 		return nil, nil, err
 	}
 	return table, key, nil
+}
+
+// verifiersFrom builds the verifier of every provider in the table that
+// needs no configuration or has one in configs. ConfigMap CA bundles of
+// outbound TLS settings are read through c, from the controller's
+// namespace unless the reference names one.
+func (o *Options) verifiersFrom(ctx context.Context, c client.Client, configs map[string]any) (map[string]attestor.Verifier, error) {
+	env := providers.VerifierEnv{ResolveTLS: func(t *tlsconfig.Config) (*tlsconfig.Config, error) { return o.resolveTLS(ctx, c, t) }}
+	table := map[string]attestor.Verifier{}
+	var errs []error
+	for _, d := range providers.All() {
+		cfg, ok := configs[d.Name]
+		if !ok && d.NewVerifierConfig != nil {
+			continue
+		}
+		v, err := d.NewVerifier(cfg, env)
+		if err != nil {
+			errs = append(errs, prefixed(d.Name+" attestor", err)...)
+			continue
+		}
+		table[d.Name] = v
+	}
+	return table, errors.Join(errs...)
 }
 
 // Options are the controller's settings.

@@ -4,8 +4,6 @@ package app
 
 import (
 	"github.com/spf13/pflag"
-
-	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // testAttestorOptions is empty in release builds: they never contain the
@@ -16,4 +14,4 @@ func (*testAttestorOptions) addFlags(*pflag.FlagSet) {}
 
 func (*testAttestorOptions) validate() []error { return nil }
 
-func (*testAttestorOptions) addTestVerifiers(map[string]attestor.Verifier) error { return nil }
+func (*testAttestorOptions) testVerifierConfigs() map[string]any { return nil }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/null"
 )
 
@@ -34,16 +33,12 @@ func (o *testAttestorOptions) validate() []error {
 	return nil
 }
 
-// addTestVerifiers adds the null verifier to table when --null-versions is
-// set.
-func (o *testAttestorOptions) addTestVerifiers(table map[string]attestor.Verifier) error {
+// testVerifierConfigs configures the null verifier when --null-versions is
+// set; the provider table (attestor/providers, build tag testattestors)
+// builds it.
+func (o *testAttestorOptions) testVerifierConfigs() map[string]any {
 	if len(o.NullVersions) == 0 {
 		return nil
 	}
-	v, err := null.NewVerifier(o.NullVersions)
-	if err != nil {
-		return fmt.Errorf("--null-versions: %w", err)
-	}
-	table[null.Name] = v
-	return nil
+	return map[string]any{null.Name: null.VerifierConfig{Versions: o.NullVersions}}
 }

@@ -119,14 +119,16 @@ func (o *TPMOptions) validate() []error {
 	return slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 }
 
-// tpmVerifier builds the TPM verifier: the manufacturer CA pool from the
-// bundles, the controller key from its Secret (created when missing).
-func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifier, []byte, error) {
+// tpmVerifierConfig is the TPM verifier's configuration: the manufacturer
+// CA pool from the bundles, the controller key from its Secret (created
+// when missing).
+func (o *Options) tpmVerifierConfig(ctx context.Context, c client.Client) (tpm.VerifierConfig, []byte, error) {
 	t := &o.TPM
 	cfg := tpm.VerifierConfig{ChallengeTTL: t.ChallengeTTL}
+	fail := func(err error) (tpm.VerifierConfig, []byte, error) { return tpm.VerifierConfig{}, nil, err }
 	files, err := t.manufacturerCAFiles()
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	if len(files) == 0 {
 		klog.FromContext(ctx).Info("No TPM manufacturer CA bundle: EK certificates are not trusted, only EKs Machines report (cluster-x-k8s-io/tpm-endorsement-key)",
@@ -136,13 +138,13 @@ func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifi
 		for _, f := range files {
 			data, err := os.ReadFile(f)
 			if err != nil {
-				return nil, nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
+				return fail(fmt.Errorf("--tpm-manufacturer-ca: %w", err))
 			}
 			bundles = append(bundles, data)
 		}
 		roots, inters, err := tpm.LoadManufacturerCAs(bundles...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("--tpm-manufacturer-ca: %w", err)
+			return fail(fmt.Errorf("--tpm-manufacturer-ca: %w", err))
 		}
 		cfg.Roots, cfg.Intermediates = roots, inters
 		klog.FromContext(ctx).Info("TPM manufacturer CA bundle loaded", "files", files)
@@ -152,15 +154,14 @@ func (o *Options) tpmVerifier(ctx context.Context, c client.Client) (*tpm.Verifi
 		ns = o.namespace()
 	}
 	if ns == "" {
-		return nil, nil, errors.New("--tpm-key-secret-namespace is required outside a cluster without --leader-election-namespace")
+		return fail(errors.New("--tpm-key-secret-namespace is required outside a cluster without --leader-election-namespace"))
 	}
 	key, err := EnsureKeySecret(ctx, c, types.NamespacedName{Namespace: ns, Name: t.KeySecretName})
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	cfg.HMACKey = key
-	v, err := tpm.NewVerifier(cfg)
-	return v, key, err
+	return cfg, key, nil
 }
 
 // namespace is the controller's own namespace: the leader election one, or
