@@ -165,7 +165,8 @@ func BenchmarkColdPath(b *testing.B) {
 			if r.Err != nil {
 				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
 			}
-			tpmTimeline = fmt.Sprintf("%s(whole process: %.1fms)", r.Stderr, ms(r.Took))
+			tpmTimeline = fmt.Sprintf("%s(whole process: %.1fms, ended %s)\nthe controller's log of it:\n%s", r.Stderr, ms(r.Took),
+				time.Now().Format("15:04:05.000000"), lastLines(env.ControllerLog(), 5))
 			return r.Took, nil
 		})
 	}
