@@ -319,10 +319,13 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, r *Request, req *attestor.Request) ([]byte, error) {
 	cfg := s.Config
 	provider := cfg.Attestor
+	start := time.Now()
+	since := func() time.Duration { return time.Since(start).Round(100 * time.Microsecond) }
 	att, err := s.Attestor.Attest(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("attestation failed: %w", err)
 	}
+	s.logf("attested with %s in %s", provider, since())
 	version := att.Version
 	request, err := attestor.EncodeRequest(pkcs10, provider, att.Evidence)
 	if err != nil {
@@ -336,7 +339,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	s.logf("filed certificate signing request %s (signer %s, evidence %s %s)", name, r.SignerName, provider, version)
+	s.logf("filed certificate signing request %s (signer %s, evidence %s %s) at +%s", name, r.SignerName, provider, version, since())
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
 	obj, err = client.WaitFrom(ctx, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
@@ -354,14 +357,17 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 		return nil, err
 	}
 	if challenge == nil {
+		s.logf("%s decided at +%s", name, since())
 		return csr.Outcome(obj)
 	}
+	s.logf("challenged on %s at +%s", name, since())
 
 	// Second round: answer the challenge in a new CSR over the same key.
 	answer, err := responder.Respond(ctx, req, challenge)
 	if err != nil {
 		return nil, fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
 	}
+	s.logf("answered the challenge at +%s", since())
 	request2, err := attestor.EncodeRequest(pkcs10, provider, answer.Evidence)
 	if err != nil {
 		return nil, err
@@ -374,7 +380,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	s.logf("answered the challenge on %s with certificate signing request %s", name, name2)
+	s.logf("answered the challenge on %s with certificate signing request %s at +%s", name, name2, since())
 	obj, err = client.WaitFrom(ctx, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		return err != nil || cert != nil, err
@@ -382,6 +388,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
+	s.logf("%s decided at +%s", name2, since())
 	return csr.Outcome(obj)
 }
 

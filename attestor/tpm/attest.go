@@ -12,6 +12,7 @@ import (
 	"math/bits"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
@@ -59,15 +60,29 @@ type AttestorConfig struct {
 	NoEventLog bool `json:"noEventLog,omitempty"`
 }
 
-// Attestor is the node half of the TPM attestor. It keeps no state: the EK
-// and the AK are primary keys re-created from fixed templates on every use
-// (the same keys every boot), and every transient handle it creates is
-// flushed before it returns.
+// Attestor is the node half of the TPM attestor. The EK and the AK are
+// primary keys re-created from fixed templates (the same keys every boot),
+// and every transient handle it creates is flushed before it returns. The
+// one state it keeps is the saved contexts of the last attestation's EK and
+// AK (TPM2_ContextSave: blobs the TPM encrypts and integrity-protects), so
+// that answering the challenge loads them back instead of re-creating both
+// primaries (an RSA EK's is the costliest command of an issuance).
 type Attestor struct {
 	open     Opener
 	eks      []ekSpec
 	pcrs     tpm2.TPMLPCRSelection
 	eventLog string // "" for none
+
+	mu   sync.Mutex
+	held *heldKeys // the last Attest's EK and AK; taken by Respond
+}
+
+// heldKeys are an attestation's EK and AK as saved contexts. A persistent
+// EK (a TPM provisioned with a non-default template) is not saved: its
+// handle stays valid, so ekContext is nil and ek.handle is used as is.
+type heldKeys struct {
+	ek, ak               key
+	ekContext, akContext *tpm2.TPMSContext
 }
 
 var (
@@ -300,6 +315,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	if err != nil {
 		return nil, err
 	}
+	a.hold(s.save(ek, ak))
 	ekAnnotation, err := endorsementKeyAnnotation(ek.pub)
 	if err != nil {
 		return nil, err
@@ -483,16 +499,23 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	}
 	defer func() { err = errors.Join(err, s.finish()) }()
 
-	ek, _, err := s.endorsementKey(a.eks)
+	ek, ak, err := s.restore(a.take())
 	if err != nil {
 		return nil, err
+	}
+	if ek == nil {
+		if ek, _, err = s.endorsementKey(a.eks); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if ak, err = s.createPrimary(akTemplate); err != nil {
+			return nil, fmt.Errorf("unable to create the attestation key: %w", err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	ak, err := s.createPrimary(akTemplate)
-	if err != nil {
-		return nil, fmt.Errorf("unable to create the attestation key: %w", err)
 	}
 	ekAuth := tpm2.PasswordAuth(nil)
 	if !ek.pub.ObjectAttributes.UserWithAuth {
@@ -530,6 +553,83 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	}
 	return &attestor.Attestation{Evidence: ev, Version: VersionV2}, nil
 }
+
+// hold keeps h (nil: nothing) for the next Respond, replacing what an
+// earlier Attest kept.
+func (a *Attestor) hold(h *heldKeys) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held = h
+}
+
+// take hands out the kept keys once: a saved context is loaded by one
+// Respond, and the next attestation saves new ones.
+func (a *Attestor) take() *heldKeys {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.held
+	a.held = nil
+	return h
+}
+
+// save saves ek's and ak's contexts. It returns nil when the TPM refuses
+// (a resource manager that does not pass TPM2_ContextSave through): the
+// challenge is then answered with re-created keys, as without it.
+func (s *session) save(ek, ak *key) *heldKeys {
+	h := &heldKeys{ek: *ek, ak: *ak}
+	if !isPersistent(ek.handle) {
+		rsp, err := tpm2.ContextSave{SaveHandle: ek.handle}.Execute(s.t)
+		if err != nil {
+			return nil
+		}
+		h.ekContext = &rsp.Context
+	}
+	rsp, err := tpm2.ContextSave{SaveHandle: ak.handle}.Execute(s.t)
+	if err != nil {
+		return nil
+	}
+	h.akContext = &rsp.Context
+	return h
+}
+
+// restore loads h's keys (tracked, so flushed when the session ends). It
+// returns nil keys, and no error, when h is nil or the TPM no longer
+// accepts its contexts (it was reset or restarted since, or a resource
+// manager refuses them); the caller then re-creates the keys. The TPM
+// checks a context's integrity before loading it, so a loaded context is
+// the very key that was attested.
+func (s *session) restore(h *heldKeys) (ek, ak *key, err error) {
+	if h == nil {
+		return nil, nil, nil
+	}
+	load := func(k key, c *tpm2.TPMSContext) (*key, bool) {
+		if c == nil {
+			return &k, true
+		}
+		rsp, err := tpm2.ContextLoad{Context: *c}.Execute(s.t)
+		if err != nil {
+			return nil, false
+		}
+		s.track(rsp.LoadedHandle)
+		k.handle = rsp.LoadedHandle
+		return &k, true
+	}
+	ek, ok := load(h.ek, h.ekContext)
+	if !ok {
+		return nil, nil, nil
+	}
+	if ak, ok = load(h.ak, h.akContext); !ok {
+		// Flush the loaded EK now: the caller re-creates both.
+		if err := s.close(); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, nil
+	}
+	return ek, ak, nil
+}
+
+// isPersistent reports whether h is a persistent object handle.
+func isPersistent(h tpm2.TPMHandle) bool { return uint32(h)>>24 == uint32(tpm2.TPMHTPersistent) }
 
 // checkRequest requires req to carry the CSR's public key and its binding.
 func checkRequest(req *attestor.Request) error {
@@ -605,8 +705,10 @@ func (s *session) createPrimary(tmpl tpm2.TPMTPublic) (*key, error) {
 
 // endorsementKey finds the EK to use and its certificate: the first
 // certificate index present (RSA, ECC P-256, ECC P-384) whose key the TPM
-// re-creates from the standard template (or holds at the conventional
-// persistent handle, for TPMs provisioned with a non-default template). A
+// holds at the conventional persistent handle or re-creates from the
+// standard template (looked for in that order: reading a persisted key is
+// far cheaper than re-creating it, and a TPM provisioned with a non-default
+// template has only the persisted one). A
 // TPM with no EK certificate uses the RSA EK and no certificate; the signer
 // then needs the Machine's endorsement-key annotation.
 func (s *session) endorsementKey(specs []ekSpec) (*key, []byte, error) {
@@ -630,17 +732,21 @@ func (s *session) endorsementKey(specs []ekSpec) (*key, []byte, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("unable to parse the %s EK certificate at 0x%08x: %w", spec.what, uint32(spec.certIndex), err)
 		}
+		// An EK persisted at its conventional handle (as provisioning
+		// tools do) is read, not re-created: re-creating an RSA EK is the
+		// costliest command of an issuance. Either way it must be the key
+		// the certificate certifies.
+		if ek, err := s.readPersistent(spec.persistent); err == nil {
+			if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
+				return ek, der, nil
+			}
+		}
 		ek, err := s.createPrimary(spec.template)
 		if err != nil {
 			return nil, nil, fmt.Errorf("unable to create the %s EK: %w", spec.what, err)
 		}
 		if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
 			return ek, der, nil
-		}
-		if ek, err := s.readPersistent(spec.persistent); err == nil {
-			if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
-				return ek, der, nil
-			}
 		}
 		return nil, nil, fmt.Errorf("the %s EK certificate at 0x%08x certifies a key that is neither the standard-template EK nor the one at 0x%08x", spec.what, uint32(spec.certIndex), uint32(spec.persistent))
 	}

@@ -33,9 +33,13 @@ import (
 var coldAttestors = []string{"insecure", "tpm", "aws", "azure", "gcp"}
 
 // coldCompare is a node binary of another commit that BenchmarkColdPath
-// runs as one more side, "insecure-compare", beside the insecure one: a
+// runs as one more side, "<attestor>-compare", beside that attestor's: a
 // before/after of a change to the cold path in one run.
-var coldCompare = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra insecure side")
+var (
+	coldCompare         = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra side with the attestor of -cold-compare-attestor")
+	coldCompareAttestor = flag.String("cold-compare-attestor", "insecure", "BenchmarkColdPath: the attestor of the -cold-compare-binary side: insecure, or tpm (then the binary must be a test build, which links the simulator)")
+	coldOnly            = flag.String("cold-attestors", "", "BenchmarkColdPath: comma-separated attestors to measure (default all: "+strings.Join(coldAttestors, ",")+"); the kubelet baseline always runs")
+)
 
 // kubeletSide names the baseline in BenchmarkColdPath's figures.
 const kubeletSide = "kubelet-kcm"
@@ -114,19 +118,35 @@ func BenchmarkColdPath(b *testing.B) {
 		err := kubeletJoin(ctx, bootCfg, nil, fmt.Sprintf("kcm-cold-%05d", i))
 		return time.Since(start), err
 	}}
-	for _, a := range coldAttestors {
+	measured := coldAttestors
+	if *coldOnly != "" {
+		measured = strings.Split(*coldOnly, ",")
+		for _, a := range measured {
+			if !slices.Contains(coldAttestors, a) {
+				b.Fatalf("-cold-attestors: unknown attestor %q (want some of %s)", a, strings.Join(coldAttestors, ","))
+			}
+		}
+	}
+	tpmConfig := func(seed int) string {
+		return fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: %d\n    manufacturerCADir: %s\n", seed, caDir)
+	}
+	// tpmTimeline is the --verbose log of the last TPM join: where its
+	// time went.
+	var tpmTimeline string
+	nodes := map[string]*scenario.Node{}
+	for _, a := range measured {
 		name := "cold-" + a
 		var n *scenario.Node
 		switch a {
 		case "insecure":
 			n = env.NewNode(b, name, "test:///fleet/"+name, a)
 		case "tpm":
-			n = env.NewNode(b, name, "test:///fleet/"+name, a,
-				fmt.Sprintf("tpm:\n  device: simulator\n  simulator:\n    seed: 7\n    manufacturerCADir: %s\n", caDir))
+			n = env.NewNode(b, name, "test:///fleet/"+name, a, tpmConfig(7))
 		default:
 			n = env.CloudNode(b, clouds, name, a)
 		}
 		env.Machine(b, n)
+		nodes[a] = n
 		sides = append(sides, a)
 		joins = append(joins, func(int) (time.Duration, error) {
 			if err := os.RemoveAll(n.CacheDir); err != nil {
@@ -141,10 +161,12 @@ func BenchmarkColdPath(b *testing.B) {
 				return time.Since(start), nil
 			}
 			// The simulator is linked only into the test build.
-			r := n.Credential(ctx)
+			r := n.Credential(ctx, "--verbose")
 			if r.Err != nil {
 				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
 			}
+			tpmTimeline = fmt.Sprintf("%s(whole process: %.1fms, ended %s)\nthe controller's log of it:\n%s", r.Stderr, ms(r.Took),
+				time.Now().Format("15:04:05.000000"), lastLines(env.ControllerLog(), 5))
 			return r.Took, nil
 		})
 	}
@@ -164,16 +186,32 @@ func BenchmarkColdPath(b *testing.B) {
 		s.wall = append(s.wall, took)
 	})
 	if *coldCompare != "" {
-		n := env.NewNode(b, "cold-compare", "test:///fleet/cold-compare", "insecure")
-		env.Machine(b, n)
-		sides = append(sides, "insecure-compare")
+		var n *scenario.Node
+		switch *coldCompareAttestor {
+		case "insecure":
+			n = env.NewNode(b, "cold-compare", "test:///fleet/cold-compare", "insecure")
+		case "tpm":
+			// The tpm side's node itself: the same simulated TPM (the
+			// seed decides how long its RSA EK takes to make) and Machine
+			// (trust on first use binds one EK to one Machine).
+			if n = nodes["tpm"]; n == nil {
+				b.Fatal("-cold-compare-attestor=tpm needs the tpm side (-cold-attestors)")
+			}
+		default:
+			b.Fatalf("-cold-compare-attestor: %q is not insecure or tpm", *coldCompareAttestor)
+		}
+		if *coldCompareAttestor != "tpm" {
+			env.Machine(b, n)
+		}
+		side := *coldCompareAttestor + "-compare"
+		sides = append(sides, side)
 		joins = append(joins, func(int) (time.Duration, error) {
 			if err := os.RemoveAll(n.CacheDir); err != nil {
 				return 0, err
 			}
 			start := time.Now()
 			if _, err := credential(ctx, *coldCompare, env, n); err != nil {
-				return 0, fmt.Errorf("insecure-compare %w", err)
+				return 0, fmt.Errorf("%s %w", side, err)
 			}
 			return time.Since(start), nil
 		})
@@ -225,8 +263,8 @@ func BenchmarkColdPath(b *testing.B) {
 	table.WriteString("  signer's share of a join (CSR created to certificate, both patterns; tpm: the second CSR):\n")
 	for _, side := range sides {
 		signer := certificatesv1.KubeAPIServerClientKubeletSignerName
-		if side == "insecure-compare" {
-			continue // the same signer name as insecure
+		if strings.HasSuffix(side, "-compare") {
+			continue // the same signer name as its attestor's side
 		}
 		if side != kubeletSide {
 			signer = "cluster.x-k8s.io/kube-apiserver-client-kubelet-" + side
@@ -241,6 +279,9 @@ func BenchmarkColdPath(b *testing.B) {
 	b.ReportMetric(ms(cmds.took), "tpm-cmd-ms/issuance")
 	fmt.Fprintf(&table, "TPM commands per issuance: %d (%s), %.1fms in the simulator",
 		cmds.total(), cmds, ms(cmds.took))
+	if tpmTimeline != "" {
+		fmt.Fprintf(&table, "\nthe last TPM join, --verbose:\n%s", tpmTimeline)
+	}
 	fmt.Println(table.String())
 }
 
@@ -257,15 +298,23 @@ type countingTPM struct {
 	t     transport.TPM
 	count map[tpm2.TPMCC]int
 	took  time.Duration
+	// spent is the simulator's time per command code.
+	spent map[tpm2.TPMCC]time.Duration
 }
 
 func (c *countingTPM) Send(cmd []byte) ([]byte, error) {
 	// TPM command header: tag (2 bytes), size (4), command code (4).
+	var cc tpm2.TPMCC
 	if len(cmd) >= 10 {
-		c.count[tpm2.TPMCC(binary.BigEndian.Uint32(cmd[6:10]))]++
+		cc = tpm2.TPMCC(binary.BigEndian.Uint32(cmd[6:10]))
+		c.count[cc]++
 	}
 	start := time.Now()
-	defer func() { c.took += time.Since(start) }()
+	defer func() {
+		took := time.Since(start)
+		c.took += took
+		c.spent[cc] += took
+	}()
 	return c.t.Send(cmd)
 }
 
@@ -289,9 +338,14 @@ var ccNames = map[tpm2.TPMCC]string{
 	tpm2.TPMCCActivateCredential: "ActivateCredential",
 	tpm2.TPMCCStartAuthSession:   "StartAuthSession",
 	tpm2.TPMCCPolicySecret:       "PolicySecret",
+	tpm2.TPMCCQuote:              "Quote",
+	tpm2.TPMCCPCRRead:            "PCR_Read",
+	tpm2.TPMCCContextSave:        "ContextSave",
+	tpm2.TPMCCContextLoad:        "ContextLoad",
 }
 
-// String lists the commands by code, e.g. "CreatePrimary×4, Certify×1".
+// String lists the commands by code with the simulator's time for them,
+// e.g. "CreatePrimary×2 9.1ms, Quote×1 1.2ms".
 func (c *countingTPM) String() string {
 	var parts []string
 	for _, cc := range slices.Sorted(maps.Keys(c.count)) {
@@ -299,7 +353,7 @@ func (c *countingTPM) String() string {
 		if !ok {
 			name = fmt.Sprintf("0x%x", uint32(cc))
 		}
-		parts = append(parts, fmt.Sprintf("%s×%d", name, c.count[cc]))
+		parts = append(parts, fmt.Sprintf("%s×%d %.1fms", name, c.count[cc], ms(c.spent[cc])))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -317,7 +371,7 @@ func tpmIssuanceCommands(b *testing.B, ca *tpmtest.ManufacturerCA) *countingTPM 
 		b.Fatal(err)
 	}
 	defer sim.Close()
-	counter := &countingTPM{t: sim, count: map[tpm2.TPMCC]int{}}
+	counter := &countingTPM{t: sim, count: map[tpm2.TPMCC]int{}, spent: map[tpm2.TPMCC]time.Duration{}}
 	node, err := tpm.NewAttestor(func() (transport.TPMCloser, error) { return tpmsim.NopCloser(counter), nil })
 	if err != nil {
 		b.Fatal(err)

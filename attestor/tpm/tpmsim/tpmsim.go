@@ -40,12 +40,22 @@ func (nopCloser) Close() error { return nil }
 // EKCertIndex is the NV index of the RSA EK certificate.
 const EKCertIndex tpm2.TPMHandle = 0x01c00002
 
+// EKPersistentHandle is where OpenProvisioned persists the RSA EK (the TCG
+// provisioning guidance's handle for it).
+const EKPersistentHandle tpm2.TPMHandle = 0x81010001
+
 // Provision does what a TPM manufacturer does: it creates the RSA EK from
 // the TCG template, has ca issue its certificate, and stores the
 // certificate in NV at EKCertIndex, followed by 0xFF filler up to nvSize
 // bytes (0 means exactly the certificate), as real NV indices are. It
 // returns the certificate.
 func Provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int) (*x509.Certificate, error) {
+	return provision(t, ca, nvSize, false)
+}
+
+// provision is Provision, and with persist it also makes the EK persistent
+// at EKPersistentHandle, as a machine's provisioning does.
+func provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int, persist bool) (*x509.Certificate, error) {
 	ek, err := tpm2.CreatePrimary{
 		PrimaryHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
 		InPublic:      tpm2.New2B(tpm2.RSAEKTemplate),
@@ -54,6 +64,15 @@ func Provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int) (*x509.C
 		return nil, fmt.Errorf("unable to create the EK: %w", err)
 	}
 	defer tpm2.FlushContext{FlushHandle: ek.ObjectHandle}.Execute(t)
+	if persist {
+		if _, err := (tpm2.EvictControl{
+			Auth:             tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
+			ObjectHandle:     &tpm2.NamedHandle{Handle: ek.ObjectHandle, Name: ek.Name},
+			PersistentHandle: EKPersistentHandle,
+		}).Execute(t); err != nil {
+			return nil, fmt.Errorf("unable to persist the EK: %w", err)
+		}
+	}
 	pub, err := ek.OutPublic.Contents()
 	if err != nil {
 		return nil, err
@@ -118,15 +137,16 @@ func Provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int) (*x509.C
 
 // OpenProvisioned starts a simulator whose seeds derive from seed, so that
 // every process opening it with the same seed sees the same EK (a
-// stand-in for one machine's TPM across invocations), and provisions its EK
-// certificate from ca. Insecure by construction: for tests and the demo.
+// stand-in for one machine's TPM across invocations), provisions its EK
+// certificate from ca and persists the EK at EKPersistentHandle. Insecure
+// by construction: for tests and the demo.
 func OpenProvisioned(seed int64, ca *tpmtest.ManufacturerCA) (transport.TPMCloser, error) {
 	sim, err := simulator.GetWithFixedSeedInsecure(seed)
 	if err != nil {
 		return nil, fmt.Errorf("unable to start the TPM simulator: %w", err)
 	}
 	t := transport.FromReadWriteCloser(sim)
-	if _, err := Provision(t, ca, 0); err != nil {
+	if _, err := provision(t, ca, 0, true); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("unable to provision the TPM simulator: %w", err)
 	}
