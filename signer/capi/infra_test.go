@@ -35,6 +35,7 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 		unserved       bool   // the management cluster serves no such kind
 		group          string // the reference's group, when not the infrastructure one
 		missing        bool   // no infrastructure object
+		cacheBehind    bool   // the cache has not seen the infrastructure object yet
 	}{
 		{name: "infrastructure only", infra: "ek-a", want: "ek-a"},
 		{name: "Machine only", machine: "ek-a", want: "ek-a"},
@@ -44,6 +45,7 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 		{name: "kind not served", infra: "ek-b", machine: "ek-a", want: "ek-a", unserved: true},
 		{name: "a reference outside the infrastructure group is not followed", infra: "ek-b", machine: "ek-a", want: "ek-a", group: "example.com"},
 		{name: "infrastructure object gone", machine: "ek-a", missing: true, reason: attestor.ReasonMachineNotFound},
+		{name: "an object the cache has not seen yet is confirmed live, not denied", infra: "ek-a", want: "ek-a", cacheBehind: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine("m1", "test:///1")
@@ -72,6 +74,12 @@ func TestInfrastructureEndorsementKey(t *testing.T) {
 				WithIndex(&clusterv1.Machine{}, IndexProviderID, func(o client.Object) []string { return ProviderIDIndexer(o) }).
 				Build()
 			matcher := &Matcher{Cache: c, Live: c, Namespace: "ns", Cluster: "c", Mapper: mapper}
+			if tc.cacheBehind {
+				matcher.Cache = fake.NewClientBuilder().WithScheme(scheme).WithRESTMapper(mapper).
+					WithObjects(&m).
+					WithIndex(&clusterv1.Machine{}, IndexProviderID, func(o client.Object) []string { return ProviderIDIndexer(o) }).
+					Build()
+			}
 			if tc.unserved {
 				matcher.Mapper = meta.NewDefaultRESTMapper(nil)
 			}

@@ -9,7 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -195,6 +195,11 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 // its machines' TPMs publishes it) to what the verifier sees. The Machine
 // and its infrastructure object may both pin it; when they disagree, the
 // request is denied: the signer cannot tell which one is right.
+//
+// The object's metadata is read from the cache, as the Machine itself is
+// (its own pin included): a decision costs the management API server no
+// request. Only its absence is confirmed live before it denies, so that an
+// object the cache has not seen yet does not deny a good node.
 func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Machine, out *engine.Machine) error {
 	ref := machine.Spec.InfrastructureRef
 	if m.Mapper == nil || ref.Name == "" || ref.Kind == "" || ref.APIGroup != infrastructureGroup {
@@ -211,9 +216,13 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 	if err != nil {
 		return fmt.Errorf("unable to resolve infrastructure kind %s.%s of Machine %s: %w", ref.Kind, ref.APIGroup, machine.Name, err)
 	}
-	infra := &unstructured.Unstructured{}
+	infra := &metav1.PartialObjectMetadata{}
 	infra.SetGroupVersionKind(mapping.GroupVersionKind)
-	err = m.Live.Get(ctx, client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}, infra)
+	key := client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}
+	err = m.Cache.Get(ctx, key, infra)
+	if apierrors.IsNotFound(err) {
+		err = m.Live.Get(ctx, key, infra)
+	}
 	if apierrors.IsNotFound(err) {
 		return deny(ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
 	}
