@@ -52,30 +52,34 @@ func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateS
 		logger.Info("Challenged", "node", d.NodeName, "requester", csr.Spec.Username)
 		return 0, nil
 	case engine.Deny:
-		return 0, c.condition(ctx, csr, d, certificatesv1.CertificateDenied, DecisionDenied)
+		_, err := c.condition(ctx, csr, d, certificatesv1.CertificateDenied, DecisionDenied)
+		return 0, err
 	case engine.Fail:
-		return 0, c.condition(ctx, csr, d, certificatesv1.CertificateFailed, DecisionFailed)
+		_, err := c.condition(ctx, csr, d, certificatesv1.CertificateFailed, DecisionFailed)
+		return 0, err
 	case engine.Approve:
 		if d.Consume != nil {
 			if err := c.consume(ctx, d.Consume, csr.Name); err != nil {
 				return 0, err
 			}
 		}
-		if err := c.condition(ctx, csr, d, certificatesv1.CertificateApproved, DecisionApproved); err != nil {
+		approved, err := c.condition(ctx, csr, d, certificatesv1.CertificateApproved, DecisionApproved)
+		if err != nil {
 			return 0, err
 		}
 		if d.Issue == nil || d.Profile.Signer == nil {
 			return 0, nil
 		}
-		return 0, c.sign(ctx, csr.Name, d)
+		return 0, c.sign(ctx, approved, true, d)
 	case engine.Sign:
-		return 0, c.sign(ctx, csr.Name, d)
+		return 0, c.sign(ctx, csr, false, d)
 	}
 	return 0, fmt.Errorf("unknown decision %q", d.Outcome)
 }
 
-// condition writes an Approved, Denied or Failed condition.
-func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType, decision string) error {
+// condition writes an Approved, Denied or Failed condition and returns the
+// CSR as written.
+func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType, decision string) (*certificatesv1.CertificateSigningRequest, error) {
 	csr = csr.DeepCopy()
 	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 		Type:           typ,
@@ -85,14 +89,15 @@ func (c *Controller) condition(ctx context.Context, csr *certificatesv1.Certific
 		LastUpdateTime: metav1.Now(),
 	})
 	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
+	var written *certificatesv1.CertificateSigningRequest
 	var err error
 	if typ == certificatesv1.CertificateFailed {
-		_, err = api.UpdateStatus(ctx, csr, metav1.UpdateOptions{})
+		written, err = api.UpdateStatus(ctx, csr, metav1.UpdateOptions{})
 	} else {
-		_, err = api.UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+		written, err = api.UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
 	}
 	if err != nil {
-		return fmt.Errorf("unable to write condition %s: %w", typ, err)
+		return nil, fmt.Errorf("unable to write condition %s: %w", typ, err)
 	}
 	c.metric(decision, d.Reason)
 	c.record(csr.Name, d.Machine, decision, d.Reason, d.Message)
@@ -105,7 +110,7 @@ func (c *Controller) condition(ctx context.Context, csr *certificatesv1.Certific
 	default:
 		logger.Info("Failed an approved request", "message", d.Message)
 	}
-	return nil
+	return written, nil
 }
 
 // consume denies the request whose challenge the request being approved
@@ -133,17 +138,24 @@ func (c *Controller) consume(ctx context.Context, first *certificatesv1.Certific
 	return nil
 }
 
-// sign signs an approved request. The cache may lag behind this signer's
-// own last write, so the live object is read first: a request is never
-// signed twice.
-func (c *Controller) sign(ctx context.Context, name string, d *engine.Decision) error {
+// sign signs an approved request. written says csr is what this signer's
+// approval just returned; otherwise csr comes from the cache, which may lag
+// behind this signer's own last write, and the live object is read first: a
+// request is never signed twice. The certificate is stored by an update
+// conditional on the resourceVersion read, so nothing written since is
+// overwritten.
+func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, written bool, d *engine.Decision) error {
 	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
-	live, err := api.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
+	live := csr
+	if !written {
+		var err error
+		live, err = api.Get(ctx, csr.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if !c.engine.Pending(live) || !engine.HasCondition(live, certificatesv1.CertificateApproved) {
 		return nil
