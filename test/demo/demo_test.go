@@ -31,7 +31,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
-	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	"sigs.k8s.io/kubelet-authenticator/attestor/azure"
@@ -129,9 +128,10 @@ func TestDemo(t *testing.T) {
 	detail("its kubeconfig and CA Secrets (%s-kubeconfig, %s-ca) laid out as Cluster API does", env.Cluster, env.Cluster)
 	detail("node-attestation-controller is running against the management cluster")
 
+	bundle := trustBundle{signer: attestor.ServingSignerName(att), path: filepath.Join(t.TempDir(), "trust-bundles", "kubelet-serving", "ca.crt")}
 	extra := []string{
 		"agent:\n  metricsBindAddress: \"0\"\n",
-		fmt.Sprintf("trustBundles:\n- signerName: %s\n  path: %s\n", attestor.ServingSignerName(att), filepath.Join(t.TempDir(), "trust-bundles", "kubelet-serving", "ca.crt")),
+		fmt.Sprintf("trustBundles:\n- signerName: %s\n  path: %s\n", bundle.signer, bundle.path),
 	}
 	var n *scenario.Node
 	switch att {
@@ -190,7 +190,7 @@ func TestDemo(t *testing.T) {
 	}
 	fmt.Fprintf(os.Stdout, "authenticated as %s\n", user)
 
-	projectTrustBundle(ctx, t, env, n)
+	projectTrustBundle(ctx, t, env, n, bundle)
 
 	say("The same bootstrap token, used to claim a control-plane node that has no Machine")
 	thief := env.NewNode(t, "control-plane-1", "demo:///fleet/control-plane-1", "insecure")
@@ -381,16 +381,15 @@ func evidence(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.
 	detail("approved (%s): %s", cond.Reason, cond.Message)
 }
 
+// trustBundle is the one projection the demo's node is configured with.
+type trustBundle struct{ signer, path string }
+
 // projectTrustBundle shows the controller's serving CA, published as a
 // signer-linked ClusterTrustBundle in the workload cluster, land on disk
 // through the node agent, then an update of the signer's bundles.
-func projectTrustBundle(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.Node) {
+func projectTrustBundle(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.Node, bundle trustBundle) {
 	t.Helper()
-	cfg, err := config.Load(n.ConfigPath)
-	if err != nil || len(cfg.TrustBundles) != 1 {
-		t.Fatalf("node config: %v", err)
-	}
-	path, signer := cfg.TrustBundles[0].Path, cfg.TrustBundles[0].SignerName
+	path, signer := bundle.path, bundle.signer
 	ctbs := env.Workload.Client.CertificatesV1beta1().ClusterTrustBundles()
 	var published []certificatesv1beta1.ClusterTrustBundle
 	harness.WaitFor(t, time.Minute, func() (bool, error) {
