@@ -102,7 +102,7 @@ func BenchmarkColdPath(b *testing.B) {
 	for _, a := range append([]string{"compare"}, coldAttestors...) {
 		infra = append(infra, "machine-cold-"+a)
 	}
-	serveInfrastructure(b, env.Mgmt, env.Namespace, infra)
+	env.Mgmt.ServeInfrastructure(b, env.Namespace, infra...)
 	env.StartController(b,
 		"--tpm-manufacturer-ca="+filepath.Join(caDir, tpmtest.BundleFile),
 		"--attestor-config="+clouds.AttestorConfig)

@@ -129,7 +129,7 @@ func BenchmarkFleetJoin(b *testing.B) {
 	for i := range names {
 		names[i] = name(i)
 	}
-	serveInfrastructure(b, env.Mgmt, env.Namespace, names)
+	env.Mgmt.ServeInfrastructure(b, env.Namespace, names...)
 	// scenario's -v=2 overridden: the default.
 	controller := env.StartController(b, append([]string{"-v=0"}, strings.Fields(*fleetController)...)...)
 	// The node binary as released (no simulator, no test attestors).

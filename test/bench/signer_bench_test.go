@@ -85,7 +85,7 @@ func BenchmarkSignerThroughput(b *testing.B) {
 	for i := range infra {
 		infra[i] = signerMachineName(i)
 	}
-	serveInfrastructure(b, mgmt, signerNamespace, infra)
+	mgmt.ServeInfrastructure(b, signerNamespace, infra...)
 	b.Logf("%d Machines and their DockerMachines created in %s", signerPendingCSRs, time.Since(start).Round(time.Millisecond))
 	bootstrap := signerBootstrapClient(b, wl)
 	ctx := context.Background()

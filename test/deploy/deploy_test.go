@@ -329,6 +329,9 @@ func TestRBACIsSufficient(t *testing.T) {
 		capi.AnnotationEnabled:             "true",
 		capi.AnnotationAuthorizedAttestors: "insecure",
 	})
+	// The Machines' infrastructure objects, as a provider keeps them: the
+	// controller watches their metadata.
+	mgmt.ServeInfrastructure(t, ns)
 	// The workload cluster as deploy/workload's user, not as its admin.
 	certPEM, keyPEM := wl.IssueClientCert(t, workloadUser)
 	restricted := wl.KubeconfigFor("", clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})

@@ -49,6 +49,10 @@ type Management struct {
 	// ControlPlane.Client, the clientset, which stays reachable as
 	// m.ControlPlane.Client.
 	Client client.Client
+
+	// infra creates DockerMachines once the cluster serves them
+	// (ServeInfrastructure).
+	infra dynamic.Interface
 }
 
 // Scheme returns a new scheme with the client-go types and Cluster API core v1beta2.
@@ -366,6 +370,9 @@ func (m *Management) CreateMachine(tb testing.TB, ns, cluster, name, providerID 
 	}
 	if err := m.Client.Create(ctx, machine); err != nil {
 		tb.Fatalf("unable to create Machine %s/%s: %v", ns, name, err)
+	}
+	if err := m.createInfrastructure(ctx, ns, name); err != nil {
+		tb.Fatal(err)
 	}
 
 	ready := bootstrapReady
