@@ -253,7 +253,7 @@ func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, side
 		nodeCPU, signerCPU := s.nodeCPU/joins, s.signerCPU/joins
 		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
 		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
-		fmt.Fprintf(table, "  %-28s %8.1f %8.0fms %8.0fms %8.1fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
+		fmt.Fprintf(table, "  %-28s %8.1f %8.0fms %8.0fms %8.2fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
 			ms(s.server.median()), ms(nodeCPU), ms(signerCPU))
 	}
 }
