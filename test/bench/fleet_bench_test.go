@@ -32,7 +32,7 @@ import (
 var (
 	fleetNodes       = flag.Int("fleet-nodes", 1000, "BenchmarkFleetJoin: nodes that join, per side")
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
-	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin: extra flags of the controller, space-separated (default: none, the controller's defaults)")
+	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
 )
@@ -54,6 +54,8 @@ type fleetSide struct {
 	// bootstrap); signerCPU the signer's (the controller's or
 	// kube-controller-manager's process).
 	nodeCPU, signerCPU time.Duration
+	// shared is what the run cost the rest of the machine (sharedCPU).
+	shared sharedCPU
 	// server is, per CSR, from the API server announcing it to the
 	// certificate's arrival on a watch: the signer's share of a join (of
 	// its last round, where the signer challenges). challenged is the same
@@ -202,12 +204,13 @@ func runKCMSide(b *testing.B, env *scenario.Env, bootCfg *rest.Config, side *fle
 		return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
 	})
 	stop := watchCSRs(b, env, side)
-	self, kcm := selfCPU(b), procCPU(b, p.PID())
+	self, kcm, shared := selfCPU(b), procCPU(b, p.PID()), readSharedCPU(b, env)
 	runFleet(b, side, n, c, func(i int) error {
 		return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
 	})
 	side.nodeCPU += selfCPU(b) - self
 	side.signerCPU += procCPU(b, p.PID()) - kcm
+	side.shared.add(shared, readSharedCPU(b, env))
 	stop()
 	p.Stop(10 * time.Second)
 }
@@ -222,7 +225,7 @@ func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID in
 	stop := watchCSRs(b, env, side)
 	var nodeCPU atomic.Int64
 	stderr := make([]string, len(nodes))
-	before := procCPU(b, signerPID)
+	before, shared := procCPU(b, signerPID), readSharedCPU(b, env)
 	runFleet(b, side, len(nodes), c, func(i int) error {
 		cpu, out, err := credential(ctx, bin, env, nodes[i], args...)
 		nodeCPU.Add(int64(cpu))
@@ -231,6 +234,7 @@ func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID in
 	})
 	side.nodeCPU += time.Duration(nodeCPU.Load())
 	side.signerCPU += procCPU(b, signerPID) - before
+	side.shared.add(shared, readSharedCPU(b, env))
 	side.stderr = append(side.stderr, stderr...)
 	stop()
 }
@@ -239,9 +243,10 @@ func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID in
 // side's name without "node-attestation-", and a row of table): joins per
 // second (rate, as the table heads it, and metric, its unit: "CSR/s" and
 // "csrs/s" where a join is one CSR), median and p99 join latency, wall,
-// the signer's share, and the nodes' and the signer's CPU per join.
+// the signer's share, the nodes', the signer's and the API servers' CPU
+// per join, and how busy the machine was.
 func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, sides []*fleetSide) {
-	fmt.Fprintf(table, "  %-28s %8s %10s %10s %9s %14s %14s %14s\n", "side", rate, "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join")
+	fmt.Fprintf(table, "  %-34s %8s %10s %10s %9s %14s %14s %14s %14s %13s\n", "side", rate, "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join", "API CPU/join", "machine busy")
 	for _, s := range sides {
 		key := strings.TrimPrefix(s.name, "node-attestation-")
 		l := s.latency()
@@ -253,8 +258,11 @@ func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, side
 		nodeCPU, signerCPU := s.nodeCPU/joins, s.signerCPU/joins
 		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
 		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
-		fmt.Fprintf(table, "  %-28s %8.1f %8.0fms %8.0fms %8.2fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
-			ms(s.server.median()), ms(nodeCPU), ms(signerCPU))
+		apiCPU, busy := s.shared.api/joins, s.shared.busyShare()
+		b.ReportMetric(ms(apiCPU), key+"-api-cpu-ms/join")
+		b.ReportMetric(100*busy, key+"-machine-busy-%")
+		fmt.Fprintf(table, "  %-34s %8.1f %8.0fms %8.0fms %8.2fs %12.0fms %12.1fms %12.1fms %12.1fms %12.0f%%\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
+			ms(s.server.median()), ms(nodeCPU), ms(signerCPU), ms(apiCPU), 100*busy)
 	}
 }
 
@@ -320,6 +328,67 @@ func procCPU(b *testing.B, pid int) time.Duration {
 		ticks += v
 	}
 	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// sharedCPU is what a side's run costs the rest of the machine: the CPU
+// time of the API servers and etcd of both clusters, and how long the
+// machine's CPUs were busy (every process's, other users' too) out of all
+// their time.
+type sharedCPU struct {
+	api, busy, all time.Duration
+}
+
+// add adds the difference between two readings of readSharedCPU.
+func (s *sharedCPU) add(before, after sharedCPU) {
+	s.api += after.api - before.api
+	s.busy += after.busy - before.busy
+	s.all += after.all - before.all
+}
+
+// busyShare is the share of the machine's CPU time that was busy.
+func (s *sharedCPU) busyShare() float64 {
+	if s.all == 0 {
+		return 0
+	}
+	return float64(s.busy) / float64(s.all)
+}
+
+// readSharedCPU reads the CPU time used so far by the API servers and
+// etcd of env's clusters, and the machine's busy and total CPU time
+// (/proc/stat, summed over its CPUs).
+func readSharedCPU(b *testing.B, env *scenario.Env) sharedCPU {
+	b.Helper()
+	var s sharedCPU
+	for _, cp := range []*harness.ControlPlane{env.Workload, env.Mgmt.ControlPlane} {
+		for _, p := range cp.Processes() {
+			if p.Name == "kube-apiserver" || p.Name == "etcd" {
+				s.api += procCPU(b, p.PID())
+			}
+		}
+	}
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// cpu user nice system idle iowait irq softirq steal (guest time is
+	// in user already).
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		b.Fatalf("/proc/stat: unexpected first line %q", line)
+	}
+	for i, f := range fields[1:9] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %v", err)
+		}
+		d := time.Duration(v) * time.Second / clockTicks
+		s.all += d
+		if i != 3 && i != 4 { // idle, iowait
+			s.busy += d
+		}
+	}
+	return s
 }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
