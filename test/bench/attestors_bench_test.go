@@ -155,7 +155,7 @@ func BenchmarkColdPath(b *testing.B) {
 			if a != "tpm" {
 				// The node binary as released.
 				start := time.Now()
-				if _, err := credential(ctx, release, env, n); err != nil {
+				if _, _, err := credential(ctx, release, env, n); err != nil {
 					return 0, fmt.Errorf("%s %w\ncontroller log:\n%s", a, err, lastLines(env.ControllerLog(), 30))
 				}
 				return time.Since(start), nil
@@ -184,7 +184,7 @@ func BenchmarkColdPath(b *testing.B) {
 			signerShare[csr.Spec.SignerName] = s
 		}
 		s.wall = append(s.wall, took)
-	})
+	}, nil)
 	if *coldCompare != "" {
 		var n *scenario.Node
 		switch *coldCompareAttestor {
@@ -210,7 +210,7 @@ func BenchmarkColdPath(b *testing.B) {
 				return 0, err
 			}
 			start := time.Now()
-			if _, err := credential(ctx, *coldCompare, env, n); err != nil {
+			if _, _, err := credential(ctx, *coldCompare, env, n); err != nil {
 				return 0, fmt.Errorf("%s %w", side, err)
 			}
 			return time.Since(start), nil

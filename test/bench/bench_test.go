@@ -11,6 +11,8 @@
 //     spaced and back to back, interleaved;
 //   - BenchmarkFleetJoin: a thousand exec-plugin processes joining 50 at a
 //     time, against tuned and default kube-controller-manager, with a plot;
+//   - BenchmarkFleetJoinTPM: the same with TPM nodes, each on its own swtpm,
+//     all at once, first join and rejoin, and where a join's time goes;
 //   - BenchmarkSignerThroughput, BenchmarkSignerMemory, BenchmarkSignerClusters:
 //     the controller's signing rate, and its memory per Machine and per
 //     workload cluster;

@@ -20,7 +20,9 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
@@ -30,7 +32,7 @@ import (
 var (
 	fleetNodes       = flag.Int("fleet-nodes", 1000, "BenchmarkFleetJoin: nodes that join, per side")
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
-	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin: extra flags of the controller, space-separated (default: none, the controller's defaults)")
+	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
 )
@@ -40,20 +42,29 @@ type fleetJoin struct {
 	start, took time.Duration // start from the run's start
 }
 
-// fleetSide is one side of BenchmarkFleetJoin.
+// fleetSide is one side of BenchmarkFleetJoin or BenchmarkFleetJoinTPM.
+// Each run of the side (runFleet) adds to it.
 type fleetSide struct {
 	name  string
 	color string
 	joins []fleetJoin
-	wall  time.Duration // first start to last end
+	wall  time.Duration // first start to last end, summed over runs
 	// nodeCPU is the CPU time the nodes' side spent (the exec plugin
 	// processes; the benchmark process itself for kubelet's in-process
 	// bootstrap); signerCPU the signer's (the controller's or
 	// kube-controller-manager's process).
 	nodeCPU, signerCPU time.Duration
+	// shared is what the run cost the rest of the machine (sharedCPU).
+	shared sharedCPU
 	// server is, per CSR, from the API server announcing it to the
-	// certificate's arrival on a watch: the signer's share of a join.
-	server sample
+	// certificate's arrival on a watch: the signer's share of a join (of
+	// its last round, where the signer challenges). challenged is the same
+	// to the challenge's arrival, per challenged CSR: the signer's first
+	// round.
+	server, challenged sample
+	// stderr is each join's standard error, in the order of joins (the
+	// exec plugin's; --verbose makes it a timeline).
+	stderr []string
 }
 
 func (s *fleetSide) perSecond() float64 { return float64(len(s.joins)) / s.wall.Seconds() }
@@ -66,11 +77,11 @@ func (s *fleetSide) latency() *sample {
 	return &l
 }
 
-// runFleet runs join(0..n-1) on c goroutines and records when each started
-// and how long it took.
+// runFleet runs join(0..n-1) on c goroutines and adds to side when each
+// started (from this run's start) and how long it took.
 func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 	b.Helper()
-	side.joins = make([]fleetJoin, n)
+	joins := make([]fleetJoin, n)
 	next := make(chan int)
 	var (
 		wg       sync.WaitGroup
@@ -83,7 +94,7 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 			for i := range next {
 				start := time.Now()
 				err := join(i)
-				side.joins[i] = fleetJoin{start: start.Sub(t0), took: time.Since(start)}
+				joins[i] = fleetJoin{start: start.Sub(t0), took: time.Since(start)}
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -99,7 +110,8 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 	}
 	close(next)
 	wg.Wait()
-	side.wall = time.Since(t0)
+	side.wall += time.Since(t0)
+	side.joins = append(side.joins, joins...)
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
@@ -136,7 +148,6 @@ func BenchmarkFleetJoin(b *testing.B) {
 	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
 	autoApprove(b, env.Workload)
 	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
-	ctx := context.Background()
 
 	start := time.Now()
 	providerID := func(i int) string { return "test:///fleet/" + name(i) }
@@ -147,41 +158,17 @@ func BenchmarkFleetJoin(b *testing.B) {
 	}
 	b.Logf("%d Machines and node configurations in %s", n, time.Since(start).Round(time.Millisecond))
 
-	kcmSide := func(side *fleetSide, args ...string) {
-		p := startKCM(b, env.Workload, side.name+".log", args...)
-		// Wait until it signs, so that its start-up is not counted.
-		harness.WaitFor(b, time.Minute, func() (bool, error) {
-			return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
-		})
-		stop := watchCSRs(b, env, &side.server)
-		self, kcm := selfCPU(b), procCPU(b, p.PID())
-		runFleet(b, side, n, c, func(i int) error {
-			return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
-		})
-		side.nodeCPU, side.signerCPU = selfCPU(b)-self, procCPU(b, p.PID())-kcm
-		stop()
-		p.Stop(10 * time.Second)
-	}
 	tuned := &fleetSide{name: "kcm-tuned", color: "#1f77b4"}
 	ours := &fleetSide{name: "node-attestation-controller", color: "#d62728"}
 	dflt := &fleetSide{name: "kcm-default", color: "#7f7f7f"}
 	sides := []*fleetSide{tuned, ours, dflt}
 	for b.Loop() {
-		kcmSide(tuned, kcmTunedArgs...)
+		runKCMSide(b, env, bootCfg, tuned, n, c, name, kcmTunedArgs...)
 		clearCSRs(b, env)
-		stop := watchCSRs(b, env, &ours.server)
-		var nodeCPU atomic.Int64
-		before := procCPU(b, controller.PID())
-		runFleet(b, ours, n, c, func(i int) error {
-			cpu, err := credential(ctx, plugin, env, nodes[i])
-			nodeCPU.Add(int64(cpu))
-			return err
-		})
-		ours.nodeCPU, ours.signerCPU = time.Duration(nodeCPU.Load()), procCPU(b, controller.PID())-before
-		stop()
+		runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
 		clearCSRs(b, env)
 		if *fleetKCMDefault {
-			kcmSide(dflt)
+			runKCMSide(b, env, bootCfg, dflt, n, c, name)
 			clearCSRs(b, env)
 		}
 	}
@@ -191,20 +178,8 @@ func BenchmarkFleetJoin(b *testing.B) {
 	b.StopTimer()
 
 	var table strings.Builder
-	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n  %-28s %8s %10s %10s %9s %14s %14s %14s\n", n, c, "side", "CSR/s", "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join")
-	for _, s := range sides {
-		key := strings.TrimPrefix(s.name, "node-attestation-")
-		l := s.latency()
-		b.ReportMetric(s.perSecond(), key+"-csrs/s")
-		b.ReportMetric(ms(l.median()), key+"-ms/median")
-		b.ReportMetric(ms(l.p99()), key+"-ms/p99")
-		b.ReportMetric(ms(s.server.median()), key+"-signer-ms/median")
-		nodeCPU, signerCPU := s.nodeCPU/time.Duration(n), s.signerCPU/time.Duration(n)
-		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
-		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
-		fmt.Fprintf(&table, "  %-28s %8.1f %8.0fms %8.0fms %8.1fs %12.0fms %12.1fms %12.1fms\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
-			ms(s.server.median()), ms(nodeCPU), ms(signerCPU))
-	}
+	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n", n, c)
+	reportFleet(b, &table, "CSR/s", "csrs/s", sides)
 	r := ours.perSecond() / tuned.perSecond()
 	b.ReportMetric(r, "controller-x-kcm-tuned")
 	fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
@@ -212,13 +187,96 @@ func BenchmarkFleetJoin(b *testing.B) {
 		fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
 	}
 	table.WriteString("\n")
-	path := *fleetPlot
+	table.WriteString(writeFleetFiles(b, env, *fleetPlot, "fleet-join.svg", n, c, sides))
+	fmt.Println(table.String())
+}
+
+// runKCMSide runs side through kube-controller-manager (startKCM, with
+// args): name(0..n-1) join c at a time with kubelet's TLS bootstrap in
+// process (kubeletJoin, a new client per node). It starts
+// kube-controller-manager and waits until it signs, so that its start-up
+// is not counted, and stops it after.
+func runKCMSide(b *testing.B, env *scenario.Env, bootCfg *rest.Config, side *fleetSide, n, c int, name func(int) string, args ...string) {
+	b.Helper()
+	ctx := context.Background()
+	p := startKCM(b, env.Workload, side.name+".log", args...)
+	harness.WaitFor(b, time.Minute, func() (bool, error) {
+		return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
+	})
+	stop := watchCSRs(b, env, side)
+	self, kcm, shared := selfCPU(b), procCPU(b, p.PID()), readSharedCPU(b, env)
+	runFleet(b, side, n, c, func(i int) error {
+		return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
+	})
+	side.nodeCPU += selfCPU(b) - self
+	side.signerCPU += procCPU(b, p.PID()) - kcm
+	side.shared.add(shared, readSharedCPU(b, env))
+	stop()
+	p.Stop(10 * time.Second)
+}
+
+// runCredentialSide runs side through the controller (process signerPID):
+// every node joins, c at a time, with a whole `kubelet-authenticator
+// credential` process of bin (credential, with args), and keeps each one's
+// standard error.
+func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID int, side *fleetSide, nodes []*scenario.Node, c int, args ...string) {
+	b.Helper()
+	ctx := context.Background()
+	stop := watchCSRs(b, env, side)
+	var nodeCPU atomic.Int64
+	stderr := make([]string, len(nodes))
+	before, shared := procCPU(b, signerPID), readSharedCPU(b, env)
+	runFleet(b, side, len(nodes), c, func(i int) error {
+		cpu, out, err := credential(ctx, bin, env, nodes[i], args...)
+		nodeCPU.Add(int64(cpu))
+		stderr[i] = out
+		return err
+	})
+	side.nodeCPU += time.Duration(nodeCPU.Load())
+	side.signerCPU += procCPU(b, signerPID) - before
+	side.shared.add(shared, readSharedCPU(b, env))
+	side.stderr = append(side.stderr, stderr...)
+	stop()
+}
+
+// reportFleet reports each side's figures (b.ReportMetric, keyed by the
+// side's name without "node-attestation-", and a row of table): joins per
+// second (rate, as the table heads it, and metric, its unit: "CSR/s" and
+// "csrs/s" where a join is one CSR), median and p99 join latency, wall,
+// the signer's share, the nodes', the signer's and the API servers' CPU
+// per join, and how busy the machine was.
+func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, sides []*fleetSide) {
+	fmt.Fprintf(table, "  %-34s %8s %10s %10s %9s %14s %14s %14s %14s %13s\n", "side", rate, "median", "p99", "wall", "signer median", "node CPU/join", "signer CPU/join", "API CPU/join", "machine busy")
+	for _, s := range sides {
+		key := strings.TrimPrefix(s.name, "node-attestation-")
+		l := s.latency()
+		b.ReportMetric(s.perSecond(), key+"-"+metric)
+		b.ReportMetric(ms(l.median()), key+"-ms/median")
+		b.ReportMetric(ms(l.p99()), key+"-ms/p99")
+		b.ReportMetric(ms(s.server.median()), key+"-signer-ms/median")
+		joins := time.Duration(len(s.joins))
+		nodeCPU, signerCPU := s.nodeCPU/joins, s.signerCPU/joins
+		b.ReportMetric(ms(nodeCPU), key+"-node-cpu-ms/join")
+		b.ReportMetric(ms(signerCPU), key+"-signer-cpu-ms/join")
+		apiCPU, busy := s.shared.api/joins, s.shared.busyShare()
+		b.ReportMetric(ms(apiCPU), key+"-api-cpu-ms/join")
+		b.ReportMetric(100*busy, key+"-machine-busy-%")
+		fmt.Fprintf(table, "  %-34s %8.1f %8.0fms %8.0fms %8.2fs %12.0fms %12.1fms %12.1fms %12.1fms %12.0f%%\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
+			ms(s.server.median()), ms(nodeCPU), ms(signerCPU), ms(apiCPU), 100*busy)
+	}
+}
+
+// writeFleetFiles writes the plot of join latency (writeFleetPlot) to path,
+// by default bin/<name> in the repository, and the controller's log beside
+// it, and returns a line that says where they are.
+func writeFleetFiles(b *testing.B, env *scenario.Env, path, name string, n, c int, sides []*fleetSide) string {
+	b.Helper()
 	if path == "" {
 		root, err := harness.RepoRoot()
 		if err != nil {
 			b.Fatal(err)
 		}
-		path = filepath.Join(root, "bin", "fleet-join.svg")
+		path = filepath.Join(root, "bin", name)
 	}
 	if err := writeFleetPlot(path, n, c, sides); err != nil {
 		b.Fatal(err)
@@ -227,28 +285,27 @@ func BenchmarkFleetJoin(b *testing.B) {
 	if err := os.WriteFile(logPath, []byte(env.ControllerLog()), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(&table, "  plot of join latency over the run: %s (the controller's log: %s)", path, logPath)
-	fmt.Println(table.String())
+	return fmt.Sprintf("  plot of join latency over the run: %s (the controller's log: %s)", path, logPath)
 }
 
 // credential runs the exec plugin binary for node n as kubelet would (as
-// scenario.Node.Credential does) and returns the CPU time it used.
-func credential(ctx context.Context, bin string, env *scenario.Env, n *scenario.Node) (time.Duration, error) {
+// scenario.Node.Credential does), with args after its own, and returns the
+// CPU time it used and its standard error.
+func credential(ctx context.Context, bin string, env *scenario.Env, n *scenario.Node, args ...string) (cpu time.Duration, stderr string, err error) {
 	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
 		env.Workload.URL, base64.StdEncoding.EncodeToString(env.Workload.CACertPEM))
-	cmd := exec.CommandContext(ctx, bin, "credential", "--config="+n.ConfigPath)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"credential", "--config=" + n.ConfigPath}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBERNETES_EXEC_INFO="+info)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
 	out, err := cmd.Output()
-	var cpu time.Duration
 	if cmd.ProcessState != nil {
 		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
 	if err != nil || len(out) == 0 {
-		return cpu, fmt.Errorf("credential: %v\n%s", err, lastLines(stderr.String(), 10))
+		return cpu, errOut.String(), fmt.Errorf("credential: %v\n%s", err, lastLines(errOut.String(), 10))
 	}
-	return cpu, nil
+	return cpu, errOut.String(), nil
 }
 
 // procCPU returns the CPU time (user and system) process pid has used.
@@ -273,6 +330,67 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ticks) * time.Second / clockTicks
 }
 
+// sharedCPU is what a side's run costs the rest of the machine: the CPU
+// time of the API servers and etcd of both clusters, and how long the
+// machine's CPUs were busy (every process's, other users' too) out of all
+// their time.
+type sharedCPU struct {
+	api, busy, all time.Duration
+}
+
+// add adds the difference between two readings of readSharedCPU.
+func (s *sharedCPU) add(before, after sharedCPU) {
+	s.api += after.api - before.api
+	s.busy += after.busy - before.busy
+	s.all += after.all - before.all
+}
+
+// busyShare is the share of the machine's CPU time that was busy.
+func (s *sharedCPU) busyShare() float64 {
+	if s.all == 0 {
+		return 0
+	}
+	return float64(s.busy) / float64(s.all)
+}
+
+// readSharedCPU reads the CPU time used so far by the API servers and
+// etcd of env's clusters, and the machine's busy and total CPU time
+// (/proc/stat, summed over its CPUs).
+func readSharedCPU(b *testing.B, env *scenario.Env) sharedCPU {
+	b.Helper()
+	var s sharedCPU
+	for _, cp := range []*harness.ControlPlane{env.Workload, env.Mgmt.ControlPlane} {
+		for _, p := range cp.Processes() {
+			if p.Name == "kube-apiserver" || p.Name == "etcd" {
+				s.api += procCPU(b, p.PID())
+			}
+		}
+	}
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// cpu user nice system idle iowait irq softirq steal (guest time is
+	// in user already).
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		b.Fatalf("/proc/stat: unexpected first line %q", line)
+	}
+	for i, f := range fields[1:9] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %v", err)
+		}
+		d := time.Duration(v) * time.Second / clockTicks
+		s.all += d
+		if i != 3 && i != 4 { // idle, iowait
+			s.busy += d
+		}
+	}
+	return s
+}
+
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
 // every Linux architecture Go supports.
 const clockTicks = 100
@@ -289,18 +407,24 @@ func selfCPU(b *testing.B) time.Duration {
 
 // watchCSRs watches the workload cluster's CSRs until stop is called and
 // adds, per CSR, the time from its creation event to the event that
-// carries its certificate to into.
-func watchCSRs(b *testing.B, env *scenario.Env, into *sample) (stop func()) {
+// carries its certificate to side.server, and to the event that carries a
+// challenge to side.challenged.
+func watchCSRs(b *testing.B, env *scenario.Env, side *fleetSide) (stop func()) {
 	return watchIssued(b, env, func(_ *certificatesv1.CertificateSigningRequest, took time.Duration) {
-		into.wall = append(into.wall, took)
+		side.server.wall = append(side.server.wall, took)
+	}, func(_ *certificatesv1.CertificateSigningRequest, took time.Duration) {
+		side.challenged.wall = append(side.challenged.wall, took)
 	})
 }
 
 // watchIssued watches the workload cluster's CSRs until stop is called and
 // calls issued, from one goroutine, with each CSR issued meanwhile and the
 // time from its creation event to the event that carries its certificate:
-// the signer's share of a join.
-func watchIssued(b *testing.B, env *scenario.Env, issued func(csr *certificatesv1.CertificateSigningRequest, took time.Duration)) (stop func()) {
+// the signer's share of a join. With challenged, it calls that likewise
+// with each CSR challenged meanwhile (attestor.AnnotationChallenge: the
+// signer's first round where the attestor answers a challenge in a second
+// CSR) and the time to the event that carries the challenge.
+func watchIssued(b *testing.B, env *scenario.Env, issued, challenged func(csr *certificatesv1.CertificateSigningRequest, took time.Duration)) (stop func()) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := env.Workload.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{})
@@ -311,6 +435,7 @@ func watchIssued(b *testing.B, env *scenario.Env, issued func(csr *certificatesv
 	go func() {
 		defer close(done)
 		added := map[string]time.Time{}
+		seenChallenge := map[string]bool{}
 		for ev := range w.ResultChan() {
 			csr, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
 			if !ok {
@@ -319,7 +444,12 @@ func watchIssued(b *testing.B, env *scenario.Env, issued func(csr *certificatesv
 			if _, seen := added[csr.Name]; !seen {
 				added[csr.Name] = time.Now()
 			}
-			if t := added[csr.Name]; !t.IsZero() && len(csr.Status.Certificate) > 0 {
+			t := added[csr.Name]
+			if _, ok := csr.Annotations[attestor.AnnotationChallenge]; ok && challenged != nil && !t.IsZero() && !seenChallenge[csr.Name] {
+				challenged(csr, time.Since(t))
+				seenChallenge[csr.Name] = true
+			}
+			if !t.IsZero() && len(csr.Status.Certificate) > 0 {
 				issued(csr, time.Since(t))
 				added[csr.Name] = time.Time{}
 			}

@@ -1,15 +1,29 @@
 package harness
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
+
+// Swtpm is a running swtpm (libtpms) TPM.
+type Swtpm struct {
+	// Sock is the path of its command socket (device "unix://" + Sock).
+	Sock string
+	// Bundle is the path of its manufacturer CA bundle (root and
+	// intermediate), what a verifier trusts.
+	Bundle string
+	// Process is the swtpm process.
+	Process *Process
+}
 
 // StartSwtpm manufactures a swtpm (libtpms) TPM with
 // test/tools/swtpm-provision.sh, its EK certificates issued by a self-made
@@ -20,21 +34,89 @@ import (
 // swtpm is a failure: test/tools/apt-packages.txt lists it.
 func StartSwtpm(tb testing.TB, bootLog []byte) (sock, bundle string) {
 	tb.Helper()
+	s := startSwtpm(tb, tb.TempDir(), "", bootLog)
+	return s.Sock, s.Bundle
+}
+
+// StartSwtpms manufactures n swtpm TPMs, as StartSwtpm does, whose EK
+// certificates one manufacturer CA issues (a vendor's chips in a fleet:
+// one bundle to trust), and runs each until the test ends. Their PCRs are
+// at zero.
+func StartSwtpms(tb testing.TB, n int) []*Swtpm {
+	tb.Helper()
+	caDir := tb.TempDir()
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[i] = tb.TempDir()
+	}
+	tpms := make([]*Swtpm, n)
+	if n == 0 {
+		return tpms
+	}
+	// The first creates the CA; the rest share it, provisioned two at a
+	// time (swtpm_localca locks the CA directory).
+	tpms[0] = startSwtpm(tb, dirs[0], caDir, nil)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	next := make(chan int)
+	for range 2 {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = provisionSwtpm(dirs[i], caDir)
+			}
+		})
+	}
+	for i := 1; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatal(err)
+	}
+	for i := 1; i < n; i++ {
+		tpms[i] = runSwtpm(tb, dirs[i], nil)
+	}
+	return tpms
+}
+
+// startSwtpm provisions a TPM in dir (its manufacturer CA in caDir, or its
+// own when empty) and runs it.
+func startSwtpm(tb testing.TB, dir, caDir string, bootLog []byte) *Swtpm {
+	tb.Helper()
+	if err := provisionSwtpm(dir, caDir); err != nil {
+		tb.Fatal(err)
+	}
+	return runSwtpm(tb, dir, bootLog)
+}
+
+// provisionSwtpm runs test/tools/swtpm-provision.sh dir [caDir].
+func provisionSwtpm(dir, caDir string) error {
 	for _, tool := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			tb.Fatalf("%s not found: install the packages in test/tools/apt-packages.txt", tool)
+			return fmt.Errorf("%s not found: install the packages in test/tools/apt-packages.txt", tool)
 		}
 	}
 	root, err := RepoRoot()
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
-	dir := tb.TempDir()
-	if out, err := exec.Command(filepath.Join(root, "test", "tools", "swtpm-provision.sh"), dir).CombinedOutput(); err != nil {
-		tb.Fatalf("swtpm-provision.sh: %v\n%s", err, out)
+	args := []string{dir}
+	if caDir != "" {
+		args = append(args, caDir)
 	}
-	sock = filepath.Join(dir, "tpm.sock")
-	StartProcess(tb, "swtpm", filepath.Join(dir, "swtpm.log"), "swtpm", "socket", "--tpm2",
+	if out, err := exec.Command(filepath.Join(root, "test", "tools", "swtpm-provision.sh"), args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("swtpm-provision.sh: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// runSwtpm runs the TPM provisioned in dir on dir/tpm.sock until the test
+// ends, its PCRs extended with bootLog's boot if given.
+func runSwtpm(tb testing.TB, dir string, bootLog []byte) *Swtpm {
+	tb.Helper()
+	sock := filepath.Join(dir, "tpm.sock")
+	p := StartProcess(tb, "swtpm", filepath.Join(dir, "swtpm.log"), "swtpm", "socket", "--tpm2",
 		"--tpmstate", "dir="+filepath.Join(dir, "state"),
 		"--server", "type=unixio,path="+sock,
 		"--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
@@ -63,5 +145,5 @@ func StartSwtpm(tb testing.TB, bootLog []byte) (sock, bundle string) {
 			tb.Fatal(err)
 		}
 	}
-	return sock, filepath.Join(dir, "manufacturer-ca.pem")
+	return &Swtpm{Sock: sock, Bundle: filepath.Join(dir, "manufacturer-ca.pem"), Process: p}
 }

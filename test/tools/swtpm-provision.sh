@@ -2,12 +2,16 @@
 # Manufacture a swtpm TPM 2.0 whose EK certificates chain to a self-made
 # manufacturer CA, the way a TPM vendor provisions a chip.
 #
-#   test/tools/swtpm-provision.sh DIR
+#   test/tools/swtpm-provision.sh DIR [CADIR]
 #
 # Creates, under DIR (which must exist and be empty or absent):
 #   state/                 the TPM state (swtpm --tpmstate dir=DIR/state)
 #   ca/                    the manufacturer CA (swtpm_localca: a root CA and
-#                          an intermediate that signs EK certificates)
+#                          an intermediate that signs EK certificates), or
+#                          CADIR when given: TPMs provisioned with the same
+#                          CADIR share one manufacturer, as a vendor's chips
+#                          do (swtpm_localca creates it on first use and
+#                          locks it, so several may be provisioned at once)
 #   manufacturer-ca.pem    root + intermediate, the bundle a verifier trusts
 #   ek/                    copies of the EK certificates swtpm_setup stored
 #                          in NV (RSA 2048 at 0x01c00002, ECC P-384 at 0x01c00016)
@@ -18,22 +22,26 @@
 # and point the node attestor at unix://DIR/tpm.sock.
 #
 # Needs swtpm and swtpm-tools (test/tools/apt-packages.txt). Nothing outside
-# DIR is written: swtpm_setup and swtpm_localca get their own config files.
+# DIR (and CADIR) is written: swtpm_setup and swtpm_localca get their own
+# config files.
 set -euo pipefail
 
-dir=${1:?usage: $0 DIR}
+dir=${1:?usage: $0 DIR [CADIR]}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
+ca=${2:-$dir/ca}
+mkdir -p "$ca"
+ca=$(cd "$ca" && pwd)
 for tool in swtpm swtpm_setup swtpm_localca; do
 	command -v "$tool" >/dev/null || { echo "$0: $tool not found; install swtpm swtpm-tools" >&2; exit 1; }
 done
-mkdir -p "$dir/state" "$dir/ca" "$dir/ek"
+mkdir -p "$dir/state" "$dir/ek"
 
 cat >"$dir/swtpm-localca.conf" <<CONF
-statedir = $dir/ca
-signingkey = $dir/ca/signkey.pem
-issuercert = $dir/ca/issuercert.pem
-certserial = $dir/ca/certserial
+statedir = $ca
+signingkey = $ca/signkey.pem
+issuercert = $ca/issuercert.pem
+certserial = $ca/certserial
 CONF
 cat >"$dir/swtpm-localca.options" <<CONF
 --platform-manufacturer kubelet-authenticator-test
@@ -53,5 +61,5 @@ swtpm_setup --tpm2 --tpmstate "$dir/state" --create-ek-cert \
 	--config "$dir/swtpm_setup.conf" --write-ek-cert-files "$dir/ek" \
 	--overwrite --logfile "$dir/swtpm_setup.log"
 
-cat "$dir/ca/swtpm-localca-rootca-cert.pem" "$dir/ca/issuercert.pem" >"$dir/manufacturer-ca.pem"
+cat "$ca/swtpm-localca-rootca-cert.pem" "$ca/issuercert.pem" >"$dir/manufacturer-ca.pem"
 echo "$dir/manufacturer-ca.pem"
