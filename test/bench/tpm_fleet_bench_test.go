@@ -77,7 +77,7 @@ func BenchmarkFleetJoinTPM(b *testing.B) {
 	for i := range names {
 		names[i] = name(i)
 	}
-	serveInfrastructure(b, env.Mgmt, env.Namespace, names)
+	env.Mgmt.ServeInfrastructure(b, env.Namespace, names...)
 	// scenario's -v=2 overridden: the default. One vendor: one bundle.
 	controller := env.StartController(b, append([]string{"-v=0", "--tpm-manufacturer-ca=" + tpms[0].Bundle}, strings.Fields(*fleetController)...)...)
 	// The node binary as released (no simulator, no test attestors): it
