@@ -100,11 +100,49 @@ type Store struct {
 	// records).
 	Reader client.Reader
 
-	// mu serializes Bind in this process, so that two CSRs of one Machine
-	// with different identities cannot both find no record and create one
-	// each. Another process can only race with this one across a leader
-	// change; checkAfterCreate settles that case.
-	mu sync.Mutex
+	// machines serializes Bind per Machine in this process, so that two
+	// CSRs of one Machine with different identities cannot both find no
+	// record and create one each. Binds of different Machines run at once
+	// (a fleet's first joins): two Machines claiming one identity race on
+	// creating its one record, whose name the identity decides, and the
+	// loser finds it. Another process can only race with this one across
+	// a leader change; checkAfterCreate settles that case.
+	machines keyedMutex
+}
+
+// keyedMutex is a mutex per key, kept while it is held or waited for.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[types.UID]*refMutex
+}
+
+type refMutex struct {
+	sync.Mutex
+	refs int
+}
+
+// lock locks key's mutex and returns its unlock.
+func (k *keyedMutex) lock(key types.UID) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[types.UID]*refMutex{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &refMutex{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 var _ engine.IdentityBinder = (*Store)(nil)
@@ -120,8 +158,7 @@ func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) er
 	if m.UID == "" || identity == "" {
 		return errors.New("trust on first use needs the Machine's UID and an identity")
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.machines.lock(m.UID)()
 
 	// The identity's record, wherever its Machine is: one device is one
 	// Machine, whichever namespace (tenant) it is in.

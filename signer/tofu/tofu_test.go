@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -226,4 +228,61 @@ func TestBindLostRace(t *testing.T) {
 		},
 	})
 	wantReason(t, newStore(c).Bind(ctx, m1, ek1), ReasonIdentityClaimedByOtherMachine)
+}
+
+// TestBindMachinesAtOnce: the first joins of a fleet are recorded at once,
+// not one Machine after the other (the record of one Machine is read while
+// another Machine's read has not returned), while two first uses of one
+// Machine stay one after the other.
+func TestBindMachinesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	m1obj, m1 := machine("fleet", "m1", "uid-1")
+	m2obj, m2 := machine("fleet", "m2", "uid-2")
+	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	reading := make(chan struct{}, 2)
+	c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(m1obj, m2obj).
+		WithInterceptorFuncs(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if key.Name == Name(ek1) {
+				reading <- struct{}{}
+				<-release // m1's read of its record hangs until m2 is bound
+			}
+			return c.Get(ctx, key, obj, opts...)
+		}}).Build()
+	s := newStore(c)
+	done := make(chan error, 1)
+	go func() { done <- s.Bind(ctx, m1, ek1) }()
+	<-reading
+	bound := make(chan error, 1)
+	go func() { bound <- s.Bind(ctx, m2, ek2) }()
+	select {
+	case err := <-bound:
+		if err != nil {
+			t.Fatalf("Machine m2: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Machine m2's first use waited for Machine m1's")
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatalf("Machine m1: %v", err)
+	}
+
+	// One Machine, two identities at once: one record stands.
+	_, m3 := machine("fleet", "m3", "uid-3")
+	errs := make(chan error, 2)
+	for _, id := range []string{"tpm:ek-sha256:3333", "tpm:ek-sha256:4444"} {
+		go func() { errs <- s.Bind(ctx, m3, id) }()
+	}
+	denied := 0
+	for range 2 {
+		if err := <-errs; err != nil {
+			wantReason(t, err, ReasonMachineIdentityMismatch)
+			denied++
+		}
+	}
+	if denied != 1 {
+		t.Errorf("two identities of one Machine at once: %d denied, want 1", denied)
+	}
 }
