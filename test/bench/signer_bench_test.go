@@ -92,7 +92,7 @@ func BenchmarkSignerThroughput(b *testing.B) {
 
 	b.Run("node-attestation-controller", func(b *testing.B) {
 		for b.Loop() {
-			names := signerFileCSRs(b, bootstrap, "bin")
+			names := signerFileCSRs(b, bootstrap, "bin", signerPendingCSRs)
 			dir := b.TempDir()
 			t0 := time.Now()
 			p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(dir, "controller.log"),
@@ -106,7 +106,7 @@ func BenchmarkSignerThroughput(b *testing.B) {
 
 	b.Run("node-attestation-controller-unthrottled", func(b *testing.B) {
 		for b.Loop() {
-			names := signerFileCSRs(b, bootstrap, "inproc")
+			names := signerFileCSRs(b, bootstrap, "inproc", signerPendingCSRs)
 			logFile, err := os.Create(filepath.Join(b.TempDir(), "controller.log"))
 			if err != nil {
 				b.Fatal(err)
@@ -173,13 +173,23 @@ func BenchmarkSignerMemory(b *testing.B) {
 		scenario.AnnotationEnabled:   "true",
 		scenario.AnnotationAttestors: "insecure",
 	})
+	bootstrap := signerBootstrapClient(b, wl)
 	for b.Loop() {
-		empty := signerMeasureRSS(b, mgmt, bin)
+		empty := signerMeasureRSS(b, mgmt, bin, nil)
 		start := time.Now()
 		signerCreateMachines(b, mgmt, signerFleetMachines)
+		infra := make([]string, signerFleetMachines)
+		for i := range infra {
+			infra[i] = signerMachineName(i)
+		}
+		mgmt.ServeInfrastructure(b, signerNamespace, infra...)
 		took := time.Since(start)
-		b.Logf("%d Machines created in %s (%.0f/s)", signerFleetMachines, took.Round(time.Millisecond), signerFleetMachines/took.Seconds())
-		full := signerMeasureRSS(b, mgmt, bin)
+		b.Logf("%d Machines and their DockerMachines created in %s (%.0f/s)", signerFleetMachines, took.Round(time.Millisecond), signerFleetMachines/took.Seconds())
+		// One decision starts the cache of the infrastructure objects'
+		// metadata, which then holds all of them.
+		full := signerMeasureRSS(b, mgmt, bin, func() {
+			signerWaitIssued(b, wl.Client, signerFileCSRs(b, bootstrap, "mem", 1))
+		})
 		b.ReportMetric(float64(empty.rss)/1024, "MiB/rss-0-machines")
 		b.ReportMetric(float64(empty.hwm)/1024, "MiB/hwm-0-machines")
 		b.ReportMetric(float64(full.rss)/1024, "MiB/rss-10k-machines")
@@ -199,7 +209,7 @@ type signerMemory struct {
 // workload cluster (its caches of Clusters, Secrets and Machines have
 // synced, and the cluster's CSRs are listed), lets it settle, and reads its
 // VmRSS and VmHWM.
-func signerMeasureRSS(b *testing.B, mgmt *harness.Management, bin string) signerMemory {
+func signerMeasureRSS(b *testing.B, mgmt *harness.Management, bin string, decide func()) signerMemory {
 	b.Helper()
 	port := harness.FreePort(b)
 	t0 := time.Now()
@@ -217,6 +227,9 @@ func signerMeasureRSS(b *testing.B, mgmt *harness.Management, bin string) signer
 		return err == nil && strings.Contains(string(body), synced), nil
 	})
 	m := signerMemory{ready: time.Since(t0)}
+	if decide != nil {
+		decide()
+	}
 	time.Sleep(5 * time.Second) // let the first GC cycles after the lists run
 	m.rss, m.hwm = signerProcStatus(b, p.PID())
 	b.Logf("controller ready in %s: VmRSS %d KiB, VmHWM %d KiB", m.ready.Round(time.Millisecond), m.rss, m.hwm)
@@ -386,12 +399,12 @@ func signerBootstrapClient(b *testing.B, wl *harness.ControlPlane) kubernetes.In
 	return c
 }
 
-// signerFileCSRs files one insecure-attested kubelet client CSR per Machine
-// as the bootstrap token, and returns their names.
-func signerFileCSRs(b *testing.B, bootstrap kubernetes.Interface, prefix string) []string {
+// signerFileCSRs files one insecure-attested kubelet client CSR for each of
+// the first n Machines as the bootstrap token, and returns their names.
+func signerFileCSRs(b *testing.B, bootstrap kubernetes.Interface, prefix string, n int) []string {
 	b.Helper()
-	names := make([]string, signerPendingCSRs)
-	reqs := make([][]byte, signerPendingCSRs)
+	names := make([]string, n)
+	reqs := make([][]byte, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%05d", prefix, i)
 		reqs[i], _ = signertest.Request{NodeName: signerMachineName(i), ProviderID: signerProviderID(i)}.Build(b)
