@@ -381,6 +381,14 @@ func (r *Revoker) update(ctx context.Context, always bool, change func(*State) b
 		out, written = s, true
 		return nil
 	})
+	if err == nil && out == nil {
+		// retry.OnError takes an error of fn that wraps a context error
+		// (ctx canceled while a request was under way) for its own
+		// interruption and returns the last conflict instead: none.
+		if err = ctx.Err(); err == nil {
+			err = errors.New("the revocation state was neither read nor written")
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

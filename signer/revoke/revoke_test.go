@@ -1,6 +1,7 @@
 package revoke
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"strings"
@@ -9,6 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 var t0 = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
@@ -156,4 +160,21 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("what Decode accepted does not round-trip: %v", err)
 		}
 	})
+}
+
+// TestUpdateCanceled: a request cut short by the caller's context (the
+// workload cluster's controller stopped while it kept the revocations) is
+// an error, not a state: client-go's retry helper reports a context error
+// as success, and the controller crashed on the missing state.
+func TestUpdateCanceled(t *testing.T) {
+	c := fake.NewClientset()
+	c.PrependReactor("get", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, context.Canceled
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := &Revoker{Client: c, Lifetime: time.Hour}
+	if _, _, err := r.Ensure(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Ensure() with its context canceled = %v, want context.Canceled", err)
+	}
 }
