@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -35,47 +33,33 @@ const infraCreators = 16
 func (m *Management) ServeInfrastructure(tb testing.TB, ns string, names ...string) {
 	tb.Helper()
 	ctx := context.Background()
-	ext, err := apiextensionsclient.NewForConfig(m.AdminConfig)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	preserve := true
-	crd := &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: DockerMachines.Resource + "." + DockerMachines.Group},
-		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-			Group: DockerMachines.Group,
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: DockerMachines.Resource, Singular: "dockermachine", Kind: "DockerMachine", ListKind: "DockerMachineList"},
-			Scope: apiextensionsv1.NamespaceScoped,
-			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: DockerMachines.Version, Served: true, Storage: true,
-				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-					Type: "object", XPreserveUnknownFields: &preserve,
+	if m.infra == nil {
+		preserve := true
+		crd := &apiextensionsv1.CustomResourceDefinition{
+			ObjectMeta: metav1.ObjectMeta{Name: DockerMachines.Resource + "." + DockerMachines.Group},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+				Group: DockerMachines.Group,
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: DockerMachines.Resource, Singular: "dockermachine", Kind: "DockerMachine", ListKind: "DockerMachineList"},
+				Scope: apiextensionsv1.NamespaceScoped,
+				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+					Name: DockerMachines.Version, Served: true, Storage: true,
+					Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+						Type: "object", XPreserveUnknownFields: &preserve,
+					}},
 				}},
-			}},
-		},
-	}
-	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		tb.Fatal(err)
-	}
-	WaitFor(tb, time.Minute, func() (bool, error) {
-		c, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+			},
+		}
+		if err := installCRDs(m.ControlPlane, []*apiextensionsv1.CustomResourceDefinition{crd}); err != nil {
+			tb.Fatal(err)
+		}
+		cfg := rest.CopyConfig(m.AdminConfig)
+		cfg.QPS, cfg.Burst = 2000, 4000
+		dyn, err := dynamic.NewForConfig(cfg)
 		if err != nil {
-			return false, nil
+			tb.Fatal(err)
 		}
-		for _, cond := range c.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	cfg := rest.CopyConfig(m.AdminConfig)
-	cfg.QPS, cfg.Burst = 2000, 4000
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		tb.Fatal(err)
+		m.infra = dyn
 	}
-	m.infra = dyn
 	next := make(chan string)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
