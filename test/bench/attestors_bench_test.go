@@ -5,7 +5,9 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/binary"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"maps"
@@ -26,11 +28,22 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmsim"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
 // coldAttestors are the attestors BenchmarkColdPath measures.
 var coldAttestors = []string{"insecure", "tpm", "aws", "azure", "gcp"}
+
+// coldSwtpm is BenchmarkColdPath's side of the tpm attestor on a swtpm TPM
+// (a process of its own, manufactured before the run, as a machine's TPM
+// is) through the release binary: no simulator starts inside the measured
+// process.
+const coldSwtpm = "tpm-swtpm"
+
+// coldSides are the sides BenchmarkColdPath can measure beside the
+// baseline.
+var coldSides = append(slices.Clone(coldAttestors), coldSwtpm)
 
 // coldCompare is a node binary of another commit that BenchmarkColdPath
 // runs as one more side, "<attestor>-compare", beside that attestor's: a
@@ -38,7 +51,7 @@ var coldAttestors = []string{"insecure", "tpm", "aws", "azure", "gcp"}
 var (
 	coldCompare         = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra side with the attestor of -cold-compare-attestor")
 	coldCompareAttestor = flag.String("cold-compare-attestor", "insecure", "BenchmarkColdPath: the attestor of the -cold-compare-binary side: insecure, or tpm (then the binary must be a test build, which links the simulator)")
-	coldOnly            = flag.String("cold-attestors", "", "BenchmarkColdPath: comma-separated attestors to measure (default all: "+strings.Join(coldAttestors, ",")+"); the kubelet baseline always runs")
+	coldOnly            = flag.String("cold-attestors", "", "BenchmarkColdPath: comma-separated sides to measure (default all: "+strings.Join(coldSides, ",")+"); the kubelet baseline always runs")
 )
 
 // kubeletSide names the baseline in BenchmarkColdPath's figures.
@@ -66,8 +79,10 @@ const (
 //     cache (the release build; the test build for tpm, which links the
 //     simulator), through the real node-attestation-controller (default flags),
 //     with each attestor: insecure, tpm on the in-process simulator (two
-//     CSRs: attestation, then the answer to the controller's challenge), and
-//     aws, azure and gcp against their emulators.
+//     CSRs: attestation, then the answer to the controller's challenge),
+//     tpm on a swtpm TPM through the release binary (tpm-swtpm: the TPM a
+//     process of its own, manufactured before the run, as a machine's is),
+//     and aws, azure and gcp against their emulators.
 //
 // One iteration runs, side after side, one spaced join (after a pause of
 // spacedPause: a node booting into an idle cluster), then backToBack joins
@@ -99,12 +114,14 @@ func BenchmarkColdPath(b *testing.B) {
 	})
 	// Machines are named machine-<node>; so are their DockerMachines.
 	var infra []string
-	for _, a := range append([]string{"compare"}, coldAttestors...) {
+	for _, a := range append([]string{"compare"}, coldSides...) {
 		infra = append(infra, "machine-cold-"+a)
 	}
 	env.Mgmt.ServeInfrastructure(b, env.Namespace, infra...)
+	swtpmSock, swtpmCA := harness.StartSwtpm(b, nil)
 	env.StartController(b,
 		"--tpm-manufacturer-ca="+filepath.Join(caDir, tpmtest.BundleFile),
+		"--tpm-manufacturer-ca="+swtpmCA,
 		"--attestor-config="+clouds.AttestorConfig)
 	autoApprove(b, env.Workload)
 	startKCM(b, env.Workload, "kcm.log")
@@ -118,12 +135,12 @@ func BenchmarkColdPath(b *testing.B) {
 		err := kubeletJoin(ctx, bootCfg, nil, fmt.Sprintf("kcm-cold-%05d", i))
 		return time.Since(start), err
 	}}
-	measured := coldAttestors
+	measured := coldSides
 	if *coldOnly != "" {
 		measured = strings.Split(*coldOnly, ",")
 		for _, a := range measured {
-			if !slices.Contains(coldAttestors, a) {
-				b.Fatalf("-cold-attestors: unknown attestor %q (want some of %s)", a, strings.Join(coldAttestors, ","))
+			if !slices.Contains(coldSides, a) {
+				b.Fatalf("-cold-attestors: unknown side %q (want some of %s)", a, strings.Join(coldSides, ","))
 			}
 		}
 	}
@@ -142,6 +159,8 @@ func BenchmarkColdPath(b *testing.B) {
 			n = env.NewNode(b, name, "test:///fleet/"+name, a)
 		case "tpm":
 			n = env.NewNode(b, name, "test:///fleet/"+name, a, tpmConfig(7))
+		case coldSwtpm:
+			n = env.NewNode(b, name, "test:///fleet/"+name, "tpm", fmt.Sprintf("tpm:\n  device: unix://%s\n", swtpmSock))
 		default:
 			n = env.CloudNode(b, clouds, name, a)
 		}
@@ -171,17 +190,18 @@ func BenchmarkColdPath(b *testing.B) {
 		})
 	}
 
-	// The signer's share, per signer name: from the CSR's creation event
-	// to its certificate's.
+	// The signer's share, per side (the node the CSR names): from the
+	// CSR's creation event to its certificate's.
 	var signerMu sync.Mutex
 	signerShare := map[string]*sample{}
 	stopWatch := watchIssued(b, env, func(csr *certificatesv1.CertificateSigningRequest, took time.Duration) {
 		signerMu.Lock()
 		defer signerMu.Unlock()
-		s := signerShare[csr.Spec.SignerName]
+		side := coldSideOf(csr)
+		s := signerShare[side]
 		if s == nil {
 			s = &sample{}
-			signerShare[csr.Spec.SignerName] = s
+			signerShare[side] = s
 		}
 		s.wall = append(s.wall, took)
 	}, nil)
@@ -262,14 +282,7 @@ func BenchmarkColdPath(b *testing.B) {
 	}
 	table.WriteString("  signer's share of a join (CSR created to certificate, both patterns; tpm: the second CSR):\n")
 	for _, side := range sides {
-		signer := certificatesv1.KubeAPIServerClientKubeletSignerName
-		if strings.HasSuffix(side, "-compare") {
-			continue // the same signer name as its attestor's side
-		}
-		if side != kubeletSide {
-			signer = "cluster.x-k8s.io/kube-apiserver-client-kubelet-" + side
-		}
-		if s := signerShare[signer]; s != nil && len(s.wall) > 0 {
+		if s := signerShare[side]; s != nil && len(s.wall) > 0 {
 			b.ReportMetric(ms(s.median()), side+"-signer-ms/median")
 			fmt.Fprintf(&table, "    %-16s %7.1fms median, %7.1fms p99\n", side, ms(s.median()), ms(s.p99()))
 		}
@@ -283,6 +296,26 @@ func BenchmarkColdPath(b *testing.B) {
 		fmt.Fprintf(&table, "\nthe last TPM join, --verbose:\n%s", tpmTimeline)
 	}
 	fmt.Println(table.String())
+}
+
+// coldSideOf returns the side of BenchmarkColdPath a CSR belongs to, from
+// the node its request names: kubelet's nodes are kcm-cold-<n>, each
+// other side's node cold-<side>.
+func coldSideOf(csr *certificatesv1.CertificateSigningRequest) string {
+	b, _ := pem.Decode(csr.Spec.Request)
+	if b == nil {
+		return ""
+	}
+	req, err := x509.ParseCertificateRequest(b.Bytes)
+	if err != nil {
+		return ""
+	}
+	node := strings.TrimPrefix(req.Subject.CommonName, "system:node:")
+	if strings.HasPrefix(node, "kcm-cold-") {
+		return kubeletSide
+	}
+	side, _ := strings.CutPrefix(node, "cold-")
+	return side
 }
 
 // ratio returns a / b.
