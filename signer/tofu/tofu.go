@@ -38,6 +38,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/keymutex"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -100,50 +101,21 @@ type Store struct {
 	// records).
 	Reader client.Reader
 
-	// machines serializes Bind per Machine in this process, so that two
-	// CSRs of one Machine with different identities cannot both find no
-	// record and create one each. Binds of different Machines run at once
-	// (a fleet's first joins): two Machines claiming one identity race on
-	// creating its one record, whose name the identity decides, and the
-	// loser finds it. Another process can only race with this one across
-	// a leader change; checkAfterCreate settles that case.
-	machines keyedMutex
+	// machines serializes Bind per Machine UID in this process (in
+	// bindLocks stripes), so that two CSRs of one Machine with different
+	// identities cannot both find no record and create one each. Binds of
+	// other Machines run at once (a fleet's first joins): two Machines
+	// claiming one identity race on creating its one record, whose name the
+	// identity decides, and the loser finds it. Another process can only
+	// race with this one across a leader change; checkAfterCreate settles
+	// that case.
+	machines     keymutex.KeyMutex
+	machinesOnce sync.Once
 }
 
-// keyedMutex is a mutex per key, kept while it is held or waited for.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[types.UID]*refMutex
-}
-
-type refMutex struct {
-	sync.Mutex
-	refs int
-}
-
-// lock locks key's mutex and returns its unlock.
-func (k *keyedMutex) lock(key types.UID) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[types.UID]*refMutex{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &refMutex{}
-		k.locks[key] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
-}
+// bindLocks is how many Binds of different Machines may run at once (the
+// stripes of a hashed key mutex: two Machines may share one).
+const bindLocks = 64
 
 var _ engine.IdentityBinder = (*Store)(nil)
 
@@ -158,7 +130,9 @@ func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) er
 	if m.UID == "" || identity == "" {
 		return errors.New("trust on first use needs the Machine's UID and an identity")
 	}
-	defer s.machines.lock(m.UID)()
+	s.machinesOnce.Do(func() { s.machines = keymutex.NewHashed(bindLocks) })
+	s.machines.LockKey(string(m.UID))
+	defer s.machines.UnlockKey(string(m.UID)) // a hashed key mutex always unlocks
 
 	// The identity's record, wherever its Machine is: one device is one
 	// Machine, whichever namespace (tenant) it is in.

@@ -233,7 +233,8 @@ func TestBindLostRace(t *testing.T) {
 // TestBindMachinesAtOnce: the first joins of a fleet are recorded at once,
 // not one Machine after the other (the record of one Machine is read while
 // another Machine's read has not returned), while two first uses of one
-// Machine stay one after the other.
+// Machine stay one after the other. (uid-1 and uid-2 hash to different
+// stripes of the lock; Machines sharing a stripe wait for each other.)
 func TestBindMachinesAtOnce(t *testing.T) {
 	ctx := context.Background()
 	m1obj, m1 := machine("fleet", "m1", "uid-1")
