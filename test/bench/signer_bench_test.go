@@ -17,10 +17,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -351,34 +351,12 @@ func createMachines(b *testing.B, mgmt *harness.Management, ns, cluster string, 
 // the benchmark with the first error.
 func signerParallel(b *testing.B, n int, f func(ctx context.Context, i int) error) {
 	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	next := make(chan int)
-	errs := make(chan error, signerCreateWorkers)
-	var wg sync.WaitGroup
-	for range signerCreateWorkers {
-		wg.Go(func() {
-			for i := range next {
-				if err := f(ctx, i); err != nil {
-					errs <- err
-					cancel()
-					return
-				}
-			}
-		})
-	}
-feed:
+	g, ctx := errgroup.WithContext(context.Background())
+	g.SetLimit(signerCreateWorkers)
 	for i := range n {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
+		g.Go(func() error { return f(ctx, i) })
 	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := g.Wait(); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -4,7 +4,6 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -331,21 +330,12 @@ func proxyTPM(l net.Listener, sock string, counter *countingTPM) error {
 // proxyCommands reads TPM commands from conn (each sized by its header),
 // sends them to t and writes back the responses, until conn is closed.
 func proxyCommands(conn net.Conn, t *countingTPM) error {
-	hdr := make([]byte, 10)
 	for {
-		if _, err := io.ReadFull(conn, hdr); err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return fmt.Errorf("unable to read a TPM command header: %w", err)
+		cmd, err := device.ReadMessage(conn)
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
-		size := binary.BigEndian.Uint32(hdr[2:6])
-		if size < 10 || size > 64<<10 {
-			return fmt.Errorf("TPM command has an invalid size %d", size)
-		}
-		cmd := make([]byte, size)
-		copy(cmd, hdr)
-		if _, err := io.ReadFull(conn, cmd[10:]); err != nil {
+		if err != nil {
 			return fmt.Errorf("unable to read a TPM command: %w", err)
 		}
 		rsp, err := t.Send(cmd)

@@ -3,9 +3,9 @@ package harness
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 
+	"golang.org/x/sync/errgroup"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,28 +60,13 @@ func (m *Management) ServeInfrastructure(tb testing.TB, ns string, names ...stri
 		}
 		m.infra = dyn
 	}
-	next := make(chan string)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
-	for range infraCreators {
-		wg.Go(func() {
-			for name := range next {
-				if err := m.createInfrastructure(ctx, ns, name); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		})
-	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(infraCreators)
 	for _, name := range names {
-		next <- name
+		g.Go(func() error { return m.createInfrastructure(ctx, ns, name) })
 	}
-	close(next)
-	wg.Wait()
-	if len(errs) > 0 {
-		tb.Fatalf("unable to create %d DockerMachines, the first: %v", len(errs), errs[0])
+	if err := g.Wait(); err != nil {
+		tb.Fatal(err)
 	}
 }
 

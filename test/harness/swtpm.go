@@ -1,15 +1,14 @@
 package harness
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/device"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 )
@@ -56,22 +55,12 @@ func StartSwtpms(tb testing.TB, n int) []*Swtpm {
 	// The first creates the CA; the rest share it, provisioned two at a
 	// time (swtpm_localca locks the CA directory).
 	tpms[0] = startSwtpm(tb, dirs[0], caDir, nil)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	next := make(chan int)
-	for range 2 {
-		wg.Go(func() {
-			for i := range next {
-				errs[i] = provisionSwtpm(dirs[i], caDir)
-			}
-		})
-	}
+	var g errgroup.Group
+	g.SetLimit(2)
 	for i := 1; i < n; i++ {
-		next <- i
+		g.Go(func() error { return provisionSwtpm(dirs[i], caDir) })
 	}
-	close(next)
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := g.Wait(); err != nil {
 		tb.Fatal(err)
 	}
 	for i := 1; i < n; i++ {

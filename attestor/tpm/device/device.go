@@ -24,7 +24,7 @@ import (
 // loaded and lets several clients share the TPM.
 const DefaultPath = "/dev/tpmrm0"
 
-// maxResponse bounds a TPM response read from a socket; TPM responses are a
+// maxResponse bounds a TPM message read from a socket; TPM responses are a
 // few kilobytes at most (MAX_RESPONSE_SIZE is 4096 on most TPMs).
 const maxResponse = 64 << 10
 
@@ -99,20 +99,31 @@ func (s *stream) Send(cmd []byte) ([]byte, error) {
 	if _, err := s.conn.Write(cmd); err != nil {
 		return nil, fmt.Errorf("unable to send TPM command: %w", err)
 	}
-	hdr := make([]byte, 10)
-	if _, err := io.ReadFull(s.conn, hdr); err != nil {
-		return nil, fmt.Errorf("unable to read TPM response header: %w", err)
-	}
-	size := binary.BigEndian.Uint32(hdr[2:6])
-	if size < 10 || size > maxResponse {
-		return nil, fmt.Errorf("TPM response has an invalid size %d", size)
-	}
-	rsp := make([]byte, size)
-	copy(rsp, hdr)
-	if _, err := io.ReadFull(s.conn, rsp[10:]); err != nil {
+	rsp, err := ReadMessage(s.conn)
+	if err != nil {
 		return nil, fmt.Errorf("unable to read TPM response: %w", err)
 	}
 	return rsp, nil
+}
+
+// ReadMessage reads one TPM command or response from r: a 10-byte header
+// whose size field (bytes 2 to 5) counts the whole message, at most
+// maxResponse.
+func ReadMessage(r io.Reader) ([]byte, error) {
+	hdr := make([]byte, 10)
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(hdr[2:6])
+	if size < 10 || size > maxResponse {
+		return nil, fmt.Errorf("invalid size %d", size)
+	}
+	msg := make([]byte, size)
+	copy(msg, hdr)
+	if _, err := io.ReadFull(r, msg[10:]); err != nil {
+		return nil, err
+	}
+	return msg, nil
 }
 
 // Close implements io.Closer.
