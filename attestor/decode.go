@@ -106,7 +106,7 @@ func checkEvidence(raw []byte) (string, error) {
 	if head.Version == nil {
 		return "", Deny(ReasonMalformedEvidence, `%s has no "version" member`, what)
 	}
-	if !versionRE.MatchString(*head.Version) {
+	if !versionRE().MatchString(*head.Version) {
 		return "", Deny(ReasonMalformedEvidence, "%s has an invalid version %q", what, *head.Version)
 	}
 	return *head.Version, nil

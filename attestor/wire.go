@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	json "github.com/go-json-experiment/json"
@@ -65,10 +66,13 @@ func ClientSignerName(provider string) string { return ClientSignerPrefix + prov
 // ServingSignerName returns the kubelet serving signer name for a provider.
 func ServingSignerName(provider string) string { return ServingSignerPrefix + provider }
 
-var providerNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+// Regular expressions are compiled on first use, not at package init: the
+// node binary links every provider, and the exec plugin's cached path pays
+// for each initializer on every call (make bench, BenchmarkCachedPath).
+var providerNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`) })
 
 // ValidProviderName reports whether name is a well-formed provider name.
-func ValidProviderName(name string) bool { return providerNameRE.MatchString(name) }
+func ValidProviderName(name string) bool { return providerNameRE().MatchString(name) }
 
 // ProviderIDExtension returns the CSR/certificate extension carrying
 // providerID.
@@ -244,7 +248,7 @@ func ParseRequest(data []byte) (*AttestedRequest, error) {
 	}, nil
 }
 
-var versionRE = regexp.MustCompile(`^v[0-9]+[a-z0-9]*$`)
+var versionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^v[0-9]+[a-z0-9]*$`) })
 
 // EvidenceVersion returns the "version" member of an evidence document
 // after CheckEvidence's rules; a failure is a *DenyError.

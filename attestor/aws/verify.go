@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/smallstep/pkcs7"
@@ -64,9 +65,12 @@ const clockSkew = 30 * time.Second
 //go:embed certs/rsa2048
 var builtinCerts embed.FS
 
-var accountRE = regexp.MustCompile(`^[0-9]{12}$`)
+// Regular expressions are compiled on first use, not at package init: the
+// node binary links every provider, and the exec plugin's cached path pays
+// for each initializer on every call (make bench, BenchmarkCachedPath).
+var accountRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9]{12}$`) })
 
-var regionalSTSHost = regexp.MustCompile(`^sts\.[a-z]{2}(-[a-z]+)+-[0-9]+\.amazonaws\.com$`)
+var regionalSTSHost = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sts\.[a-z]{2}(-[a-z]+)+-[0-9]+\.amazonaws\.com$`) })
 
 // VerifierConfig configures the signer half.
 type VerifierConfig struct {
@@ -143,7 +147,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		errs = append(errs, errors.New("no AWS rsa2048 certificates: set certificatesDir to a directory of <region>.pem files"))
 	}
 	for _, a := range cfg.Accounts {
-		if !accountRE.MatchString(a) {
+		if !accountRE().MatchString(a) {
 			errs = append(errs, fmt.Errorf("accounts: %q is not a 12-digit AWS account ID", a))
 		}
 		v.accounts[a] = true
@@ -342,7 +346,7 @@ var allowedQuery = map[string]bool{
 
 func (v *Verifier) hostAllowed(host string) bool {
 	if len(v.hosts) == 0 {
-		return host == DefaultSTSHost || regionalSTSHost.MatchString(host)
+		return host == DefaultSTSHost || regionalSTSHost().MatchString(host)
 	}
 	return slices.Contains(v.hosts, host)
 }
@@ -473,23 +477,23 @@ type roleRef struct {
 	partition, account, name string
 }
 
-var roleNameRE = regexp.MustCompile(`^[\w+=,.@-]{1,64}$`)
+var roleNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[\w+=,.@-]{1,64}$`) })
 
 // parseRoleRef parses a role name or an IAM role ARN
 // (arn:<partition>:iam::<account>:role/<path/><name>).
 func parseRoleRef(s string) (roleRef, error) {
 	if !strings.HasPrefix(s, "arn:") {
-		if !roleNameRE.MatchString(s) {
+		if !roleNameRE().MatchString(s) {
 			return roleRef{}, fmt.Errorf("%q is neither an IAM role name nor a role ARN", s)
 		}
 		return roleRef{name: s}, nil
 	}
 	parts := strings.SplitN(s, ":", 6)
-	if len(parts) != 6 || parts[1] == "" || parts[2] != "iam" || parts[3] != "" || !accountRE.MatchString(parts[4]) || !strings.HasPrefix(parts[5], "role/") {
+	if len(parts) != 6 || parts[1] == "" || parts[2] != "iam" || parts[3] != "" || !accountRE().MatchString(parts[4]) || !strings.HasPrefix(parts[5], "role/") {
 		return roleRef{}, fmt.Errorf("%q is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)", s)
 	}
 	name := parts[5][strings.LastIndex(parts[5], "/")+1:]
-	if !roleNameRE.MatchString(name) {
+	if !roleNameRE().MatchString(name) {
 		return roleRef{}, fmt.Errorf("%q has an invalid role name", s)
 	}
 	return roleRef{partition: parts[1], account: parts[4], name: name}, nil
