@@ -321,17 +321,32 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	provider := cfg.Attestor
 	start := time.Now()
 	since := func() time.Duration { return time.Since(start).Round(100 * time.Microsecond) }
+	// The CSR's name follows from the key and the evidence version (the
+	// requested one, else the attestor's newest): the watch on it opens,
+	// and with it the connection to the API server, while the attestor
+	// works.
+	version := req.Version
+	if vs := s.Attestor.Versions(); version == "" && len(vs) > 0 {
+		version = vs[0]
+	}
+	name, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "1")
+	if err != nil {
+		return nil, err
+	}
+	ahead := client.WatchAhead(ctx, name)
+	defer ahead.Stop()
 	att, err := s.Attestor.Attest(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("attestation failed: %w", err)
 	}
 	s.logf("attested with %s in %s", provider, since())
-	version := att.Version
-	request, err := attestor.EncodeRequest(pkcs10, provider, att.Evidence)
-	if err != nil {
-		return nil, err
+	if att.Version != version {
+		version = att.Version
+		if name, err = csr.Name(r.SignerName, cfg.NodeName, key, version, "1"); err != nil {
+			return nil, err
+		}
 	}
-	name, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "1")
+	request, err := attestor.EncodeRequest(pkcs10, provider, att.Evidence)
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +357,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	s.logf("filed certificate signing request %s (signer %s, evidence %s %s) at +%s", name, r.SignerName, provider, version, since())
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
-	obj, err = client.WaitFrom(ctx, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitAhead(ctx, ahead, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		if err != nil || cert != nil {
 			return true, err
@@ -361,8 +376,16 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 		return csr.Outcome(obj)
 	}
 	s.logf("challenged on %s at +%s", name, since())
+	ahead.Stop()
 
-	// Second round: answer the challenge in a new CSR over the same key.
+	// Second round: answer the challenge in a new CSR over the same key,
+	// watched from before the answer is worked out.
+	name2, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
+	if err != nil {
+		return nil, err
+	}
+	ahead2 := client.WatchAhead(ctx, name2)
+	defer ahead2.Stop()
 	answer, err := responder.Respond(ctx, req, challenge)
 	if err != nil {
 		return nil, fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
@@ -372,16 +395,12 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	name2, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
-	if err != nil {
-		return nil, err
-	}
 	obj2, err := client.Create(ctx, csr.ObjectWithUsages(name2, r.SignerName, r.Usages, request2, expiration, answer.Annotations))
 	if err != nil {
 		return nil, err
 	}
 	s.logf("answered the challenge on %s with certificate signing request %s at +%s", name, name2, since())
-	obj, err = client.WaitFrom(ctx, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+	obj, err = client.WaitAhead(ctx, ahead2, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 		cert, err := csr.Outcome(o)
 		return err != nil || cert != nil, err
 	})

@@ -235,6 +235,82 @@ func (c *Client) WaitFrom(ctx context.Context, obj *certificatesv1.CertificateSi
 	return ev.Object.(*certificatesv1.CertificateSigningRequest), nil
 }
 
+// Ahead is a watch on one CSR, opened before the CSR is filed
+// (WatchAhead): the connection to the API server is set up and the watch
+// registered while the node attests, instead of after the create. With no
+// resourceVersion the API server sends the CSR as it is when the watch
+// starts (if it exists by then) and every change after, so nothing filed
+// in between is missed.
+type Ahead struct {
+	name   string
+	ready  chan struct{}
+	w      watch.Interface
+	err    error
+	cancel context.CancelFunc
+}
+
+// WatchAhead starts opening a watch on the CSR name is about to be filed
+// under. Stop it when done with it.
+func (c *Client) WatchAhead(ctx context.Context, name string) *Ahead {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &Ahead{name: name, ready: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(a.ready)
+		a.w, a.err = c.listWatch(name).WatchWithContext(ctx, metav1.ListOptions{})
+	}()
+	return a
+}
+
+// Stop ends the watch (or its opening). It may be called more than once.
+func (a *Ahead) Stop() {
+	a.cancel()
+	<-a.ready
+	if a.w != nil {
+		a.w.Stop()
+	}
+}
+
+// WaitAhead is WaitFrom through a, a watch opened ahead on obj's name: obj
+// is what Create returned, done sees it first and then every later version
+// the watch delivers. If a watches another name (the request was filed
+// under a name not known in advance), did not open, or ends early, the
+// wait goes on as WaitFrom from the newest version seen.
+func (c *Client) WaitAhead(ctx context.Context, a *Ahead, obj *certificatesv1.CertificateSigningRequest, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+	if ok, err := done(obj); ok || err != nil {
+		return obj, err
+	}
+	if a == nil || a.name != obj.Name {
+		return c.WaitFrom(ctx, obj, done)
+	}
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		return nil, waitError(ctx, obj.Name, ctx.Err())
+	}
+	if a.err != nil {
+		return c.WaitFrom(ctx, obj, done)
+	}
+	cond := untilDone(obj.Name, done)
+	latest := obj
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, waitError(ctx, obj.Name, ctx.Err())
+		case ev, open := <-a.w.ResultChan():
+			if !open || ev.Type == watch.Error {
+				return c.WaitFrom(ctx, latest, done)
+			}
+			ok, err := cond(ev)
+			if o, isCSR := ev.Object.(*certificatesv1.CertificateSigningRequest); isCSR && ev.Type != watch.Deleted {
+				latest = o
+			}
+			if ok || err != nil {
+				return latest, err
+			}
+		}
+	}
+}
+
 func (c *Client) listWatch(name string) *cache.ListWatch {
 	return cache.NewListWatchFromClient(c.rc, resource, "", fields.OneTermEqualSelector("metadata.name", name))
 }
