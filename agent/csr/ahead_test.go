@@ -61,12 +61,15 @@ func TestWaitAhead(t *testing.T) {
 		_, err := cp.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, obj.Name, obj, metav1.UpdateOptions{})
 		return err
 	}
+	// denyLater denies obj while the test waits; the test then waits for it.
 	denyLater := func(t *testing.T, obj *certificatesv1.CertificateSigningRequest, reason string) {
-		go func() {
-			if err := deny(obj, reason); err != nil {
+		errc := make(chan error, 1)
+		go func() { errc <- deny(obj, reason) }()
+		t.Cleanup(func() {
+			if err := <-errc; err != nil {
 				t.Error(err)
 			}
-		}()
+		})
 	}
 	wantDenied := func(err error, reason string) {
 		t.Helper()
