@@ -53,15 +53,15 @@ register a node.
 // Main runs the command and returns the process exit code. Errors are
 // printed as one line on stderr.
 func Main(ctx context.Context, args []string) int {
-	if out, ok := cachedCredential(args, os.Getenv("KUBERNETES_EXEC_INFO"), time.Now()); ok {
-		if _, err := os.Stdout.Write(out); err != nil {
-			return 1
-		}
-		return 0
+	var err error
+	if call, ok := parseCredentialCall(args, os.Getenv("KUBERNETES_EXEC_INFO")); ok {
+		err = call.run(ctx, os.Stdout, os.Stderr, time.Now())
+	} else {
+		cmd := NewCommand(os.Stdout, os.Stderr)
+		cmd.SetArgs(args)
+		err = cmd.ExecuteContext(ctx)
 	}
-	cmd := NewCommand(os.Stdout, os.Stderr)
-	cmd.SetArgs(args)
-	if err := cmd.ExecuteContext(ctx); err != nil {
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "kubelet-authenticator: error: %s\n", oneLine(err))
 		var ex *exitError
 		if errors.As(err, &ex) {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -48,38 +50,8 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
-			apiVersion := ""
-			if info != nil {
-				apiVersion = info.APIVersion
-			}
-			if out, ok := answerFromCache(cfg, apiVersion, time.Now()); ok {
-				_, err = stdout.Write(out)
-				return err
-			}
-			src := &credential.Source{Config: cfg}
-			if verbose {
-				src.Logf = func(format string, args ...any) {
-					fmt.Fprintf(stderr, "kubelet-authenticator: "+format+"\n", args...)
-				}
-			}
-			if info != nil {
-				src.Cluster = info.Spec.Cluster
-			}
-			if src.Attestor, err = newAttestor(cfg); err != nil {
-				return err
-			}
-			// Get looks at the cache again, under the lock, and renews only
-			// if it must.
-			cred, expires, err := src.Get(cmd.Context())
-			if err != nil {
-				return err
-			}
-			out, err := credential.Marshal(apiVersion, cred, expires)
-			if err != nil {
-				return err
-			}
-			_, err = stdout.Write(out)
-			return err
+			call := &credentialCall{cfg: cfg, info: info, verbose: verbose}
+			return call.run(cmd.Context(), stdout, stderr, time.Now())
 		},
 	}
 	addCredentialFlags(cmd.Flags(), o, &verbose)
@@ -103,11 +75,22 @@ func answerFromCache(cfg *config.NodeConfig, apiVersion string, now time.Time) (
 	return out, err == nil
 }
 
-// cachedCredential answers `credential` args from a fresh cache before the
-// command tree is built (Main calls it first), with the same flags, the
-// same config loader and the same checks as the credential command; false
-// (anything unusual, invalid or not fresh) leaves the call to the command.
-func cachedCredential(args []string, execInfo string, now time.Time) ([]byte, bool) {
+// credentialCall is one run of the credential command, its flags, exec
+// info and configuration resolved.
+type credentialCall struct {
+	cfg     *config.NodeConfig
+	info    *clientauthv1.ExecCredential
+	verbose bool
+}
+
+// parseCredentialCall resolves `credential` args and the exec info the
+// way the credential command does (the same flags, the same config loader
+// and checks), so that Main can run the call before building the command
+// tree: kubelet's most frequent call, a fresh cache, then costs no more
+// than that, and a cold call loads its configuration once. false (not a
+// credential call, or anything unusual or invalid) leaves the call to the
+// command, which reports what is wrong.
+func parseCredentialCall(args []string, execInfo string) (*credentialCall, bool) {
 	if len(args) == 0 || args[0] != "credential" {
 		return nil, false
 	}
@@ -126,9 +109,46 @@ func cachedCredential(args []string, execInfo string, now time.Time) ([]byte, bo
 	if err != nil {
 		return nil, false
 	}
-	apiVersion := ""
-	if info != nil {
-		apiVersion = info.APIVersion
+	return &credentialCall{cfg: cfg, info: info, verbose: verbose}, true
+}
+
+func (c *credentialCall) apiVersion() string {
+	if c.info == nil {
+		return ""
 	}
-	return answerFromCache(cfg, apiVersion, now)
+	return c.info.APIVersion
+}
+
+// run prints the credential: from a fresh cache at once; otherwise the
+// cache lock, attestation, the CSR and the wait.
+func (c *credentialCall) run(ctx context.Context, stdout, stderr io.Writer, now time.Time) error {
+	if out, ok := answerFromCache(c.cfg, c.apiVersion(), now); ok {
+		_, err := stdout.Write(out)
+		return err
+	}
+	src := &credential.Source{Config: c.cfg}
+	if c.verbose {
+		src.Logf = func(format string, args ...any) {
+			fmt.Fprintf(stderr, "kubelet-authenticator: "+format+"\n", args...)
+		}
+	}
+	if c.info != nil {
+		src.Cluster = c.info.Spec.Cluster
+	}
+	var err error
+	if src.Attestor, err = newAttestor(c.cfg); err != nil {
+		return err
+	}
+	// Get looks at the cache again, under the lock, and renews only if it
+	// must.
+	cred, expires, err := src.Get(ctx)
+	if err != nil {
+		return err
+	}
+	out, err := credential.Marshal(c.apiVersion(), cred, expires)
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(out)
+	return err
 }

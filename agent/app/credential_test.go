@@ -8,11 +8,22 @@ import (
 	"time"
 )
 
+// cachedCredential is what Main prints for args without building the
+// command tree, when the call is one it takes and the cache answers it.
+func cachedCredential(args []string, execInfo string, now time.Time) ([]byte, bool) {
+	call, ok := parseCredentialCall(args, execInfo)
+	if !ok {
+		return nil, false
+	}
+	return answerFromCache(call.cfg, call.apiVersion(), now)
+}
+
 // TestCachedCredential: Main answers a fresh cache before building the
 // command tree, with the credential command's own flags and config loader,
-// and prints what the command prints; anything it does not take as it is
-// (an unknown flag, another node, a stale cache, an exec info it cannot
-// read) is left to the command.
+// and prints what the command prints; a call it does not take as it is
+// (an unknown flag, an exec info it cannot read, a configuration that does
+// not load) is left to the command, and one it takes whose cache is not
+// fresh (another node, due for renewal) goes on to renew.
 func TestCachedCredential(t *testing.T) {
 	cfgPath, _ := freshNode(t, "")
 	dir := filepath.Dir(cfgPath)
@@ -32,6 +43,20 @@ func TestCachedCredential(t *testing.T) {
 	}
 	if ec.APIVersion != "client.authentication.k8s.io/v1beta1" || !bytes.Contains([]byte(ec.Status.ClientKeyData), []byte("PRIVATE KEY")) || ec.Status.ExpirationTimestamp == "" {
 		t.Errorf("ExecCredential %+v", ec)
+	}
+
+	for name, args := range map[string][]string{
+		"unknown flag":    {"credential", "--config=" + cfgPath, "--bogus"},
+		"argument":        {"credential", "--config=" + cfgPath, "extra"},
+		"missing config":  {"credential", "--config=" + filepath.Join(dir, "none.yaml")},
+		"another command": {"status", "--config=" + cfgPath},
+	} {
+		if _, ok := parseCredentialCall(args, ""); ok {
+			t.Errorf("%s: taken before the command tree", name)
+		}
+	}
+	if _, ok := parseCredentialCall([]string{"credential", "--config=" + cfgPath}, `{"apiVersion":"client.authentication.k8s.io/v2"}`); ok {
+		t.Error("bad exec info: taken before the command tree")
 	}
 
 	for name, tc := range map[string]struct {
