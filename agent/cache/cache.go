@@ -217,7 +217,13 @@ func (d Dir) StoreKey(name string, key *ecdsa.PrivateKey) error {
 	if err := d.Ensure(); err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(d.Path, name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	// Not synced: the key must be there for a later call that retries the
+	// request (the page cache is enough for that), while a crash of the
+	// whole machine can at worst lose it or leave it unreadable, which
+	// LoadKey treats as no key: the node files a new request and the old
+	// one expires unanswered. The key is on the cold path's critical path;
+	// the credential it ends in is synced.
+	return writeFileAtomic(filepath.Join(d.Path, name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600, false)
 }
 
 // ClearKey removes the named key file of the directory.
@@ -249,6 +255,12 @@ func parseECKey(data []byte) (*ecdsa.PrivateKey, error) {
 // syncs it, and renames it over path, so that readers see the old content or
 // the new, never a partial file.
 func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
+	return writeFileAtomic(path, data, perm, true)
+}
+
+// writeFileAtomic is WriteFileAtomic; durable false skips the syncs (of the
+// file and of the directory after the rename).
+func writeFileAtomic(path string, data []byte, perm fs.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempMarker+"*")
 	if err != nil {
@@ -268,8 +280,10 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("unable to write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("unable to write %s: %w", path, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("unable to write %s: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("unable to write %s: %w", path, err)
@@ -278,6 +292,9 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode) error {
 		return fmt.Errorf("unable to write %s: %w", path, err)
 	}
 	ok = true
+	if !durable {
+		return nil
+	}
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
 		_ = d.Close()
