@@ -50,7 +50,7 @@ var coldSides = append(slices.Clone(coldAttestors), coldSwtpm)
 // before/after of a change to the cold path in one run.
 var (
 	coldCompare         = flag.String("cold-compare-binary", "", "BenchmarkColdPath: a kubelet-authenticator binary (e.g. built from an earlier commit) run as an extra side with the attestor of -cold-compare-attestor")
-	coldCompareAttestor = flag.String("cold-compare-attestor", "insecure", "BenchmarkColdPath: the attestor of the -cold-compare-binary side: insecure, or tpm (then the binary must be a test build, which links the simulator)")
+	coldCompareAttestor = flag.String("cold-compare-attestor", "insecure", "BenchmarkColdPath: the side whose node the -cold-compare-binary side joins as: insecure (a node of its own), or any side measured (-cold-attestors); for tpm the binary must be a test build, which links the simulator")
 	coldOnly            = flag.String("cold-attestors", "", "BenchmarkColdPath: comma-separated sides to measure (default all: "+strings.Join(coldSides, ",")+"); the kubelet baseline always runs")
 )
 
@@ -207,21 +207,15 @@ func BenchmarkColdPath(b *testing.B) {
 	}, nil)
 	if *coldCompare != "" {
 		var n *scenario.Node
-		switch *coldCompareAttestor {
-		case "insecure":
+		if *coldCompareAttestor == "insecure" {
 			n = env.NewNode(b, "cold-compare", "test:///fleet/cold-compare", "insecure")
-		case "tpm":
-			// The tpm side's node itself: the same simulated TPM (the
-			// seed decides how long its RSA EK takes to make) and Machine
-			// (trust on first use binds one EK to one Machine).
-			if n = nodes["tpm"]; n == nil {
-				b.Fatal("-cold-compare-attestor=tpm needs the tpm side (-cold-attestors)")
-			}
-		default:
-			b.Fatalf("-cold-compare-attestor: %q is not insecure or tpm", *coldCompareAttestor)
-		}
-		if *coldCompareAttestor != "tpm" {
 			env.Machine(b, n)
+		} else if n = nodes[*coldCompareAttestor]; n == nil {
+			// That side's node itself: the same TPM (simulated: its seed
+			// decides how long its RSA EK takes to make) or cloud identity,
+			// and the same Machine (trust on first use binds one EK to one
+			// Machine).
+			b.Fatalf("-cold-compare-attestor=%s needs that side (-cold-attestors)", *coldCompareAttestor)
 		}
 		side := *coldCompareAttestor + "-compare"
 		sides = append(sides, side)
