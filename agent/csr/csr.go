@@ -290,25 +290,20 @@ func (c *Client) WaitAhead(ctx context.Context, a *Ahead, obj *certificatesv1.Ce
 	if a.err != nil {
 		return c.WaitFrom(ctx, obj, done)
 	}
-	cond := untilDone(obj.Name, done)
-	latest := obj
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, waitError(ctx, obj.Name, ctx.Err())
-		case ev, open := <-a.w.ResultChan():
-			if !open || ev.Type == watch.Error {
-				return c.WaitFrom(ctx, latest, done)
-			}
-			ok, err := cond(ev)
-			if o, isCSR := ev.Object.(*certificatesv1.CertificateSigningRequest); isCSR && ev.Type != watch.Deleted {
-				latest = o
-			}
-			if ok || err != nil {
-				return latest, err
+	ev, err := watchtools.UntilWithoutRetry(ctx, a.w, untilDone(obj.Name, done))
+	if errors.Is(err, watchtools.ErrWatchClosed) && ctx.Err() == nil {
+		// The watch ended early: go on from the newest version it sent.
+		if ev != nil && ev.Type != watch.Deleted {
+			if o, ok := ev.Object.(*certificatesv1.CertificateSigningRequest); ok {
+				obj = o
 			}
 		}
+		return c.WaitFrom(ctx, obj, done)
 	}
+	if err != nil {
+		return nil, waitError(ctx, obj.Name, err)
+	}
+	return ev.Object.(*certificatesv1.CertificateSigningRequest), nil
 }
 
 func (c *Client) listWatch(name string) *cache.ListWatch {
