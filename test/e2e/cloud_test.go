@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -14,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,10 +48,38 @@ type cloudFleet struct {
 	aws   struct{ main, otherAccount, rogue, offList, late *aws.Emulator }
 	azure struct{ main, otherSubscription, rogue *azure.Emulator }
 	gcp   struct{ main, otherProject, rogue, impostor *gcp.Emulator }
-	// lateSTSHost is an allowed STS host nothing listens on until a test
-	// starts a proxy to the late instance's STS there.
+	// lateSTS is an allowed STS host that reaches no STS (it closes every
+	// connection) until a test points it at the late instance's STS. It
+	// holds its port from the start: a port only picked then could be
+	// taken by an outgoing connection before the test binds it.
+	lateSTS     *switchableServer
 	lateSTSHost string
 }
+
+// switchableServer is a TLS server that closes every connection it is
+// sent a request on until serve gives it a handler.
+type switchableServer struct {
+	*httptest.Server
+	handler atomic.Pointer[http.Handler]
+}
+
+func newSwitchableServer(t *testing.T) *switchableServer {
+	s := &switchableServer{}
+	s.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := s.handler.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// serve answers every later request with h.
+func (s *switchableServer) serve(h http.Handler) { s.handler.Store(&h) }
 
 const (
 	azureSubscriptionB = "99999999-8888-7777-6666-555555555555"
@@ -77,7 +105,8 @@ func TestCloud(t *testing.T) {
 	f.aws.rogue = aws.New(t, aws.Instance{InstanceID: "i-0eeeeeeeeeeeeeeee"})
 	f.aws.offList = aws.New(t, aws.Instance{InstanceID: "i-0cccccccccccccccc"})
 	f.aws.late = aws.New(t, aws.Instance{InstanceID: "i-0bbbbbbbbbbbbbbbb"})
-	f.lateSTSHost = fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	f.lateSTS = newSwitchableServer(t)
+	f.lateSTSHost = f.lateSTS.Listener.Addr().String()
 	f.azure.main = azure.New(t, azure.VM{})
 	f.azure.otherSubscription = azure.New(t, azure.VM{SubscriptionID: azureSubscriptionB, VMID: "bbbbbbbb-bbbb-cccc-dddd-eeeeeeeeeeee"})
 	f.azure.rogue = azure.New(t, azure.VM{VMID: "cccccccc-bbbb-cccc-dddd-eeeeeeeeeeee"})
@@ -325,20 +354,12 @@ func (f *cloudFleet) testAWS(t *testing.T) {
 		// STS is back (a proxy to the emulator at the allowed address):
 		// the controller's retry signs the same request, before its
 		// presigned URL expires.
-		l, err := net.Listen("tcp", f.lateSTSHost)
-		if err != nil {
-			t.Fatal(err)
-		}
 		target, _ := url.Parse(a.late.STSURL)
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(a.late.STSCAPEM)
 		proxy := httputil.NewSingleHostReverseProxy(target)
 		proxy.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
-		srv := httptest.NewUnstartedServer(proxy)
-		_ = srv.Listener.Close()
-		srv.Listener = l
-		srv.StartTLS()
-		t.Cleanup(srv.Close)
+		f.lateSTS.serve(proxy)
 		parseExecCredential(t, n.Credential(f.ctx))
 		if after := nodeCSRs(t, f.env, n.Name); len(after) != 1 || after[0].Name != csrs[0].Name {
 			t.Fatalf("the retry filed a new CSR instead of waiting for %s", csrs[0].Name)
