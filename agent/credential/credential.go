@@ -350,6 +350,7 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
+	ahead.Connected(ctx)
 	obj, err := client.Create(ctx, csr.ObjectWithUsages(name, r.SignerName, r.Usages, request, expiration, att.Annotations))
 	if err != nil {
 		return nil, err

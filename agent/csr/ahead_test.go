@@ -3,12 +3,15 @@ package csr
 import (
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -33,7 +36,7 @@ func TestWaitAhead(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	file := func(name string) *certificatesv1.CertificateSigningRequest {
+	object := func(name string) *certificatesv1.CertificateSigningRequest {
 		t.Helper()
 		key, err := GenerateKey()
 		if err != nil {
@@ -47,7 +50,11 @@ func TestWaitAhead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		obj, err := c.Create(ctx, Object(name, "cluster.x-k8s.io/kube-apiserver-client-kubelet-test", request, nil, nil))
+		return Object(name, "cluster.x-k8s.io/kube-apiserver-client-kubelet-test", request, nil, nil)
+	}
+	file := func(name string) *certificatesv1.CertificateSigningRequest {
+		t.Helper()
+		obj, err := c.Create(ctx, object(name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,6 +115,35 @@ func TestWaitAhead(t *testing.T) {
 		denyLater(t, obj, "Other")
 		_, err := c.WaitAhead(ctx, a, obj, decided)
 		wantDenied(err, "Other")
+	})
+	t.Run("one connection", func(t *testing.T) {
+		// A node's client starts with no connection to the API server:
+		// the create, sent once the watch is connected, goes over the
+		// watch's connection instead of dialling one of its own.
+		cfg := rest.CopyConfig(cp.AdminConfig)
+		var dials atomic.Int32
+		var d net.Dialer
+		cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return d.DialContext(ctx, network, addr)
+		}
+		node, err := NewClient(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := node.WatchAhead(ctx, "ahead-one-connection")
+		defer a.Stop()
+		a.Connected(ctx)
+		obj, err := node.Create(ctx, object("ahead-one-connection"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		denyLater(t, obj, "OneConnection")
+		_, err = node.WaitAhead(ctx, a, obj, decided)
+		wantDenied(err, "OneConnection")
+		if n := dials.Load(); n != 1 {
+			t.Errorf("the watch and the create dialled the API server %d times, want once", n)
+		}
 	})
 	t.Run("stopped watch", func(t *testing.T) {
 		a := c.WatchAhead(ctx, "ahead-stopped")

@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http/httptrace"
+	"sync"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -244,6 +246,7 @@ func (c *Client) WaitFrom(ctx context.Context, obj *certificatesv1.CertificateSi
 type Ahead struct {
 	name   string
 	ready  chan struct{}
+	conn   chan struct{}
 	w      watch.Interface
 	err    error
 	cancel context.CancelFunc
@@ -253,12 +256,29 @@ type Ahead struct {
 // under. Stop it when done with it.
 func (c *Client) WatchAhead(ctx context.Context, name string) *Ahead {
 	ctx, cancel := context.WithCancel(ctx)
-	a := &Ahead{name: name, ready: make(chan struct{}), cancel: cancel}
+	a := &Ahead{name: name, ready: make(chan struct{}), conn: make(chan struct{}), cancel: cancel}
+	var once sync.Once
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { once.Do(func() { close(a.conn) }) },
+	})
 	go func() {
 		defer close(a.ready)
 		a.w, a.err = c.listWatch(name).WatchWithContext(ctx, metav1.ListOptions{})
 	}()
 	return a
+}
+
+// Connected waits until the watch has its connection to the API server
+// (or failed to get one). A request sent after it shares that connection:
+// one sent while the first is still being dialled dials a second one
+// (HTTP/2 pools a connection only once its TLS handshake is done), a TLS
+// handshake both the node and the API server pay for and then throw away.
+func (a *Ahead) Connected(ctx context.Context) {
+	select {
+	case <-a.conn:
+	case <-a.ready:
+	case <-ctx.Done():
+	}
 }
 
 // Stop ends the watch (or its opening). It may be called more than once.
