@@ -176,17 +176,17 @@ func BenchmarkColdPath(b *testing.B) {
 				// The node binary as released.
 				start := time.Now()
 				if _, _, err := credential(ctx, release, env, n); err != nil {
-					return 0, fmt.Errorf("%s %w\ncontroller log:\n%s", a, err, lastLines(env.ControllerLog(), 30))
+					return 0, fmt.Errorf("%s %w\ncontroller log:\n%s", a, err, harness.LastLines(env.ControllerLog(), 30))
 				}
 				return time.Since(start), nil
 			}
 			// The simulator is linked only into the test build.
 			r := n.Credential(ctx, "--verbose")
 			if r.Err != nil {
-				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
+				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 30))
 			}
 			tpmTimeline = fmt.Sprintf("%s(whole process: %.1fms, ended %s)\nthe controller's log of it:\n%s", r.Stderr, ms(r.Took),
-				time.Now().Format("15:04:05.000000"), lastLines(env.ControllerLog(), 5))
+				time.Now().Format("15:04:05.000000"), harness.LastLines(env.ControllerLog(), 5))
 			return r.Took, nil
 		})
 	}
@@ -324,11 +324,6 @@ func coldSideOf(csr *certificatesv1.CertificateSigningRequest) string {
 
 // ratio returns a / b.
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
 
 // countingTPM counts the commands sent to a TPM, by command code.
 type countingTPM struct {

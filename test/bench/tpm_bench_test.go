@@ -75,7 +75,7 @@ func BenchmarkTPMBootState(b *testing.B) {
 		b.StartTimer()
 		r := n.Credential(ctx)
 		if r.Err != nil {
-			b.Fatalf("%s credential: %v\n%s\ncontroller log:\n%s", n.Name, r.Err, r.Stderr, lastLines(env.ControllerLog(), 30))
+			b.Fatalf("%s credential: %v\n%s\ncontroller log:\n%s", n.Name, r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 30))
 		}
 		return r.Took
 	}

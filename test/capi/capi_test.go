@@ -126,7 +126,7 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 	env.StartController(t, "--tpm-manufacturer-ca="+filepath.Join(tpmCADir, tpmtest.BundleFile))
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("controller log:\n%s", tail(env.ControllerLog(), 60))
+			t.Logf("controller log:\n%s", harness.LastLines(env.ControllerLog(), 60))
 		}
 	})
 
@@ -523,12 +523,4 @@ func createUnstructured(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVer
 	if _, err := dyn.Resource(gvr).Namespace(ns).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("unable to create %s %s/%s: %v", kind, ns, name, err)
 	}
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

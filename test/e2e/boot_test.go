@@ -124,7 +124,7 @@ func TestBootState(t *testing.T) {
 		harness.WaitFor(t, time.Minute, func() (bool, error) {
 			log := env.ControllerLog()
 			if strings.Contains(log, "CSR controller is still stopping") {
-				return false, fmt.Errorf("the old CSR controller did not stop in time:\n%s", tail(log, 20))
+				return false, fmt.Errorf("the old CSR controller did not stop in time:\n%s", harness.LastLines(log, 20))
 			}
 			return strings.Count(log, "Started the CSR controller") > started, nil
 		})

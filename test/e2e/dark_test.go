@@ -44,7 +44,7 @@ func TestWayBackWhenEverythingExpired(t *testing.T) {
 	rewrite(t, n.ConfigPath, env.BootstrapKubeconfig, bootstrap)
 	env.Machine(t, n)
 	if r := n.Credential(ctx); r.Err != nil {
-		t.Fatalf("first join: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, tail(env.ControllerLog(), 40))
+		t.Fatalf("first join: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 40))
 	}
 	first, err := (cache.Dir{Path: n.CacheDir}).Load()
 	if err != nil {
@@ -92,7 +92,7 @@ func TestWayBackWhenEverythingExpired(t *testing.T) {
 	copyFile(t, env.Workload.BootstrapKubeconfig(t, token), bootstrap)
 	r = n.Credential(ctx)
 	if r.Err != nil {
-		t.Fatalf("after a new bootstrap token: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, tail(env.ControllerLog(), 40))
+		t.Fatalf("after a new bootstrap token: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 40))
 	}
 	r = n.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
 	if r.Err != nil || strings.TrimSpace(r.Stdout) != "system:node:far" {

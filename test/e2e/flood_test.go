@@ -19,6 +19,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
@@ -114,7 +115,7 @@ func TestControllerMemoryUnderFlood(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s not denied 5 minutes after the flood\ncontroller log:\n%s", name, tail(env.ControllerLog(), 40))
+				t.Fatalf("%s not denied 5 minutes after the flood\ncontroller log:\n%s", name, harness.LastLines(env.ControllerLog(), 40))
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

@@ -65,18 +65,10 @@ func waitCSR(t *testing.T, env *scenario.Env, name string, timeout time.Duration
 			t.Fatal(err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("CSR %s: condition not reached in %s (last: %+v, %v)\ncontroller log:\n%s", name, timeout, conditions(c), err, tail(env.ControllerLog(), 40))
+			t.Fatalf("CSR %s: condition not reached in %s (last: %+v, %v)\ncontroller log:\n%s", name, timeout, conditions(c), err, harness.LastLines(env.ControllerLog(), 40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 func conditions(c *certificatesv1.CertificateSigningRequest) []string {
@@ -120,7 +112,7 @@ func whoami(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.No
 	t.Helper()
 	r := n.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
 	if r.Err != nil {
-		t.Fatalf("kubectl auth whoami: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, tail(env.ControllerLog(), 60))
+		t.Fatalf("kubectl auth whoami: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 60))
 	}
 	if got := strings.TrimSpace(r.Stdout); got != "system:node:"+n.Name {
 		t.Fatalf("API server sees %q, want system:node:%s", got, n.Name)

@@ -93,7 +93,7 @@ func installBinaries() (string, error) {
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s failed: %w; stderr:\n%s", script, err, tailString(stderr.String(), 30))
+		return "", fmt.Errorf("%s failed: %w; stderr:\n%s", script, err, LastLines(stderr.String(), 30))
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	dir := strings.TrimSpace(lines[len(lines)-1])
@@ -219,7 +219,9 @@ type stopPolling struct{ err error }
 func (s *stopPolling) Error() string { return s.err.Error() }
 func (s *stopPolling) Unwrap() error { return s.err }
 
-func tailString(s string, n int) string {
+// LastLines returns the last n lines of s, for failure messages that show
+// the end of a log.
+func LastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

@@ -121,12 +121,7 @@ func tailFile(path string, n int) string {
 	if err != nil {
 		return fmt.Sprintf("(unable to read log: %v)", err)
 	}
-	b = bytes.TrimRight(b, "\n")
-	lines := bytes.Split(b, []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
+	return LastLines(string(b), n)
 }
 
 // errAddressInUse is returned when a child could not bind its port because

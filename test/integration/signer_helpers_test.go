@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
 	"testing"
 	"time"
 
@@ -112,4 +115,33 @@ func labelValue(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// pollFor polls cond every 100 ms until it holds or timeout passes.
+func pollFor(timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+func parseCerts(t *testing.T, data []byte) []*x509.Certificate {
+	t.Helper()
+	var out []*x509.Certificate
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			return out
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
 }

@@ -1,3 +1,5 @@
+//go:build testattestors
+
 package integration
 
 import (

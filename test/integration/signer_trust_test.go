@@ -1,10 +1,11 @@
+//go:build testattestors
+
 package integration
 
 import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -316,34 +317,6 @@ func startStoppableSigner(t *testing.T, mgmt *harness.Management, adjust func(*a
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-func parseCerts(t *testing.T, data []byte) []*x509.Certificate {
-	t.Helper()
-	var out []*x509.Certificate
-	for rest := data; ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			return out
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, c)
-	}
-}
-
-func pollFor(timeout time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
 }
 
 func gaugeDump(t *testing.T, cluster string) map[string]float64 {
