@@ -4,13 +4,13 @@ import (
 	"crypto/x509"
 	"encoding/asn1"
 	"errors"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 )
 
 // reasonsOf lists the reasons of every denial in err.
@@ -151,7 +151,6 @@ func mustMarshal(t *testing.T, v any) []byte {
 // extended key usage and the subject alternative name; the exception
 // excuses them and nothing else.
 func TestRealEKProfile(t *testing.T) {
-	ekDir := filepath.Join(realData(t), "tpm-ek")
 	v := realVerifier(t, realBundle)
 	google := map[string]bool{"gce-pca_tpm_rsa_enc_cert.pem": true, "gce-pca_tpm_ecc_enc_cert.pem": true}
 	for _, f := range []string{
@@ -162,7 +161,7 @@ func TestRealEKProfile(t *testing.T) {
 		"gce-shielded-vm-rsa-ek-salrashid123-attribute_certificate.pem",
 	} {
 		t.Run(f, func(t *testing.T) {
-			cert, err := parseEKCertificate(readRealCert(t, filepath.Join(ekDir, f)))
+			cert, err := parseEKCertificate(readRealCert(t, realdatapkg.Path(t, "tpm-ek", f)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,7 +181,7 @@ func TestRealEKProfile(t *testing.T) {
 	// exception does not make them EK certificates.
 	for _, f := range []string{"gce-pca_tpm_rsa_sign_cert.pem", "gce-pca_tpm_ecc_sign_cert.pem"} {
 		t.Run(f, func(t *testing.T) {
-			cert, err := parseEKCertificate(readRealCert(t, filepath.Join(ekDir, f)))
+			cert, err := parseEKCertificate(readRealCert(t, realdatapkg.Path(t, "tpm-ek", f)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,7 +19,6 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 )
 
 // testNow is the fixed clock of tests that do not exercise real
@@ -328,11 +327,4 @@ func repoRoot(t testing.TB) string {
 		}
 		dir = parent
 	}
-}
-
-// realData is ../shared/realdata next to the repository. Its absence is a
-// failure: these tests are what shows real EK certificates verify.
-func realData(t testing.TB) string {
-	t.Helper()
-	return realdatapkg.Dir(t)
 }
