@@ -19,6 +19,8 @@ RELEASE_CMDS := kubelet-authenticator node-attestation-controller
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
 k8s_bin = $(shell test/tools/setup.sh)
+# The demo and the benchmarks need no Cluster API binaries and no helm.
+k8s_only_bin = $(shell test/tools/setup.sh --kubernetes-only)
 capi_bin = $(shell test/tools/install-capi.sh)
 helm_bin = $(shell test/tools/install-helm.sh)
 
@@ -66,13 +68,13 @@ test-unit: ## Run the tests that need no control plane
 
 .PHONY: demo
 demo: ## Start a management and a workload cluster and show a node attest, get its certificate and talk as itself (ATTESTOR=tpm|aws|azure|gcp|insecure, default tpm)
-	@bin_dir="$(k8s_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
+	@bin_dir="$(k8s_only_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
 	mkdir -p $(BIN) && $(GO) test -c -tags '$(TEST_TAGS)' -o $(BIN)/demo ./test/demo && \
 	KA_K8S_BIN="$$bin_dir" KA_DEMO=1 KA_DEMO_ATTESTOR='$(ATTESTOR)' $(BIN)/demo -test.run '^TestDemo$$' -test.timeout 10m
 
 .PHONY: bench
 bench: ## Benchmarks: exec plugin cached path against the floor; the limiter behind kubelet bootstrap's 400 ms; cold path of every attestor against kubelet's TLS bootstrap, spaced and back to back, interleaved
-	@bin_dir="$(k8s_bin)"; \
+	@bin_dir="$(k8s_only_bin)"; \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench BenchmarkCachedPath -benchtime 500x -count=1 ./test/bench/ && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkKubeletBootstrapLimiter$$' -benchtime 2x -count=1 ./test/bench/ && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkColdPath$$' -benchtime 30x -count=1 -timeout 30m ./test/bench/ && \
@@ -86,7 +88,7 @@ FLEET_CONCURRENCY ?= 50
 
 .PHONY: bench-signer
 bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEET_CONCURRENCY at a time) against tuned and default kube-controller-manager, with an SVG plot in bin/; FLEET_TPM_NODES TPM nodes on swtpm at once, first join and rejoin; controller CSRs/s on 500 pending CSRs; its memory with 0 and 10,000 Machines
-	@bin_dir="$(k8s_bin)"; \
+	@bin_dir="$(k8s_only_bin)"; \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkFleetJoin$$' -benchtime 1x -count=1 -timeout 60m ./test/bench/ \
 	  -args -fleet-nodes=$(FLEET_NODES) -fleet-concurrency=$(FLEET_CONCURRENCY) -fleet-plot=$(abspath $(BIN))/fleet-join.svg && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkFleetJoinTPM$$' -benchtime 2x -count=1 -timeout 30m ./test/bench/ \
