@@ -14,7 +14,7 @@ TEST_TAGS   ?= tpmsimulator testattestors
 TEST_TIMEOUT ?= 45m
 # Release platforms and commands of make build and make images.
 PLATFORMS   ?= linux/amd64 linux/arm64
-RELEASE_CMDS := kubelet-authenticator node-attestation-controller
+RELEASE_CMDS := kubelet-authenticator node-attestation-controller tpm-boot-policy
 
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
@@ -29,7 +29,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Targets:\n"} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build the node binary and the controller for linux/amd64 and linux/arm64 into bin/<os>_<arch>/ (release: static, no simulator, no test attestors)
+build: ## Build the node binary, the controller and tpm-boot-policy (for image builders) for linux/amd64 and linux/arm64 into bin/<os>_<arch>/ (release: static, no simulator, no test attestors)
 	@set -e; for p in $(PLATFORMS); do \
 	  os="$${p%/*}"; arch="$${p#*/}"; out="$(BIN)/$${os}_$${arch}"; \
 	  for c in $(RELEASE_CMDS); do \

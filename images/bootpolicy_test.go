@@ -46,7 +46,7 @@ func TestRoleRecordsBootPolicy(t *testing.T) {
 
 	// The tool as the build host has it: static, so that it runs on any image.
 	tool := filepath.Join(work, "tpm-boot-policy")
-	build := exec.Command("go", "build", "-o", tool, "./attestor/tpm/cmd/tpm-boot-policy")
+	build := exec.Command("go", "build", "-o", tool, "./cmd/tpm-boot-policy")
 	build.Dir = repo
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -189,7 +189,7 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	bin := filepath.Join(work, "bin")
 	t0 := time.Now()
 	run(t, repo, nil, tl["go"], "build", "-o", filepath.Join(bin, "kubelet-authenticator"), "./cmd/kubelet-authenticator")
-	run(t, repo, []string{"CGO_ENABLED=0"}, tl["go"], "build", "-o", filepath.Join(bin, "tpm-boot-policy"), "./attestor/tpm/cmd/tpm-boot-policy")
+	run(t, repo, []string{"CGO_ENABLED=0"}, tl["go"], "build", "-o", filepath.Join(bin, "tpm-boot-policy"), "./cmd/tpm-boot-policy")
 	t.Logf("built kubelet-authenticator and tpm-boot-policy in %s", time.Since(t0).Round(time.Second))
 
 	tarball := rootfsTarball(t, tl["mmdebstrap"])

@@ -213,7 +213,7 @@ func goldenPolicy(t *testing.T, log string) []byte {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "tpm-boot-policy")
-	build := exec.Command("go", "build", "-o", bin, "./attestor/tpm/cmd/tpm-boot-policy")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/tpm-boot-policy")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,5 +44,26 @@ func TestPrintsAPolicyOfARealBoot(t *testing.T) {
 		if err := run(args, &buf); err == nil {
 			t.Errorf("%q succeeded", args)
 		}
+	}
+}
+
+// TestHelp: --help prints what the command does and its flags, and exits
+// 0 (an image builder's script checks the tool with it).
+func TestHelp(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "tpm-boot-policy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"measured-boot event log", "-event-log", "-pcrs", "-pin", "-state"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--help does not mention %q:\n%s", want, out)
+		}
+	}
+	if out, err := exec.Command(bin, "--no-such-flag").CombinedOutput(); err == nil {
+		t.Errorf("an unknown flag exited 0:\n%s", out)
 	}
 }

@@ -9,6 +9,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,7 +21,11 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
+	err := run(os.Args[1:], os.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tpm-boot-policy:", err)
 		os.Exit(1)
 	}
@@ -33,6 +38,13 @@ func run(args []string, out io.Writer) error {
 	pcrs := fs.String("pcrs", "", "the PCRs the nodes quote, comma-separated (the agent's pcrs; default 0-9)")
 	pin := fs.String("pin", "", "PCRs to pin outright, comma-separated (only where the fleet's firmware is the builder's)")
 	state := fs.Bool("state", false, "print the boot state the log proves (JSON) instead of the policy")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: tpm-boot-policy [flags]\n\n"+
+			"Prints the TPM boot policy that admits this machine's boot, read from its\n"+
+			"measured-boot event log (no TPM needed, nothing changed). Run it on an image's\n"+
+			"build VM after booting the image; merge the output into the Cluster's policy.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
