@@ -38,6 +38,9 @@ register a node.
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	// --version without a shorthand: -v is the log level wherever it
+	// exists (credential, agent), as in kubectl and Cluster API.
+	root.Flags().Bool("version", false, "print the version")
 	root.AddCommand(newCredentialCommand(stdout, stderr))
 	root.AddCommand(newAgentCommand())
 	root.AddCommand(newStatusCommand(stdout))
@@ -99,16 +102,22 @@ type nodeOptions struct {
 }
 
 func (o *nodeOptions) AddFlags(fs *pflag.FlagSet) {
-	o.flags = fs
-	fs.StringVar(&o.configPath, "config", config.DefaultPath, "path of the node configuration file (YAML, kind NodeConfig)")
-	fs.StringVar(&o.override.NodeName, "node-name", "", "node name to register as (default: the host name)")
+	o.addLocationFlags(fs)
 	fs.StringVar(&o.override.ProviderID, "provider-id", "", "provider ID to claim; must equal the Machine's spec.providerID")
 	fs.StringVar(&o.override.Attestor, "attestor", "", "attestor proving this node: tpm, aws, azure, gcp, insecure (default tpm)")
 	fs.StringVar(&o.override.SignerName, "signer-name", "", "signer name (default cluster.x-k8s.io/kube-apiserver-client-kubelet-<attestor>)")
 	fs.StringVar(&o.override.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "kubeconfig holding the bootstrap credential (default "+config.DefaultBootstrapKubeconfig+")")
-	fs.StringVar(&o.override.CacheDir, "cache-dir", "", "directory holding the client certificate, key and lock (default "+config.DefaultCacheDir+")")
 	fs.DurationVar(&o.override.RequestTimeout.Duration, "timeout", 0, "how long to wait for the certificate signing request to be signed (default 5m)")
 	fs.DurationVar(&o.override.CertificateLifetime.Duration, "certificate-lifetime", 0, "client certificate lifetime to request (default: the signer's)")
+}
+
+// addLocationFlags adds the flags that say which node and which files: all
+// status needs.
+func (o *nodeOptions) addLocationFlags(fs *pflag.FlagSet) {
+	o.flags = fs
+	fs.StringVar(&o.configPath, "config", config.DefaultPath, "path of the node configuration file (YAML, kind NodeConfig)")
+	fs.StringVar(&o.override.NodeName, "node-name", "", "node name to register as (default: the host name)")
+	fs.StringVar(&o.override.CacheDir, "cache-dir", "", "directory holding the client certificate, key and lock (default "+config.DefaultCacheDir+")")
 }
 
 // Complete loads the config file, applies flags over it and fills defaults.

@@ -17,8 +17,7 @@ import (
 )
 
 func newCredentialCommand(stdout, stderr io.Writer) *cobra.Command {
-	o := &nodeOptions{}
-	verbose := false
+	o, logs := &nodeOptions{}, &logFlags{}
 	cmd := &cobra.Command{
 		Use:   "credential",
 		Short: "Exec credential plugin: print kubelet's client certificate as an ExecCredential",
@@ -50,17 +49,30 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
-			call := &credentialCall{cfg: cfg, info: info, verbose: verbose}
+			call := &credentialCall{cfg: cfg, info: info, verbose: logs.progress()}
 			return call.run(cmd.Context(), stdout, stderr, time.Now())
 		},
 	}
-	addCredentialFlags(cmd.Flags(), o, &verbose)
+	addCredentialFlags(cmd.Flags(), o, logs)
 	return cmd
 }
 
-func addCredentialFlags(fs *pflag.FlagSet, o *nodeOptions, verbose *bool) {
+// logFlags are the credential command's log settings: -v, the log level
+// as everywhere else (kubectl, Cluster API, the agent), and --verbose, the
+// older spelling of -v=1.
+type logFlags struct {
+	level   int
+	verbose bool
+}
+
+// progress reports whether the call logs its progress.
+func (l *logFlags) progress() bool { return l.level > 0 || l.verbose }
+
+func addCredentialFlags(fs *pflag.FlagSet, o *nodeOptions, logs *logFlags) {
 	o.AddFlags(fs)
-	fs.BoolVarP(verbose, "verbose", "v", false, "log progress (attestation, CSR name, signer decision) on stderr; by default a failure is one line and success prints nothing there")
+	fs.IntVarP(&logs.level, "v", "v", 0, "log level: 1 or more logs progress (attestation, CSR name, signer decision) on stderr; at 0 a failure is one line and success prints nothing there")
+	fs.BoolVar(&logs.verbose, "verbose", false, "the same as -v=1")
+	_ = fs.MarkDeprecated("verbose", "use -v=1")
 }
 
 // answerFromCache is the path kubelet takes most: a fresh cached
@@ -96,8 +108,8 @@ func parseCredentialCall(args []string, execInfo string) (*credentialCall, bool)
 	}
 	fs := pflag.NewFlagSet("credential", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	o, verbose := &nodeOptions{}, false
-	addCredentialFlags(fs, o, &verbose)
+	o, logs := &nodeOptions{}, &logFlags{}
+	addCredentialFlags(fs, o, logs)
 	if err := fs.Parse(args[1:]); err != nil || fs.NArg() != 0 {
 		return nil, false
 	}
@@ -109,7 +121,7 @@ func parseCredentialCall(args []string, execInfo string) (*credentialCall, bool)
 	if err != nil {
 		return nil, false
 	}
-	return &credentialCall{cfg: cfg, info: info, verbose: verbose}, true
+	return &credentialCall{cfg: cfg, info: info, verbose: logs.progress()}, true
 }
 
 func (c *credentialCall) apiVersion() string {

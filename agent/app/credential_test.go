@@ -30,7 +30,7 @@ func TestCachedCredential(t *testing.T) {
 	now := time.Now()
 	v1beta1 := `{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","spec":{"interactive":false}}`
 
-	out, ok := cachedCredential([]string{"credential", "--config", cfgPath, "-v", "--timeout=1m"}, v1beta1, now)
+	out, ok := cachedCredential([]string{"credential", "--config", cfgPath, "-v=2", "--timeout=1m"}, v1beta1, now)
 	if !ok {
 		t.Fatal("a fresh cache was not answered")
 	}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -21,7 +22,15 @@ certificate (subject, provider ID, issuer, expiry, when it is renewed), the
 agent's last attestation and renewal results, and each configured trust
 bundle projection (its sources, certificate count, last update, and whether
 it is stale). It reads the cache directory and the files; it needs no
-network. -o json prints the same as JSON.`,
+network. -o json prints the same as JSON.
+
+Exit status, for scripts and health checks:
+  0  the node has a usable client certificate and nothing needs attention
+  1  status could not run (unreadable or invalid configuration)
+  2  no usable client certificate: none, unreadable, expired or about to
+  3  a usable client certificate, but something needs attention: its
+     renewal is overdue or failing, the serving certificate is missing or
+     unusable, or a trust bundle is stale`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
@@ -33,13 +42,20 @@ network. -o json prints the same as JSON.`,
 			}
 			now := time.Now()
 			rep := status.Collect(cfg, now)
+			write := rep.WriteText
 			if output == "json" {
-				return rep.WriteJSON(stdout)
+				write = func(w io.Writer, _ time.Time) error { return rep.WriteJSON(w) }
 			}
-			return rep.WriteText(stdout, now)
+			if err := write(stdout, now); err != nil {
+				return err
+			}
+			if code, why := rep.Health(); code != status.Healthy {
+				return &exitError{code: int(code), err: errors.New(why)}
+			}
+			return nil
 		},
 	}
-	o.AddFlags(cmd.Flags())
+	o.addLocationFlags(cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	return cmd
 }

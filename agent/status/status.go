@@ -158,6 +158,51 @@ type Report struct {
 	TrustBundles []BundleReport `json:"trustBundles,omitempty"`
 }
 
+// Health is what a report says of the node's identity, as status's exit
+// code.
+type Health int
+
+const (
+	// Healthy: a usable client certificate, nothing needs attention.
+	Healthy Health = 0
+	// NoIdentity: no usable client certificate.
+	NoIdentity Health = 2
+	// Degraded: a usable client certificate, but its renewal is overdue
+	// or failing, the serving certificate is missing or unusable, or a
+	// trust bundle is stale.
+	Degraded Health = 3
+)
+
+// Health says whether the node has a usable identity and, if not healthy,
+// why in one line.
+func (r *Report) Health() (Health, string) {
+	switch {
+	case r.Certificate == nil:
+		return NoIdentity, "no usable client certificate: " + r.CertificateError
+	case !r.Certificate.Usable:
+		return NoIdentity, "no usable client certificate: it expired or is about to (" + r.Certificate.TimeToExpiry + " left)"
+	}
+	var why []string
+	if r.Certificate.RenewalOverdue {
+		why = append(why, "client certificate renewal overdue or failing")
+	}
+	switch {
+	case r.ServingError != "":
+		why = append(why, r.ServingError)
+	case r.Serving != nil && !r.Serving.Usable:
+		why = append(why, "serving certificate expired or about to")
+	}
+	for _, b := range r.TrustBundles {
+		if b.Stale {
+			why = append(why, "trust bundle "+b.Path+" stale")
+		}
+	}
+	if len(why) > 0 {
+		return Degraded, strings.Join(why, "; ")
+	}
+	return Healthy, ""
+}
+
 // CertificateInfo describes the cached client certificate.
 type CertificateInfo struct {
 	Subject    string    `json:"subject"`

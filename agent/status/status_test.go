@@ -130,3 +130,32 @@ func TestCollectServing(t *testing.T) {
 		}
 	}
 }
+
+// TestHealth: status's exit code says whether the node has a usable
+// identity (2 when not) and, when it has one, whether something needs
+// attention (3) or nothing does (0).
+func TestHealth(t *testing.T) {
+	usable := func() *CertificateInfo { return &CertificateInfo{Usable: true, TimeToExpiry: "20h0m0s"} }
+	for name, tc := range map[string]struct {
+		rep  Report
+		want Health
+		why  string
+	}{
+		"usable, nothing else":    {rep: Report{Certificate: usable()}, want: Healthy},
+		"no certificate":          {rep: Report{CertificateError: "no client certificate in /var/lib/x"}, want: NoIdentity, why: "no client certificate in /var/lib/x"},
+		"expired":                 {rep: Report{Certificate: &CertificateInfo{TimeToExpiry: "-1h0m0s"}}, want: NoIdentity, why: "expired"},
+		"renewal overdue":         {rep: Report{Certificate: &CertificateInfo{Usable: true, RenewalOverdue: true}}, want: Degraded, why: "renewal overdue"},
+		"serving missing":         {rep: Report{Certificate: usable(), ServingError: "no serving certificate at /x"}, want: Degraded, why: "no serving certificate"},
+		"serving expired":         {rep: Report{Certificate: usable(), Serving: &CertificateInfo{}}, want: Degraded, why: "serving certificate expired"},
+		"stale bundle":            {rep: Report{Certificate: usable(), TrustBundles: []BundleReport{{Path: "/etc/a", Stale: true}}}, want: Degraded, why: "/etc/a stale"},
+		"fresh bundle":            {rep: Report{Certificate: usable(), TrustBundles: []BundleReport{{Path: "/etc/a"}}}, want: Healthy},
+		"no identity beats stale": {rep: Report{TrustBundles: []BundleReport{{Path: "/etc/a", Stale: true}}}, want: NoIdentity},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, why := tc.rep.Health()
+			if got != tc.want || !strings.Contains(why, tc.why) {
+				t.Errorf("Health() = %d, %q; want %d, containing %q", got, why, tc.want, tc.why)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -153,14 +154,20 @@ func TestBootState(t *testing.T) {
 		defer agent.Stop(10 * time.Second)
 
 		// The renewal is denied with the kernel's digest, and status says so.
+		// Its exit status is 3: a usable certificate whose renewal fails.
 		var text string
 		harness.WaitFor(t, 3*time.Minute, func() (bool, error) {
 			out, err := exec.Command(filepath.Join(env.BinDir, "kubelet-authenticator"), "status", "--config="+sb.ConfigPath).Output()
-			if err != nil {
+			var exit *exec.ExitError
+			if err != nil && !errors.As(err, &exit) {
 				return false, err
 			}
 			text = string(out)
-			return strings.Contains(text, "Last renewal:") && strings.Contains(text, "FAILED") && strings.Contains(text, tpm.ReasonKernelNotAllowed), nil
+			failed := strings.Contains(text, "Last renewal:") && strings.Contains(text, "FAILED") && strings.Contains(text, tpm.ReasonKernelNotAllowed)
+			if failed && (exit == nil || exit.ExitCode() != 3) {
+				return false, fmt.Errorf("status exited %v with a failing renewal, want 3", err)
+			}
+			return failed, nil
 		})
 		for _, want := range []string{kernel, "Goes dark:"} {
 			if !strings.Contains(text, want) {
