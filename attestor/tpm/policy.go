@@ -337,7 +337,11 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 	}
 	if len(p.AllowedBootLoaderDigests) > 0 {
 		if len(state.BootApplications) == 0 {
-			deny(ReasonBootLoaderNotAllowed, "the event log shows no EFI application started%s", why("boot applications"))
+			if w := why("boot applications"); w != "" {
+				deny(ReasonBootLoaderNotAllowed, "the event log does not show which EFI applications started%s", w)
+			} else {
+				deny(ReasonBootLoaderNotAllowed, "the event log shows no EFI application started")
+			}
 		}
 		for _, d := range state.BootApplications {
 			if !slices.Contains(p.AllowedBootLoaderDigests, d) {

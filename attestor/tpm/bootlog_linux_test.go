@@ -1,0 +1,149 @@
+package tpm
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"unicode/utf16"
+)
+
+// replayHelperEnv makes the test binary, run as a child, replay the log
+// of the test named in it, with its address space limited, and print what
+// the replay allocated.
+const replayHelperEnv = "KA_TEST_REPLAY_HELPER"
+
+// replayLimit is the address space of the child: a parser that allocates
+// gigabytes fails there, not on the machine.
+const replayLimit = 3 << 30
+
+// replayReport is what the child prints.
+type replayReport struct {
+	Err      string   `json:"err,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+	Alloc    uint64   `json:"alloc"`
+}
+
+// replayInChild replays the log that log(t) returns in a child process
+// whose address space is limited to replayLimit, and returns its report,
+// failing the test when the child dies (a parser that allocated more).
+func replayInChild(t *testing.T, log func(t *testing.T) []byte) replayReport {
+	t.Helper()
+	if os.Getenv(replayHelperEnv) == t.Name() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_AS, &syscall.Rlimit{Cur: replayLimit, Max: replayLimit}); err != nil {
+			t.Fatal(err)
+		}
+		raw := log(t)
+		pcrs := bootPCRs(t, raw, "sha256", softIndices)
+		var r replayReport
+		r.Alloc = allocated(func() {
+			st, err := ReplayEventLog(raw, pcrs)
+			if err != nil {
+				r.Err = err.Error()
+			} else {
+				r.Problems = st.Problems
+			}
+		})
+		js, _ := json.Marshal(r)
+		fmt.Printf("\nREPORT %s\n", js)
+		return r
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+strings.Split(t.Name(), "/")[0]+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), replayHelperEnv+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	_, js, ok := strings.Cut(string(out), "\nREPORT ")
+	if err != nil || !ok {
+		tail := string(out)
+		if len(tail) > 2000 {
+			tail = tail[:2000]
+		}
+		t.Fatalf("the replay did not finish within %d GiB of address space (%v):\n%s", replayLimit>>30, err, tail)
+	}
+	js, _, _ = strings.Cut(js, "\n")
+	var r replayReport
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// allocated is how many bytes f allocates on the heap.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// badSignatureListLog is a log of one PCR 7 event: a db of one list of
+// X.509 entries whose SignatureSize (below 16) makes go-eventlog's parser
+// allocate SignatureSize-16 bytes, a uint32 wrapped to 4 GiB, twice.
+func badSignatureListLog(t *testing.T) []byte {
+	t.Helper()
+	real := splitLog(t, realEventLog(t, softLog))
+	list := append([]byte(nil), efiCertX509...)
+	list = binary.LittleEndian.AppendUint32(list, 28+16) // SignatureListSize: one entry
+	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureHeaderSize
+	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureSize
+	list = append(list, make([]byte, 16)...)
+	name := utf16.Encode([]rune("db"))
+	data := make([]byte, 16) // EFI_IMAGE_SECURITY_DATABASE_GUID, not read
+	data = binary.LittleEndian.AppendUint64(data, uint64(len(name)))
+	data = binary.LittleEndian.AppendUint64(data, uint64(len(list)))
+	for _, c := range name {
+		data = binary.LittleEndian.AppendUint16(data, c)
+	}
+	data = append(data, list...)
+	e := agileEvent{pcr: 7, typ: evVariableConf, algs: real.events[0].algs, digests: make([][]byte, len(real.events[0].algs)), data: data}
+	e.measure(data)
+	l := &agileLog{head: real.head, sizes: real.sizes, events: []agileEvent{e}}
+	return l.bytes()
+}
+
+// TestSignatureListSizeBelowGUID: a db whose signature list declares
+// entries smaller than their owner GUID, measured as it is (any TPM whose
+// PCR 7 the firmware did not extend can quote it), is refused with a
+// reason before go-eventlog parses it, and its replay allocates little.
+func TestSignatureListSizeBelowGUID(t *testing.T) {
+	r := replayInChild(t, badSignatureListLog)
+	if os.Getenv(replayHelperEnv) != "" {
+		return
+	}
+	if r.Err != "" {
+		t.Fatalf("the log does not replay: %s", r.Err)
+	}
+	if !strings.Contains(strings.Join(r.Problems, "\n"), "SignatureSize 0 is below 16") {
+		t.Errorf("problems %q do not name the signature size", r.Problems)
+	}
+	t.Logf("%d-byte log: replay allocated %d bytes; problems %q", len(badSignatureListLog(t)), r.Alloc, r.Problems)
+	if r.Alloc > 1<<20 {
+		t.Errorf("the replay allocated %d bytes, more than 1 MiB", r.Alloc)
+	}
+}
+
+// replayAllocPerByte bounds what a replay allocates per byte of log.
+const replayAllocPerByte = 32
+
+// TestReplayAllocationBound: replaying any real log allocates at most
+// replayAllocPerByte times its size; a log of maxEventLog bytes, the
+// largest evidence carries, is within the bound docs/attestors/tpm.md
+// states.
+func TestReplayAllocationBound(t *testing.T) {
+	for _, c := range realLogs {
+		raw := realEventLog(t, c.file)
+		bank := logBank(t, raw)
+		pcrs := logPCRs(t, raw, bank)
+		n := allocated(func() { _, _ = ReplayEventLog(raw, pcrs) })
+		t.Logf("%s: %d bytes, replay allocated %d (%.1f per byte)", c.file, len(raw), n, float64(n)/float64(len(raw)))
+		if n > replayAllocPerByte*uint64(len(raw)) {
+			t.Errorf("%s: the replay allocated %d bytes, more than %d per byte of its %d", c.file, n, replayAllocPerByte, len(raw))
+		}
+	}
+}
