@@ -1,7 +1,6 @@
 package tpm
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"unicode/utf16"
 )
 
 // replayHelperEnv makes the test binary, run as a child, replay the log
@@ -32,7 +30,7 @@ type replayReport struct {
 // replayInChild replays the log that log(t) returns in a child process
 // whose address space is limited to replayLimit, and returns its report,
 // failing the test when the child dies (a parser that allocated more).
-func replayInChild(t *testing.T, log func(t *testing.T) []byte) replayReport {
+func replayInChild(t *testing.T, log func(t testing.TB) []byte) replayReport {
 	t.Helper()
 	if os.Getenv(replayHelperEnv) == t.Name() {
 		if err := syscall.Setrlimit(syscall.RLIMIT_AS, &syscall.Rlimit{Cur: replayLimit, Max: replayLimit}); err != nil {
@@ -80,31 +78,6 @@ func allocated(f func()) uint64 {
 	f()
 	runtime.ReadMemStats(&after)
 	return after.TotalAlloc - before.TotalAlloc
-}
-
-// badSignatureListLog is a log of one PCR 7 event: a db of one list of
-// X.509 entries whose SignatureSize (below 16) makes go-eventlog's parser
-// allocate SignatureSize-16 bytes, a uint32 wrapped to 4 GiB, twice.
-func badSignatureListLog(t *testing.T) []byte {
-	t.Helper()
-	real := splitLog(t, realEventLog(t, softLog))
-	list := append([]byte(nil), efiCertX509...)
-	list = binary.LittleEndian.AppendUint32(list, 28+16) // SignatureListSize: one entry
-	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureHeaderSize
-	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureSize
-	list = append(list, make([]byte, 16)...)
-	name := utf16.Encode([]rune("db"))
-	data := make([]byte, 16) // EFI_IMAGE_SECURITY_DATABASE_GUID, not read
-	data = binary.LittleEndian.AppendUint64(data, uint64(len(name)))
-	data = binary.LittleEndian.AppendUint64(data, uint64(len(list)))
-	for _, c := range name {
-		data = binary.LittleEndian.AppendUint16(data, c)
-	}
-	data = append(data, list...)
-	e := agileEvent{pcr: 7, typ: evVariableConf, algs: real.events[0].algs, digests: make([][]byte, len(real.events[0].algs)), data: data}
-	e.measure(data)
-	l := &agileLog{head: real.head, sizes: real.sizes, events: []agileEvent{e}}
-	return l.bytes()
 }
 
 // TestSignatureListSizeBelowGUID: a db whose signature list declares

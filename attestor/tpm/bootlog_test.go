@@ -1,8 +1,10 @@
 package tpm
 
 import (
+	"encoding/binary"
 	"strings"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/google/go-eventlog/tcg"
 )
@@ -204,4 +206,29 @@ func hasReason(err error, reason string) bool {
 		}
 	}
 	return false
+}
+
+// badSignatureListLog is a log of one PCR 7 event: a db of one list of
+// X.509 entries whose SignatureSize (below 16) makes go-eventlog's parser
+// allocate SignatureSize-16 bytes, a uint32 wrapped to 4 GiB, twice.
+func badSignatureListLog(t testing.TB) []byte {
+	t.Helper()
+	real := splitLog(t, realEventLog(t, softLog))
+	list := append([]byte(nil), efiCertX509...)
+	list = binary.LittleEndian.AppendUint32(list, 28+16) // SignatureListSize: one entry
+	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureHeaderSize
+	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureSize
+	list = append(list, make([]byte, 16)...)
+	name := utf16.Encode([]rune("db"))
+	data := make([]byte, 16) // EFI_IMAGE_SECURITY_DATABASE_GUID, not read
+	data = binary.LittleEndian.AppendUint64(data, uint64(len(name)))
+	data = binary.LittleEndian.AppendUint64(data, uint64(len(list)))
+	for _, c := range name {
+		data = binary.LittleEndian.AppendUint16(data, c)
+	}
+	data = append(data, list...)
+	e := agileEvent{pcr: 7, typ: evVariableConf, algs: real.events[0].algs, digests: make([][]byte, len(real.events[0].algs)), data: data}
+	e.measure(data)
+	l := &agileLog{head: real.head, sizes: real.sizes, events: []agileEvent{e}}
+	return l.bytes()
 }
