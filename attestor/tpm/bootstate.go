@@ -42,14 +42,16 @@ type BootState struct {
 	// firmware loaded after the separator (shim, GRUB, the kernel), and
 	// shim's own MOK authorities, as the firmware measured them (PCR 7).
 	Authorities []Certificate `json:"authorities,omitempty"`
-	// BootApplications are the Authenticode digests of the EFI
-	// applications the firmware started before ExitBootServices, in order
-	// (PCR 4): shim, GRUB, and the kernel where the boot loader starts it
-	// through the firmware.
+	// BootApplications are the digests of every image measured in PCR 4,
+	// in PCR 4's order, whatever type its event claims (every event whose
+	// digest is not the digest of its own data): shim, GRUB, and the
+	// kernel where the boot loader starts it through the firmware.
 	BootApplications []string `json:"bootApplications,omitempty"`
-	// KernelPath is the kernel the boot loader loaded, as it named it, and
-	// KernelDigest the digest of that file as GRUB measured it (PCR 9): the
-	// digest sha256sum prints for the kernel image.
+	// KernelPath is the kernel the boot loader loaded, as its one covered
+	// linux command named it (PCR 8), and KernelDigest the digest of that
+	// file as GRUB measured it, found by its position in PCR 9 (the file
+	// followed by as many as the initrd commands name), never by a file
+	// name: the digest sha256sum prints for the kernel image.
 	KernelPath   string `json:"kernelPath,omitempty"`
 	KernelDigest string `json:"kernelDigest,omitempty"`
 	// KernelCommandLine is the command line the boot loader gave the
@@ -177,7 +179,8 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 	return bootState(events, hash, bankName), nil
 }
 
-// bootState derives the boot state from replayed events.
+// bootState derives the boot state from replayed events, from what their
+// digests cover (bootlog.go).
 func bootState(events []tcg.Event, hash crypto.Hash, bank string) *BootState {
 	st := &BootState{Bank: bank}
 	problem := func(what string, err error) {
