@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/google/go-eventlog/tcg"
+
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
@@ -103,6 +105,9 @@ func FuzzReplayRedigested(f *testing.F) {
 		}
 		for i := range l.events {
 			e := &l.events[i]
+			if e.typ == uint32(tcg.EFIHCRTMEvent) {
+				return // starts its PCR at 4, which LogPCRs does not model
+			}
 			content := e.data
 			for _, p := range grubPrefixes {
 				if e.pcr == 8 && bytes.HasPrefix(content, []byte(p)) {
