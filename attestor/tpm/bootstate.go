@@ -42,14 +42,16 @@ type BootState struct {
 	// firmware loaded after the separator (shim, GRUB, the kernel), and
 	// shim's own MOK authorities, as the firmware measured them (PCR 7).
 	Authorities []Certificate `json:"authorities,omitempty"`
-	// BootApplications are the Authenticode digests of the EFI
-	// applications the firmware started before ExitBootServices, in order
-	// (PCR 4): shim, GRUB, and the kernel where the boot loader starts it
-	// through the firmware.
+	// BootApplications are the digests of every image measured in PCR 4,
+	// in PCR 4's order, whatever type its event claims (every event whose
+	// digest is not the digest of its own data): shim, GRUB, and the
+	// kernel where the boot loader starts it through the firmware.
 	BootApplications []string `json:"bootApplications,omitempty"`
-	// KernelPath is the kernel the boot loader loaded, as it named it, and
-	// KernelDigest the digest of that file as GRUB measured it (PCR 9): the
-	// digest sha256sum prints for the kernel image.
+	// KernelPath is the kernel the boot loader loaded, as its one covered
+	// linux command named it (PCR 8), and KernelDigest the digest of that
+	// file as GRUB measured it, found by its position in PCR 9 (the file
+	// followed by as many as the initrd commands name), never by a file
+	// name: the digest sha256sum prints for the kernel image.
 	KernelPath   string `json:"kernelPath,omitempty"`
 	KernelDigest string `json:"kernelDigest,omitempty"`
 	// KernelCommandLine is the command line the boot loader gave the
@@ -177,7 +179,8 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 	return bootState(events, hash, bankName), nil
 }
 
-// bootState derives the boot state from replayed events.
+// bootState derives the boot state from replayed events, from what their
+// digests cover (bootlog.go).
 func bootState(events []tcg.Event, hash crypto.Hash, bank string) *BootState {
 	st := &BootState{Bank: bank}
 	problem := func(what string, err error) {
@@ -196,6 +199,11 @@ func bootState(events []tcg.Event, hash crypto.Hash, bank string) *BootState {
 	opts := extract.Opts{Loader: extract.GRUB, AllowEmptySBVar: true, AllowEFIAppBeforeCallingEvent: true}
 
 	guard("secure boot (PCR 7)", func() error {
+		// go-eventlog's signature list parser trusts the sizes the node
+		// wrote: they are checked first.
+		if err := checkSignatureLists(events); err != nil {
+			return err
+		}
 		sb, err := extract.ParseSecurebootState(events, extract.TPMRegisterConfig, opts)
 		if err != nil {
 			return err
@@ -212,17 +220,9 @@ func bootState(events []tcg.Event, hash crypto.Hash, bank string) *BootState {
 		return nil
 	})
 	guard("boot applications (PCR 4)", func() error {
-		efi, err := extract.EfiState(hash, events, extract.TPMRegisterConfig, opts)
-		if err != nil {
-			return err
-		}
-		if efi == nil {
-			return errors.New("the log does not show ExitBootServices")
-		}
-		for _, app := range efi.GetApps() {
-			st.BootApplications = append(st.BootApplications, hex.EncodeToString(app.GetDigest()))
-		}
-		return nil
+		apps, err := bootApplications(events, hash)
+		st.BootApplications = apps
+		return err
 	})
 	guard("firmware version (PCR 0)", func() error {
 		p, err := extract.PlatformState(hash, events)
@@ -238,53 +238,14 @@ func bootState(events []tcg.Event, hash crypto.Hash, bank string) *BootState {
 		return nil
 	})
 	guard("kernel (PCRs 8 and 9)", func() error {
-		grub, err := extract.GrubStateFromTPMLog(hash, events)
+		path, args, digest, err := grubKernel(events, hash)
 		if err != nil {
 			return err
 		}
-		k, err := extract.LinuxKernelStateFromGRUB(grub)
-		if err != nil {
-			return err
-		}
-		line := strings.TrimRight(k.GetCommandLine(), "\x00")
-		if line == "" {
-			return errors.New("GRUB measured no kernel command line")
-		}
-		path, args, _ := strings.Cut(line, " ")
-		st.KernelPath, st.KernelCommandLine = path, strings.TrimSpace(args)
-		d, ok := kernelFile(grub.GetFiles(), path)
-		if !ok {
-			return fmt.Errorf("GRUB measured no file for the kernel %q", path)
-		}
-		st.KernelDigest = hex.EncodeToString(d)
+		st.KernelPath, st.KernelCommandLine, st.KernelDigest = path, args, digest
 		return nil
 	})
 	return st
-}
-
-// kernelFile finds the digest of the kernel file GRUB measured: the file
-// named as on the command line (without the "(hdX,gptY)" device prefix), or
-// the one the RHEL linuxefi loader labels "grub_linuxefi Kernel". With more
-// than one match, the last (the one loaded last) counts.
-func kernelFile(files []*pb.GrubFile, path string) ([]byte, bool) {
-	strip := func(s string) string {
-		s = strings.TrimRight(s, "\x00")
-		if strings.HasPrefix(s, "(") {
-			if i := strings.Index(s, ")"); i >= 0 {
-				s = s[i+1:]
-			}
-		}
-		return s
-	}
-	want := strip(path)
-	var found []byte
-	for _, f := range files {
-		name := strings.TrimRight(string(f.GetUntrustedFilename()), "\x00")
-		if strip(name) == want || name == "grub_linuxefi Kernel" {
-			found = f.GetDigest()
-		}
-	}
-	return found, found != nil
 }
 
 // variableDigests records the measured digests of the Secure Boot
@@ -294,12 +255,12 @@ func variableDigests(events []tcg.Event, st *BootState) {
 		if e.Index != 7 || e.Type != tcg.EFIVariableDriverConfig {
 			continue
 		}
-		v, err := tcg.ParseUEFIVariableData(bytes.NewReader(e.Data))
+		name, _, err := efiVariable(e.Data)
 		if err != nil {
 			continue
 		}
 		var db *SignatureDB
-		switch v.VarName() {
+		switch name {
 		case "PK":
 			db = &st.PK
 		case "KEK":

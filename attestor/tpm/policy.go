@@ -77,11 +77,14 @@ type Policy struct {
 	// enabled.
 	RequireSecureBoot bool `json:"requireSecureBoot,omitempty"`
 	// AllowedBootLoaderDigests lists the Authenticode digests (hex, in the
-	// replayed bank) every EFI application the firmware started must have:
-	// shim, GRUB, and a kernel the boot loader starts through the firmware.
+	// replayed bank) every image measured in PCR 4 must have, whatever type
+	// its event claims: shim, GRUB, and a kernel the boot loader starts
+	// through the firmware.
 	AllowedBootLoaderDigests []string `json:"allowedBootLoaderDigests,omitempty"`
 	// AllowedKernelDigests lists the digests (hex, as sha256sum prints for
-	// a sha256 bank) the kernel file GRUB loaded must have.
+	// a sha256 bank) the kernel file GRUB loaded must have. The kernel is
+	// found by its position in PCR 9, which a root that extends PCR 9
+	// after boot can shift: see docs/attestors/tpm.md.
 	AllowedKernelDigests []string `json:"allowedKernelDigests,omitempty"`
 	// KernelCommandLine constrains the kernel's arguments.
 	KernelCommandLine *CommandLineRule `json:"kernelCommandLine,omitempty"`
@@ -337,7 +340,11 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 	}
 	if len(p.AllowedBootLoaderDigests) > 0 {
 		if len(state.BootApplications) == 0 {
-			deny(ReasonBootLoaderNotAllowed, "the event log shows no EFI application started%s", why("boot applications"))
+			if w := why("boot applications"); w != "" {
+				deny(ReasonBootLoaderNotAllowed, "the event log does not show which EFI applications started%s", w)
+			} else {
+				deny(ReasonBootLoaderNotAllowed, "the event log shows no EFI application started")
+			}
 		}
 		for _, d := range state.BootApplications {
 			if !slices.Contains(p.AllowedBootLoaderDigests, d) {
