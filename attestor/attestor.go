@@ -134,6 +134,11 @@ type VerifyRequest struct {
 	// Cluster sets none. A verifier that cannot parse it returns a
 	// transient error (the operator fixes it), never a denial.
 	Policy []byte
+	// ChallengeTTL, when positive, bounds the lifetime of a challenge the
+	// verifier returns: the signer shortens challenges when a requester
+	// has many waiting (a shared bootstrap token). The signer retries a
+	// request whose challenge lives longer.
+	ChallengeTTL time.Duration
 }
 
 // Round is an earlier, challenged request, as the signer found it. The

@@ -22,7 +22,11 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 	if err != nil {
 		return nil, err
 	}
-	expires := v.now().Add(v.ttl).UTC().Truncate(time.Second)
+	ttl := v.ttl
+	if in.ChallengeTTL > 0 {
+		ttl = min(ttl, in.ChallengeTTL)
+	}
+	expires := v.now().Add(ttl).UTC().Truncate(time.Second)
 	secret := deriveSecret(v.key, in.UID, at.akName, at.ekHash, expires)
 	blob, encSecret, err := v.makeCredential(at.ekPublic, at.akName, secret)
 	if err != nil {

@@ -772,3 +772,37 @@ func TestLargestEvidenceFits(t *testing.T) {
 		t.Fatal("an event log over the bound was accepted")
 	}
 }
+
+// TestChallengeTTLShortened: when the signer asks for a shorter challenge
+// (a requester with many waiting, a shared bootstrap token), the challenge
+// and the document the node reads expire then, not after the verifier's
+// own lifetime; a longer one asked for does not lengthen it.
+func TestChallengeTTLShortened(t *testing.T) {
+	soft := newSoftTPM(t)
+	roots, inters := soft.ca.Pools()
+	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters})
+	for _, tc := range []struct {
+		ask, want time.Duration
+	}{
+		{0, DefaultChallengeTTL},
+		{time.Minute, time.Minute},
+		{2 * DefaultChallengeTTL, DefaultChallengeTTL},
+	} {
+		key := newKey(t)
+		csrDER, _ := csrFor(t, key, testNode, testProviderID)
+		e := newEngine(v, nil)
+		req := e.request(e.file(t, "csr-1", csrDER, evidenceOf(t, VersionV2, soft.quote(t, key), nil), nil))
+		req.ChallengeTTL = tc.ask
+		res, err := v.Verify(context.Background(), req)
+		if err != nil || res.Challenge == nil {
+			t.Fatalf("asked for %s: %+v, %v; want a challenge", tc.ask, res, err)
+		}
+		ch, err := DecodeChallenge(res.Challenge.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := testNow.Add(tc.want); !res.Challenge.Expires.Equal(want) || !ch.Expires.Equal(want) {
+			t.Errorf("asked for %s: challenge expires %v (document %v), want %v", tc.ask, res.Challenge.Expires, ch.Expires, want)
+		}
+	}
+}

@@ -63,7 +63,7 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.TokenLifetime, "workload-token-lifetime", o.TokenLifetime,
 		"Lifetime of the tokens of the controller's own ServiceAccount in each workload cluster (min 10m). The controller installs that ServiceAccount, bound to deploy/workload's rules, with the cluster's admin kubeconfig, and works only through its tokens.")
 	fs.DurationVar(&o.TokenRenewBefore, "workload-token-renew-before", o.TokenRenewBefore,
-		"How long before its expiry a workload cluster token is renewed (kubelet_authenticator_signer_workload_token_expiry_timestamp_seconds says when the current one expires).")
+		"How long before its expiry a workload cluster token is renewed, never sooner than a minute after the last renewal (kubelet_authenticator_signer_workload_token_expiry_timestamp_seconds says when the current one expires).")
 }
 
 // configure applies the options to r and registers the serving CA rotation

@@ -3,6 +3,7 @@ package capi
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -54,6 +55,7 @@ func (r *ClusterReconciler) connect(ctx context.Context, logger klog.Logger, clu
 		switch {
 		case err == nil:
 			obs.st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.TokenExpiry, s.IdentityError = true, id.Expiry(), "" })
+			obs.shortReported.Store(false)
 			logger.Info("Installed the controller's identity in the workload cluster: working through its tokens", "serviceAccount", id.ServiceAccount(), "tokenExpires", id.Expiry())
 			return true
 		case errors.Is(err, scoped.ErrNotAdmin):
@@ -68,11 +70,17 @@ func (r *ClusterReconciler) connect(ctx context.Context, logger klog.Logger, clu
 		if errors.As(err, &e) {
 			step = e.Step
 		}
-		obs.Failed(step, err, retry)
+		wait := retry
+		if errors.Is(err, scoped.ErrShortLifetime) {
+			// The server's error, not a blip: no sooner than a renewal
+			// would be.
+			wait = max(wait, scoped.MinRenewInterval)
+		}
+		obs.Failed(step, err, wait)
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(retry):
+		case <-time.After(wait):
 		}
 		retry = min(2*retry, time.Minute)
 	}
@@ -86,6 +94,10 @@ type identityObserver struct {
 	logger  klog.Logger
 	cluster *clusterv1.Cluster
 	st      *state
+	// shortReported: a token refused as too short-lived has been reported
+	// by an Event since the last good one; the server's setting does not
+	// change by the minute, so it is reported once.
+	shortReported atomic.Bool
 }
 
 // Renewed implements scoped.Observer.
@@ -93,6 +105,7 @@ func (o *identityObserver) Renewed(expiry time.Time, rejected, reinstalled bool)
 	o.st.update(func(s *ClusterStatus) {
 		s.TokenExpiry, s.TokenRenewals, s.IdentityError = expiry, s.TokenRenewals+1, ""
 	})
+	o.shortReported.Store(false)
 	if m := o.r.IdentityMetrics; m != nil {
 		m.TokenRenewed(o.name())
 	}
@@ -114,6 +127,9 @@ func (o *identityObserver) Failed(step string, err error, retry time.Duration) {
 		m.IdentityFailed(o.name(), step)
 	}
 	o.logger.Info("Unable to keep the controller's identity in the workload cluster, will retry", "step", step, "err", err.Error(), "retryIn", retry)
+	if errors.Is(err, scoped.ErrShortLifetime) && o.shortReported.Swap(true) {
+		return
+	}
 	o.r.clusterEvent(o.cluster, corev1.EventTypeWarning, ReasonScopedIdentityFailed,
 		"Unable to %s the controller's identity in the workload cluster (retried; nothing else is done with the admin credential meanwhile): %v", stepVerb(step), err)
 }

@@ -2,15 +2,20 @@ package capi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"slices"
+	"sync"
+	"time"
 
+	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -144,6 +149,23 @@ func BootstrapReady(m *clusterv1.Machine) bool {
 	return apimeta.IsStatusConditionTrue(m.Status.Conditions, clusterv1.MachineBootstrapConfigReadyCondition)
 }
 
+// Budget of a Matcher's live reads (DefaultLiveReadInterval,
+// DefaultLiveReadBurst).
+const (
+	// DefaultLiveReadInterval is how often, in the long run, one Cluster's
+	// requests may read the management API server live (a Machine list,
+	// an infrastructure object) before they are denied for want of a
+	// Machine; DefaultLiveReadBurst how many such reads may come at once.
+	DefaultLiveReadInterval = 10 * time.Second
+	DefaultLiveReadBurst    = 5
+)
+
+// ErrLiveReadLimited is wrapped by the transient error of a match that the
+// cache alone would deny while the Cluster's live reads are over their
+// budget: the request is retried, never denied for the budget, and a
+// Machine the cache catches up with is found there.
+var ErrLiveReadLimited = errors.New("the Cluster's live reads of the management cluster are over budget; retried from the cache")
+
 // Matcher matches the nodes of one Cluster to its Machines. It implements
 // engine.Machines.
 type Matcher struct {
@@ -152,14 +174,42 @@ type Matcher struct {
 	Cache client.Reader
 	// Live reads from the API server. It is asked before a request is denied
 	// for want of a Machine, so that a Machine the cache has not seen yet
-	// does not deny a good node.
+	// does not deny a good node. Live is the management client every
+	// Cluster shares, and a bootstrap-token holder files requests for
+	// Machines that do not exist at will: its reads are budgeted per
+	// Cluster (LiveReads), and a request over the budget is retried (the
+	// cache may have caught up by then), not denied.
 	Live client.Reader
+	// LiveReads is the budget of live reads; nil means one read per
+	// DefaultLiveReadInterval, DefaultLiveReadBurst at once.
+	LiveReads *rate.Limiter
+	// Clock; nil means the real clock.
+	Clock clock.PassiveClock
 	// Namespace and Cluster name the Cluster.
 	Namespace, Cluster string
 	// Mapper resolves an infrastructure reference's group and kind to the
 	// version the management cluster serves; nil reads no infrastructure
 	// object.
 	Mapper meta.RESTMapper
+
+	once sync.Once
+}
+
+// live returns the live reader when the budget allows a read now, else an
+// error wrapping ErrLiveReadLimited.
+func (m *Matcher) live() (client.Reader, error) {
+	m.once.Do(func() {
+		if m.LiveReads == nil {
+			m.LiveReads = rate.NewLimiter(rate.Every(DefaultLiveReadInterval), DefaultLiveReadBurst)
+		}
+		if m.Clock == nil {
+			m.Clock = clock.RealClock{}
+		}
+	})
+	if !m.LiveReads.AllowN(m.Clock.Now(), 1) {
+		return nil, ErrLiveReadLimited
+	}
+	return m.Live, nil
 }
 
 // MatchMachine implements engine.Machines.
@@ -173,8 +223,12 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 	machine, err := Match(m.ofCluster(list.Items), nodeName, providerID)
 	if err != nil && len(attestor.Denials(err)) > 0 {
 		// About to deny: decide on what the API server says, not the cache.
+		lr, lerr := m.live()
+		if lerr != nil {
+			return nil, fmt.Errorf("unable to confirm that no Machine has provider ID %q: %w", providerID, lerr)
+		}
 		var live clusterv1.MachineList
-		if lerr := m.Live.List(ctx, &live, client.InNamespace(m.Namespace),
+		if lerr := lr.List(ctx, &live, client.InNamespace(m.Namespace),
 			client.MatchingLabels{clusterv1.ClusterNameLabel: m.Cluster}); lerr != nil {
 			return nil, fmt.Errorf("unable to list Machines: %w", lerr)
 		}
@@ -221,7 +275,11 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 	key := client.ObjectKey{Namespace: machine.Namespace, Name: ref.Name}
 	err = m.Cache.Get(ctx, key, infra)
 	if apierrors.IsNotFound(err) {
-		err = m.Live.Get(ctx, key, infra)
+		lr, lerr := m.live()
+		if lerr != nil {
+			return fmt.Errorf("unable to confirm that %s %s of Machine %s does not exist: %w", ref.Kind, ref.Name, machine.Name, lerr)
+		}
+		err = lr.Get(ctx, key, infra)
 	}
 	if apierrors.IsNotFound(err) {
 		return deny(ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
@@ -270,7 +328,11 @@ func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine
 	}
 	out, err := find(m.Cache)
 	if err != nil && len(attestor.Denials(err)) > 0 {
-		out, err = find(m.Live)
+		lr, lerr := m.live()
+		if lerr != nil {
+			return nil, fmt.Errorf("unable to confirm that no Machine is node %q: %w", nodeName, lerr)
+		}
+		out, err = find(lr)
 	}
 	return out, err
 }

@@ -1,11 +1,20 @@
 package capi
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clocktesting "k8s.io/utils/clock/testing"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
@@ -110,5 +119,92 @@ func TestAuthorizedAttestors(t *testing.T) {
 	c.Annotations[AnnotationEnabled] = "True"
 	if Enabled(c) {
 		t.Error(`"True" enabled the Cluster; only "true" does`)
+	}
+}
+
+// countingReader counts the lists it serves.
+type countingReader struct {
+	client.Reader
+	mu    sync.Mutex
+	lists int
+}
+
+func (r *countingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	r.mu.Lock()
+	r.lists++
+	r.mu.Unlock()
+	return r.Reader.List(ctx, list, opts...)
+}
+
+// TestLiveReadBudget: requests for Machines that do not exist make the
+// matcher re-list Machines live (through the management client every
+// Cluster shares) before it denies; a bootstrap-token holder filing 100
+// of them costs at most the Cluster's burst of live lists, then one per
+// DefaultLiveReadInterval. A request over the budget is retried, never
+// denied for it: a fresh Machine the cache has not seen yet is found once
+// the budget allows a live read, or as soon as the cache has it.
+func TestLiveReadBudget(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := clusterv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	labeled := func(m clusterv1.Machine) *clusterv1.Machine {
+		m.Labels = map[string]string{clusterv1.ClusterNameLabel: "c"}
+		return &m
+	}
+	build := func(objs ...client.Object) client.WithWatch {
+		return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+			WithIndex(&clusterv1.Machine{}, IndexProviderID, ProviderIDIndexer).Build()
+	}
+	fresh := labeled(machine("fresh", "test:///fresh"))
+	cache := build()
+	live := &countingReader{Reader: build(fresh)}
+	fc := clocktesting.NewFakePassiveClock(time.Now())
+	m := &Matcher{Cache: cache, Live: live, Namespace: "ns", Cluster: "c", Clock: fc}
+	ctx := context.Background()
+
+	const flood = 100
+	denied, limited := 0, 0
+	for i := range flood {
+		_, err := m.MatchMachine(ctx, fmt.Sprintf("forged-%d", i), fmt.Sprintf("test:///forged-%d", i))
+		switch r, _, ok := attestor.Denial(err); {
+		case ok && r == ReasonMachineNotFound:
+			denied++
+		case errors.Is(err, ErrLiveReadLimited) && len(attestor.Denials(err)) == 0:
+			limited++
+		default:
+			t.Fatalf("request %d for an unknown Machine: %v, want denied %s or retried for the budget", i, err, ReasonMachineNotFound)
+		}
+	}
+	t.Logf("%d requests for unknown Machines: %d live lists, %d denied, %d retried", flood, live.lists, denied, limited)
+	if live.lists > DefaultLiveReadBurst || denied != live.lists {
+		t.Fatalf("%d requests for unknown Machines made %d live lists (%d denied), want at most %d", flood, live.lists, denied, DefaultLiveReadBurst)
+	}
+
+	// A good node whose Machine the cache has not seen yet, while the
+	// budget is spent: retried, not denied; found once a live read is
+	// allowed again.
+	if _, err := m.MatchMachine(ctx, "fresh", "test:///fresh"); !errors.Is(err, ErrLiveReadLimited) || len(attestor.Denials(err)) > 0 {
+		t.Fatalf("a fresh Machine over the budget: %v, want retried for the budget", err)
+	}
+	if _, err := m.ForNode(ctx, "fresh"); !errors.Is(err, ErrLiveReadLimited) || len(attestor.Denials(err)) > 0 {
+		t.Fatalf("ForNode of a fresh Machine over the budget: %v, want retried for the budget", err)
+	}
+	fc.SetTime(fc.Now().Add(DefaultLiveReadInterval))
+	got, err := m.MatchMachine(ctx, "fresh", "test:///fresh")
+	if err != nil || got.Name != "fresh" {
+		t.Fatalf("the fresh Machine after %s: %v, %v; want it found live", DefaultLiveReadInterval, got, err)
+	}
+
+	// The cache catches up: found there, with no live read, budget or not.
+	before := live.lists
+	if err := cache.Create(ctx, labeled(machine("cached", "test:///cached"))); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.MatchMachine(ctx, "cached", "test:///cached"); err != nil || got.Name != "cached" {
+		t.Fatalf("a Machine in the cache over the budget: %v, %v; want it found", got, err)
+	}
+	if live.lists != before {
+		t.Errorf("a Machine in the cache cost %d live lists", live.lists-before)
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -59,7 +61,11 @@ func (v *challenger) Verify(_ context.Context, in *attestor.VerifyRequest) (*att
 	}
 	switch {
 	case ev.Answers == "":
-		return &attestor.Result{Challenge: &attestor.Challenge{Data: []byte("secret-for-" + in.UID), Expires: v.now().Add(v.ttl)}}, nil
+		ttl := v.ttl
+		if in.ChallengeTTL > 0 {
+			ttl = min(ttl, in.ChallengeTTL)
+		}
+		return &attestor.Result{Challenge: &attestor.Challenge{Data: []byte("secret-for-" + in.UID), Expires: v.now().Add(ttl)}}, nil
 	case in.Answered == nil:
 		return &attestor.Result{Answers: ev.Answers}, nil
 	}
@@ -670,6 +676,110 @@ func TestPendingBound(t *testing.T) {
 	file("a-4", "node-1")
 	if !challenged("a-4") {
 		t.Errorf("a request after the older ones were decided: %s, want it challenged", cond(r.get("a-4")))
+	}
+}
+
+// TestSharedTokenFlood: under a bootstrap token a MachinePool's nodes
+// share, a holder floods first rounds (challenged, never answered) up to
+// the bounds for a node of the pool. The genuine node is turned away while
+// the flood is fresh, but a request it files once the flood has had
+// engine.DefaultPendingGrace (1 min) to be answered is challenged, with a
+// challenge that lives only that long, and its answer is issued: it joins
+// within the grace plus its own retry, not after the flood's challenges
+// expire (5 min here, 10 by default). The flood's own challenges are
+// untouched, and what the holder files beyond the bounds is short-lived
+// and itself bounded.
+func TestSharedTokenFlood(t *testing.T) {
+	const bound = 4
+	r := newRig(t, false, func(c *Config) {
+		c.Engine.MaxPendingPerNode = bound
+		c.Engine.MaxPendingPerRequester = bound
+	})
+	grace := engine.DefaultPendingGrace
+	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+	var filed []string
+	file := func(name string, r0 signertest.Request, ev challengeEvidence) {
+		t.Helper()
+		at := metav1.NewTime(r.clock.Now())
+		r.fileWith(name, r0, ev, func(c *certificatesv1.CertificateSigningRequest) { c.CreationTimestamp = at })
+		r.cached(filed...)
+		filed = append(filed, name)
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expiry := func(name string) time.Duration {
+		t.Helper()
+		seal := r.get(name).Annotations[attestor.AnnotationChallengeSeal]
+		parts := strings.Split(seal, ".")
+		if len(parts) != 3 {
+			t.Fatalf("%s: seal %q", name, seal)
+		}
+		unix, err := strconv.ParseInt(parts[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Unix(unix, 0).Sub(r.clock.Now())
+	}
+
+	for i := range bound {
+		file(fmt.Sprintf("forged-%d", i), req, challengeEvidence{Version: "v1", ProviderID: pid})
+		if expiry(fmt.Sprintf("forged-%d", i)) < 4*time.Minute {
+			t.Fatalf("forged-%d within the bound: %s, want a challenge of the verifier's lifetime", i, cond(r.get(fmt.Sprintf("forged-%d", i))))
+		}
+		r.clock.Step(time.Second)
+	}
+
+	genuine := func(name string) string {
+		t.Helper()
+		g := req
+		_, key := g.Build(t)
+		g.Key = key
+		file(name, g, challengeEvidence{Version: "v1", ProviderID: pid})
+		first := r.get(name)
+		ch := first.Annotations[attestor.AnnotationChallenge]
+		if ch == "" {
+			return cond(first)
+		}
+		if left := expiry(name); left > grace {
+			t.Errorf("%s, admitted beyond the bound, has a challenge of %s, want at most %s", name, left, grace)
+		}
+		r.clock.Step(2 * time.Second) // the node answers
+		file(name+"-answer", g, challengeEvidence{Version: "v1", ProviderID: pid, Answers: name, Proof: proofFor([]byte(ch), attestor.Binding(mustSPKI(t, key)))})
+		if answer := r.get(name + "-answer"); len(answer.Status.Certificate) == 0 {
+			return cond(answer)
+		}
+		return "issued"
+	}
+	// While the flood is fresh, the bound holds.
+	if got := genuine("genuine-1"); got != "Denied/"+attestor.ReasonTooManyPending {
+		t.Fatalf("the genuine node's request next to a fresh flood: %s, want Denied/%s", got, attestor.ReasonTooManyPending)
+	}
+	// It files again (as its agent does) once the flood has had its grace.
+	r.clock.Step(grace)
+	if got := genuine("genuine-2"); got != "issued" {
+		t.Fatalf("the genuine node's request %s after the flood: %s, want issued", grace, got)
+	}
+	// The flood's own challenges are untouched.
+	for i := range bound {
+		if got := cond(r.get(fmt.Sprintf("forged-%d", i))); got != "pending" {
+			t.Errorf("forged-%d: %s, want still pending", i, got)
+		}
+	}
+	// What the holder files beyond the bounds is short-lived, and bounded:
+	// the 5th request filed within one grace is turned away.
+	for i := range bound + 1 {
+		name := fmt.Sprintf("more-%d", i)
+		file(name, req, challengeEvidence{Version: "v1", ProviderID: pid})
+		if i == bound {
+			if got := cond(r.get(name)); got != "Denied/"+attestor.ReasonTooManyPending {
+				t.Errorf("%s: %s, want Denied/%s", name, got, attestor.ReasonTooManyPending)
+			}
+			break
+		}
+		if left := expiry(name); left <= 0 || left > grace {
+			t.Errorf("%s beyond the bound: challenge of %s, want at most %s (%s)", name, left, grace, cond(r.get(name)))
+		}
 	}
 }
 

@@ -44,6 +44,20 @@ func (e *Engine) sealMAC(uid, signerName, exp string, data []byte) []byte {
 	return m.Sum(nil)
 }
 
+// sealExpiry reads the expiry of a challenge-seal annotation without
+// verifying its MAC.
+func sealExpiry(sealed string) (time.Time, bool) {
+	parts := strings.Split(sealed, ".")
+	if len(parts) != 3 || parts[0] != "v1" {
+		return time.Time{}, false
+	}
+	unix, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(unix, 0), true
+}
+
 // openChallenge returns the challenge the signer wrote on csr, checking its
 // seal. It returns nil, nil when csr carries no challenge.
 func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*attestor.Challenge, error) {

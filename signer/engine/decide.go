@@ -92,7 +92,8 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	}
 	// After the guard: a request that was challenged was admitted, and is
 	// never turned away by newer requests while its node answers.
-	if dd := e.pendingBound(d, csr, checked.NodeName); dd != nil {
+	dd, challengeTTL := e.pendingBound(d, csr, checked.NodeName)
+	if dd != nil {
 		return dd
 	}
 
@@ -120,7 +121,7 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return d
 	}
 
-	res, dd := e.verify(ctx, d, p, csr, checked, m, nil)
+	res, dd := e.verify(ctx, d, p, csr, checked, m, nil, challengeTTL)
 	if dd != nil {
 		return dd
 	}
@@ -129,7 +130,7 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		if dd != nil {
 			return dd
 		}
-		if res, dd = e.verify(ctx, d, p, csr, checked, m, round); dd != nil {
+		if res, dd = e.verify(ctx, d, p, csr, checked, m, round, 0); dd != nil {
 			return dd
 		}
 		if res.Identity == nil {
@@ -138,7 +139,7 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		d.Consume = first
 	}
 	if res.Challenge != nil {
-		return e.challenge(d, csr, p, res.Challenge)
+		return e.challenge(d, csr, p, res.Challenge, challengeTTL)
 	}
 
 	id := res.Identity
@@ -208,7 +209,7 @@ func (e *Engine) machine(ctx context.Context, d *Decision, p *Profile, c *checks
 
 // verify calls the profile's verifier, once per request and round: this is
 // the only place the signer calls a verifier.
-func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine, round *attestor.Round) (*attestor.Result, *Decision) {
+func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine, round *attestor.Round, challengeTTL time.Duration) (*attestor.Result, *Decision) {
 	start := time.Now()
 	res, err := p.Verifier.Verify(ctx, &attestor.VerifyRequest{
 		Evidence:           c.Request.Evidence,
@@ -222,6 +223,7 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 		MachineAnnotations: maps.Clone(m.Annotations),
 		Answered:           round,
 		Policy:             e.cfg.Policies[p.Provider],
+		ChallengeTTL:       challengeTTL,
 	})
 	v := &Verification{Provider: p.Provider, Took: time.Since(start)}
 	d.Verification = v
@@ -261,14 +263,17 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 }
 
 // challenge decides to write a verifier's challenge, sealed.
-func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRequest, p *Profile, ch *attestor.Challenge) *Decision {
+func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRequest, p *Profile, ch *attestor.Challenge, ttl time.Duration) *Decision {
 	if e.cfg.ChallengeKey == nil {
 		return retry(d, fmt.Errorf("attestor %q challenges, but the signer has no challenge key", p.Provider))
 	}
 	now := e.now()
 	expires := ch.Expires
-	if expires.IsZero() || expires.After(now.Add(e.cfg.MaxChallengeTTL)) {
-		return retry(d, fmt.Errorf("attestor %q made a challenge expiring at %s, outside (now, now+%s]", p.Provider, expires, e.cfg.MaxChallengeTTL))
+	if ttl <= 0 {
+		ttl = e.cfg.MaxChallengeTTL
+	}
+	if expires.IsZero() || expires.After(now.Add(ttl)) {
+		return retry(d, fmt.Errorf("attestor %q made a challenge expiring at %s, outside (now, now+%s]", p.Provider, expires, ttl))
 	}
 	d.Outcome = Challenge
 	d.Annotations = map[string]string{

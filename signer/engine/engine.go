@@ -172,6 +172,11 @@ type Config struct {
 	// challenge in all (a bootstrap token shared by nodes joining together); 0 means
 	// DefaultMaxPendingPerRequester.
 	MaxPendingPerRequester int
+	// PendingGrace is how long a request waiting on a challenge holds its
+	// place in the bounds above against newer requests, and the lifetime
+	// of the challenges written beyond them; 0 means DefaultPendingGrace.
+	// It must leave a node time enough to see its challenge and answer.
+	PendingGrace time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -190,6 +195,11 @@ const (
 	DefaultMaxPendingPerNode      = 4
 	DefaultMaxPendingPerRequester = 200
 )
+
+// DefaultPendingGrace leaves a node that sees its challenge within seconds
+// (it watches its request) ample time to answer it: a TPM answers in well
+// under a second, a slow one in a few.
+const DefaultPendingGrace = time.Minute
 
 // Engine decides requests.
 type Engine struct {
@@ -233,6 +243,12 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.cfg.MaxPendingPerRequester <= 0 {
 		e.cfg.MaxPendingPerRequester = DefaultMaxPendingPerRequester
+	}
+	if e.cfg.PendingGrace <= 0 {
+		e.cfg.PendingGrace = DefaultPendingGrace
+	}
+	if e.cfg.PendingGrace > e.cfg.MaxChallengeTTL {
+		errs = append(errs, fmt.Errorf("the pending grace %s is longer than the longest challenge lifetime %s", e.cfg.PendingGrace, e.cfg.MaxChallengeTTL))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -56,6 +56,21 @@ const (
 	// MaxTokenLifetime bounds the lifetime asked for: the tokens are meant
 	// to be short-lived.
 	MaxTokenLifetime = 24 * time.Hour
+	// MinGrantedLifetime is the shortest lifetime, from the request by the
+	// controller's clock to the token's expirationTimestamp, of a token the
+	// controller accepts. The workload API server is tenant input: one
+	// that grants tokens of seconds would make the controller renew every
+	// few seconds, each time applying deploy/workload with the admin
+	// credential. A kube-apiserver grants at least MinTokenLifetime; the
+	// difference leaves room for clock skew between the two.
+	MinGrantedLifetime = 5 * time.Minute
+	// MinRenewInterval is the shortest time between two renewals (or
+	// failed attempts) of one Identity's token, whatever the renewal
+	// settings and whatever the workload API server answers, save the
+	// first renewal of a rejected token (whose own pause grows from
+	// minRejectedRenewal): one cluster's renewals cost the admin
+	// credential at most one apply and TokenRequest a minute.
+	MinRenewInterval = time.Minute
 	// FieldManager is the server-side apply field manager of what the
 	// controller installs.
 	FieldManager = "node-attestation-controller"
@@ -96,6 +111,12 @@ func (e *Error) Unwrap() error { return e.Err }
 // Identity's clients work as that credential, as given.
 var ErrNotAdmin = errors.New("the workload cluster's credential may not request tokens for the controller's ServiceAccount")
 
+// ErrShortLifetime is wrapped by the *Error (StepToken) of a renewal whose
+// token the workload API server granted for less than MinGrantedLifetime.
+// The token is not used; the renewal is retried no sooner than
+// MinRenewInterval later.
+var ErrShortLifetime = errors.New("the workload API server granted a token too short-lived to use")
+
 // errNotConnected fails the requests of an Identity's clients until
 // Connect has succeeded.
 var errNotConnected = errors.New("the controller's identity in the workload cluster is not installed yet")
@@ -109,7 +130,8 @@ type Config struct {
 	TokenLifetime time.Duration
 	// RenewBefore is how long before its expiry a token is renewed; 0
 	// means DefaultRenewBefore. When a token lives no longer than that, it
-	// is renewed halfway through its life.
+	// is renewed halfway through its life; never sooner than
+	// MinRenewInterval after the last renewal.
 	RenewBefore time.Duration
 	// Providers are the attestors the controller serves. A signer rule of
 	// deploy/workload that names client (or serving) signer names of ours
@@ -314,7 +336,12 @@ func (id *Identity) Run(ctx context.Context) {
 	}
 	retry := minRetry
 	next := id.renewAt()
+	last := id.issuedAt() // the last renewal or attempt
+	failed := false       // the last attempt failed
 	for {
+		// No renewal sooner than MinRenewInterval after the last one,
+		// whatever the reason, save a rejected token's first (below).
+		next = latest(next, last.Add(MinRenewInterval))
 		wait := next.Sub(id.clock.Now())
 		t := id.clock.NewTimer(max(wait, 0))
 		select {
@@ -324,30 +351,37 @@ func (id *Identity) Run(ctx context.Context) {
 		case <-t.C():
 		case <-id.reset:
 			t.Stop()
-			if at := id.rejectedRenewalAt(); at.After(id.clock.Now()) {
-				if at.Before(next) {
-					next = at
+			// A rejected token is renewed at once the first time; while
+			// rejections go on, or after a failed attempt, after a
+			// growing pause and never sooner than the floor.
+			if at := id.rejectedRenewalAt(); !at.IsZero() || failed {
+				if at = latest(at, last.Add(MinRenewInterval)); at.After(id.clock.Now()) {
+					if at.Before(next) {
+						next = at
+					}
+					continue
 				}
-				continue
 			}
 		}
 		id.mu.Lock()
 		rejected := id.rejected
 		id.mu.Unlock()
+		last = id.clock.Now()
 		reinstalled, err := id.renew(ctx)
 		if ctx.Err() != nil {
 			return
 		}
+		failed = err != nil
 		if err != nil {
 			var e *Error
 			step := StepToken
 			if errors.As(err, &e) {
 				step = e.Step
 			}
+			next = latest(id.clock.Now().Add(retry), last.Add(MinRenewInterval))
 			if id.cfg.Observer != nil {
-				id.cfg.Observer.Failed(step, err, retry)
+				id.cfg.Observer.Failed(step, err, next.Sub(id.clock.Now()))
 			}
-			next = id.clock.Now().Add(retry)
 			retry = min(2*retry, maxRetry)
 			continue
 		}
@@ -365,6 +399,21 @@ func (id *Identity) Run(ctx context.Context) {
 		}
 		next = id.renewAt()
 	}
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// issuedAt is when the current token was requested.
+func (id *Identity) issuedAt() time.Time {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	return id.issued
 }
 
 // rejectedRenewalAt is the earliest time a rejected token may be renewed.
@@ -435,6 +484,10 @@ func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 	expiry := tr.Status.ExpirationTimestamp.Time
 	if tr.Status.Token == "" || !expiry.After(issued) {
 		return false, &Error{Step: StepToken, Err: fmt.Errorf("the token requested for ServiceAccount %s is empty or expired (expiry %s)", id.sa, expiry)}
+	}
+	if life := expiry.Sub(issued); life < MinGrantedLifetime {
+		return false, &Error{Step: StepToken, Err: fmt.Errorf("%w: ServiceAccount %s's token lives %s, less than %s (check the API server's --service-account-max-token-expiration and its clock)",
+			ErrShortLifetime, id.sa, life.Round(time.Second), MinGrantedLifetime)}
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()

@@ -1,8 +1,13 @@
 package scoped
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -12,9 +17,12 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/deploy/workload"
@@ -91,12 +99,15 @@ func TestIdentity(t *testing.T) {
 
 	t.Run("renewed before expiry, under the same client", func(t *testing.T) {
 		rec := &recorder{}
-		// The API server's shortest lifetime, renewed 3 s into it.
-		id := connect(t, Config{Admin: wl.AdminConfig, TokenLifetime: MinTokenLifetime, RenewBefore: MinTokenLifetime - 3*time.Second, Observer: rec})
+		fc := clocktesting.NewFakeClock(time.Now())
+		g := &grantor{clock: fc, life: MinTokenLifetime}
+		// The API server's shortest lifetime, renewed 3 s into it (or as
+		// soon as the floor allows).
+		id := connect(t, Config{Admin: g.wrap(wl.AdminConfig), TokenLifetime: MinTokenLifetime, RenewBefore: MinTokenLifetime - 3*time.Second, Observer: rec, Clock: fc})
 		if id.Username() != wantUser {
 			t.Errorf("Username = %s, want %s", id.Username(), wantUser)
 		}
-		if life := time.Until(id.Expiry()); life > MinTokenLifetime || life < MinTokenLifetime-time.Minute {
+		if life := id.Expiry().Sub(fc.Now()); life > MinTokenLifetime || life < MinTokenLifetime-time.Minute {
 			t.Errorf("the token lives another %s, want about %s", life, MinTokenLifetime)
 		}
 		cs, err := kubernetes.NewForConfig(id.RESTConfig())
@@ -118,14 +129,12 @@ func TestIdentity(t *testing.T) {
 		}
 
 		first, _ := id.Token()
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); id.Run(rctx) }()
-		defer func() { stop(); <-done }()
-		harness.WaitFor(t, 60*time.Second, func() (bool, error) {
-			n, _, _ := rec.get()
-			return n >= 2, nil
-		})
+		stop := run(t, id)
+		drive(t, fc, 3*MinRenewInterval, func() bool { n, _, _ := rec.get(); return n >= 2 })
+		stop()
+		if n, _, _ := rec.get(); n < 2 {
+			t.Fatalf("%d renewals in %s, want 2", n, 3*MinRenewInterval)
+		}
 		now, _ := id.Token()
 		if now.AccessToken == first.AccessToken {
 			t.Error("the token was reported renewed but is the same")
@@ -175,6 +184,180 @@ func TestIdentity(t *testing.T) {
 		}
 	})
 
+}
+
+// TestRenewalFloor: a workload API server is tenant input, and one that
+// grants tokens of seconds must not make the controller renew every few
+// seconds (each renewal applies deploy/workload with the admin credential
+// and requests a token). Such a token is refused, at Connect and in Run,
+// as the cluster's error; and whatever the server grants or the settings
+// ask, an Identity renews at most once per MinRenewInterval. Ten simulated
+// minutes cost at most ten TokenRequests (without the floors: about 600
+// with 2-second tokens, 200 with a renewal 3 s into each token).
+func TestRenewalFloor(t *testing.T) {
+	wl := harness.StartControlPlane(t, "workload")
+	const window = 10 * time.Minute
+	maxRenewals := int(window / MinRenewInterval)
+
+	t.Run("a short-lived token is refused at connect", func(t *testing.T) {
+		fc := clocktesting.NewFakeClock(time.Now())
+		g := &grantor{clock: fc, life: 2 * time.Second}
+		id, err := New(Config{Admin: g.wrap(wl.AdminConfig), Clock: fc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = id.Connect(context.Background())
+		var e *Error
+		if !errors.Is(err, ErrShortLifetime) || !errors.As(err, &e) || e.Step != StepToken {
+			t.Fatalf("Connect to a server granting 2-second tokens = %v, want a %s step error wrapping ErrShortLifetime", err, StepToken)
+		}
+		if _, err := id.Token(); err == nil {
+			t.Error("the refused token is in use")
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		life time.Duration // granted after Connect
+	}{
+		{"a server granting 2-second tokens", 2 * time.Second},
+		{"renewal settings 3 s into each token", MinTokenLifetime},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			fc := clocktesting.NewFakeClock(time.Now())
+			g := &grantor{clock: fc, life: MinTokenLifetime}
+			id := connect(t, Config{Admin: g.wrap(wl.AdminConfig), TokenLifetime: MinTokenLifetime, RenewBefore: MinTokenLifetime - 3*time.Second, Observer: rec, Clock: fc})
+			first, _ := id.Token()
+			g.set(tc.life)
+			stop := run(t, id)
+			drive(t, fc, window, func() bool { return false })
+			stop()
+			tokens, applies := g.counts()
+			perRenewal := len(id.objects.Objects)
+			t.Logf("%s: %d TokenRequests and %d applies in %s", tc.name, tokens, applies, window)
+			if tokens > maxRenewals || applies > maxRenewals*perRenewal {
+				t.Errorf("%d TokenRequests and %d applies in %s, want at most %d and %d (one renewal per %s)",
+					tokens, applies, window, maxRenewals, maxRenewals*perRenewal, MinRenewInterval)
+			}
+			if tokens < maxRenewals-1 {
+				t.Errorf("%d TokenRequests in %s, want about %d: renewal stopped", tokens, window, maxRenewals)
+			}
+			renewed, _, _ := rec.get()
+			rec.mu.Lock()
+			failures := slices.Clone(rec.failures)
+			rec.mu.Unlock()
+			if tc.life < MinGrantedLifetime {
+				if renewed != 0 || len(failures) == 0 || !strings.Contains(failures[0], ErrShortLifetime.Error()) {
+					t.Errorf("2-second tokens: %d renewals, failures %q; want none renewed, each refused as too short-lived", renewed, failures)
+				}
+				if now, _ := id.Token(); now.AccessToken != first.AccessToken {
+					t.Error("the token in use is not the last good one")
+				}
+			} else if len(failures) != 0 {
+				t.Errorf("failures %q, want none", failures)
+			}
+		})
+	}
+}
+
+// grantor wraps a workload API server's admin transport: it counts the
+// TokenRequests and applies an Identity makes, and rewrites each token's
+// expirationTimestamp to the fake clock's now plus life, as a server
+// granting that lifetime would (the token itself is the real one).
+type grantor struct {
+	clock *clocktesting.FakeClock
+
+	mu              sync.Mutex
+	life            time.Duration
+	tokens, applies int
+}
+
+func (g *grantor) set(life time.Duration) { g.mu.Lock(); g.life = life; g.mu.Unlock() }
+
+func (g *grantor) counts() (tokens, applies int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tokens, g.applies
+}
+
+func (g *grantor) wrap(admin *rest.Config) *rest.Config {
+	cfg := rest.CopyConfig(admin)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) { return g.roundTrip(rt, req) })
+	})
+	return cfg
+}
+
+func (g *grantor) roundTrip(rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	isToken := req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/token")
+	g.mu.Lock()
+	if isToken {
+		g.tokens++
+	}
+	if req.Method == http.MethodPatch {
+		g.applies++
+	}
+	g.mu.Unlock()
+	if isToken { // read and rewritten as JSON, whatever the client prefers
+		req = req.Clone(req.Context())
+		req.Header.Set("Accept", "application/json")
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil || !isToken || resp.StatusCode != http.StatusCreated {
+		return resp, err
+	}
+	defer resp.Body.Close()
+	var tr map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&tr); err != nil {
+		return nil, fmt.Errorf("the test reads TokenRequests as JSON: %w", err)
+	}
+	g.mu.Lock()
+	exp := g.clock.Now().Add(g.life).UTC().Format(time.RFC3339)
+	g.mu.Unlock()
+	if err := unstructured.SetNestedField(tr, exp, "status", "expirationTimestamp"); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(tr)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// run runs id until the returned function is called.
+func run(t *testing.T, id *Identity) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); id.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// drive steps fc a second at a time, each time Run waits on it, for span
+// or until done.
+func drive(t *testing.T, fc *clocktesting.FakeClock, span time.Duration, done func() bool) {
+	t.Helper()
+	for end := fc.Now().Add(span); fc.Now().Before(end) && !done(); {
+		deadline := time.Now().Add(30 * time.Second)
+		for !fc.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatal("Run is not waiting on the clock")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		fc.Step(time.Second)
+	}
 }
 
 // connect returns a connected Identity of cfg.
