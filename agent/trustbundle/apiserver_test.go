@@ -328,17 +328,17 @@ func TestOversizedBundlesNeverCached(t *testing.T) {
 	}
 
 	// At the first list: kept out, counted, the projection refused.
-	waitFor(t, "the oversized bundle refused", func() bool {
-		s := log.get(pr.Path)
-		return s.Stale && strings.Contains(s.Reason, "example.com:capped:big") && strings.Contains(s.Reason, "agent.maxTrustBundleBytes")
-	})
+	waitFor(t, "the projection read", func() bool { s := log.get(pr.Path); return s.Stale && s.Reason != "not read from the API server yet" })
+	checkNeverCached("first list")
+	if s := log.get(pr.Path); !strings.Contains(s.Reason, "example.com:capped:big") || !strings.Contains(s.Reason, "agent.maxTrustBundleBytes") {
+		t.Errorf("status %+v does not name the oversized bundle and the setting", s)
+	}
 	if n := metrics.get(RejectedTooLarge); n != 1 {
 		t.Errorf("%d rejections counted, want 1", n)
 	}
 	if _, err := os.Stat(pr.Path); err == nil {
 		t.Fatal("a projection with an oversized bundle in its selection was written")
 	}
-	checkNeverCached("first list")
 
 	// Out of the selection: the valid bundle is projected.
 	obj, err := ctbs.Get(ctx, "example.com:capped:big", metav1.GetOptions{})
