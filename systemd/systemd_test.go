@@ -209,7 +209,7 @@ func TestUnitSettings(t *testing.T) {
 		"Service.DevicePolicy":            "closed",
 		"Service.DeviceAllow":             "/dev/tpmrm0 rw",
 		"Service.CapabilityBoundingSet":   "",
-		"Service.RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+		"Service.RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
 		"Service.StateDirectory":          "kubelet-authenticator",
 		"Service.StateDirectoryMode":      "0700",
 		"Install.WantedBy":                "multi-user.target kubelet.service",

@@ -8,20 +8,26 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"k8s.io/client-go/util/connrotation"
+
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/agent/kube"
 	"sigs.k8s.io/kubelet-authenticator/agent/status"
 )
 
@@ -251,4 +257,58 @@ type testWriter struct{ t *testing.T }
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// TestAgentRefusesInsecureBootstrapKubeconfig: while the bootstrap
+// kubeconfig exists it names the node's cluster; with
+// insecure-skip-tls-verify it would let anyone between the node and its API
+// server answer the trust bundle fetches, whose CAs land in host trust
+// paths. The agent refuses it with an error naming the setting, and the
+// server named there never receives a request.
+func TestAgentRefusesInsecureBootstrapKubeconfig(t *testing.T) {
+	var requests atomic.Int64
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.Error(w, "not here", http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	bootstrap := filepath.Join(dir, "bootstrap-kubelet.conf")
+	kubeconfig := "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: " + srv.URL + "\n    insecure-skip-tls-verify: true\n" +
+		"contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\nusers:\n- name: u\n  user: {token: abcdef.0123456789abcdef}\n"
+	if err := os.WriteFile(bootstrap, []byte(kubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "metrics.sock")
+	bundle := filepath.Join(dir, "bundles", "ca.crt")
+	cfgPath, _ := freshNode(t, "bootstrapKubeconfig: "+bootstrap+"\nagent:\n  metricsBindAddress: unix:"+sock+
+		"\ntrustBundles:\n- name: root\n  path: "+bundle+"\n")
+
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = nodeRESTConfig(cfg, connrotation.NewDialer((&net.Dialer{}).DialContext))
+	if !errors.Is(err, kube.ErrInsecureSkipTLSVerify) || !strings.Contains(err.Error(), "remove insecure-skip-tls-verify") || !strings.Contains(err.Error(), bootstrap) {
+		t.Fatalf("trust bundle client configuration from a bootstrap kubeconfig with insecure-skip-tls-verify: %v", err)
+	}
+
+	startAgent(t, "--config="+cfgPath)
+	eventually(t, 10*time.Second, "the projection reported stale", func() error {
+		body, err := get(unixClient(sock), "http://agent/metrics")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(body, `trust_bundle_stale{path="`+bundle+`"} 1`) {
+			return errors.New("not stale yet")
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // the agent retries from 1s on
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("the server of a bootstrap kubeconfig with insecure-skip-tls-verify received %d requests", n)
+	}
+	if _, err := os.Stat(bundle); err == nil {
+		t.Fatal("a trust bundle was written")
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
+	"sigs.k8s.io/kubelet-authenticator/agent/kube"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -462,7 +463,8 @@ func (s *Source) NodeRESTConfig(current *cache.Credential) (*rest.Config, error)
 // cluster from KUBERNETES_EXEC_INFO when provided, else to ClusterConfig's.
 // The bootstrap credential goes only to the bootstrap kubeconfig's server,
 // verified with its CA: whoever can set the cluster kubelet's kubeconfig
-// names must not collect the bootstrap token.
+// names must not collect the bootstrap token. A cluster that skips TLS
+// verification (insecure-skip-tls-verify in either kubeconfig) is refused.
 func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 	if current != nil {
 		var cfg *rest.Config
@@ -472,6 +474,9 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 			}
 			cfg = &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{
 				CAData: c.CertificateAuthorityData, ServerName: c.TLSServerName, Insecure: c.InsecureSkipTLSVerify}}
+			if err := kube.RequireVerified(cfg, "kubelet's kubeconfig (cluster "+c.Server+" in KUBERNETES_EXEC_INFO)"); err != nil {
+				return nil, err
+			}
 		} else {
 			var err error
 			if cfg, err = ClusterConfig(s.Config); err != nil {
@@ -489,6 +494,9 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 	boot, err := clientcmd.RESTConfigFromKubeConfig(data)
 	if err != nil {
 		return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", s.Config.BootstrapKubeconfig, err)
+	}
+	if err := kube.RequireVerified(boot, "bootstrap kubeconfig "+s.Config.BootstrapKubeconfig); err != nil {
+		return nil, err
 	}
 	if s.Cluster != nil && s.Cluster.Server != "" && s.Cluster.Server != boot.Host {
 		s.logf("bootstrapping with %s's server %s, not %s from KUBERNETES_EXEC_INFO: the bootstrap credential goes only to its own server",
@@ -535,13 +543,17 @@ func (s *Source) recordCluster(restCfg *rest.Config) {
 // (server and CA, no credential): the bootstrap kubeconfig's cluster while
 // that file exists, else the one recorded when the current credential was
 // obtained, so that the agent keeps working after operators delete the
-// bootstrap kubeconfig.
+// bootstrap kubeconfig. A bootstrap kubeconfig with insecure-skip-tls-verify
+// is refused: the agent's renewal and trust bundle clients connect here.
 func ClusterConfig(cfg *config.NodeConfig) (*rest.Config, error) {
 	data, err := os.ReadFile(cfg.BootstrapKubeconfig)
 	if err == nil {
 		boot, err := clientcmd.RESTConfigFromKubeConfig(data)
 		if err != nil {
 			return nil, fmt.Errorf("unable to load bootstrap kubeconfig %s: %w", cfg.BootstrapKubeconfig, err)
+		}
+		if err := kube.RequireVerified(boot, "bootstrap kubeconfig "+cfg.BootstrapKubeconfig); err != nil {
+			return nil, err
 		}
 		return &rest.Config{Host: boot.Host, TLSClientConfig: rest.TLSClientConfig{
 			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}}, nil

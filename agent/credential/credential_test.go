@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
+	"sigs.k8s.io/kubelet-authenticator/agent/kube"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -470,5 +471,58 @@ func TestRenewalWithoutBootstrapKubeconfig(t *testing.T) {
 	}
 	if !os.SameFile(before, after) {
 		t.Error("renewal rewrote the unchanged cluster record")
+	}
+}
+
+// TestInsecureSkipTLSVerifyRefused: a bootstrap kubeconfig (or kubelet's,
+// in KUBERNETES_EXEC_INFO) with insecure-skip-tls-verify is refused for
+// every connection the node makes as itself, with an error naming the
+// setting: the bootstrap token and the node's certificate go only to a
+// server the node has verified. The server named there receives nothing.
+func TestInsecureSkipTLSVerifyRefused(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		http.Error(w, "not here", http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	bootstrap := filepath.Join(dir, "bootstrap-kubelet.conf")
+	if err := os.WriteFile(bootstrap, []byte("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: "+srv.URL+"\n    insecure-skip-tls-verify: true\n"+
+		"contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\nusers:\n- name: u\n  user: {token: abcdef.0123456789abcdef}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.NodeConfig{NodeName: testNode, ProviderID: testPID, Attestor: testProvider, SignerName: testSignerName,
+		BootstrapKubeconfig: bootstrap, CacheDir: filepath.Join(dir, "cache")}
+	cfg.RequestTimeout.Duration = 5 * time.Second
+	src := &Source{Config: cfg, Attestor: &testAttestor{versions: []string{"v1"}}, Logf: t.Logf}
+	refused := func(what string, err error, source string) {
+		t.Helper()
+		if !errors.Is(err, kube.ErrInsecureSkipTLSVerify) || !strings.Contains(err.Error(), "remove insecure-skip-tls-verify") || !strings.Contains(err.Error(), source) {
+			t.Errorf("%s: %v, want a refusal naming insecure-skip-tls-verify in %s", what, err, source)
+		}
+	}
+
+	_, _, err := src.Get(context.Background())
+	refused("bootstrap", err, bootstrap)
+	_, err = ClusterConfig(cfg)
+	refused("the node's cluster (renewal, trust bundles)", err, bootstrap)
+
+	// A renewal as the node, with its certificate, to the cluster of the
+	// bootstrap kubeconfig or of kubelet's kubeconfig.
+	current := &cache.Credential{CertPEM: []byte("node certificate"), KeyPEM: []byte("node key")}
+	_, err = src.NodeRESTConfig(current)
+	refused("renewal with the bootstrap kubeconfig's cluster", err, bootstrap)
+	src.Cluster = &clientauthv1.Cluster{Server: srv.URL, InsecureSkipTLSVerify: true}
+	_, err = src.NodeRESTConfig(current)
+	refused("renewal with KUBERNETES_EXEC_INFO's cluster", err, "KUBERNETES_EXEC_INFO")
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) > 0 {
+		t.Fatalf("the server of an insecure-skip-tls-verify kubeconfig received %q", got)
 	}
 }

@@ -6,6 +6,7 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -28,9 +29,31 @@ func CertificatesClient(cfg *rest.Config) (*rest.RESTClient, *runtime.Scheme, er
 	return c, scheme, err
 }
 
+// ErrInsecureSkipTLSVerify is wrapped by every refusal of a client
+// configuration that does not verify the API server's certificate.
+var ErrInsecureSkipTLSVerify = errors.New("insecure-skip-tls-verify is not allowed for the node's own connections")
+
+// RequireVerified refuses a client configuration that skips verifying the
+// API server (a kubeconfig's insecure-skip-tls-verify). The node sends its
+// bootstrap token and client certificate over these connections and writes
+// what it reads from them (ClusterTrustBundles) into host trust paths:
+// whoever sits between the node and its API server must not be able to
+// answer. source names where the setting came from, for the person who
+// has to change it.
+func RequireVerified(cfg *rest.Config, source string) error {
+	if cfg.Insecure {
+		return fmt.Errorf("%s: %w: remove insecure-skip-tls-verify and set certificate-authority-data (or certificate-authority) to the cluster CA", source, ErrInsecureSkipTLSVerify)
+	}
+	return nil
+}
+
 // RESTClientFor returns a JSON REST client for gv whose objects are decoded
-// with scheme (which must know gv's types and metav1's).
+// with scheme (which must know gv's types and metav1's). A configuration
+// that skips TLS verification is refused (RequireVerified).
 func RESTClientFor(cfg *rest.Config, scheme *runtime.Scheme, gv schema.GroupVersion) (*rest.RESTClient, error) {
+	if err := RequireVerified(cfg, "client for "+cfg.Host); err != nil {
+		return nil, err
+	}
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &gv
 	c.APIPath = "/apis"

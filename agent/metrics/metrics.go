@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/daemon"
+	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
 )
 
 const namespace = "kubelet_authenticator_"
@@ -32,6 +33,8 @@ type Metrics struct {
 	bundleUpdated   *family
 	bundleCerts     *family
 	bundleSynced    *family
+	bundleOversized *family
+	bundleExcess    *family
 
 	mu     sync.Mutex
 	synced map[string]time.Time // by projection
@@ -115,11 +118,15 @@ func New() *Metrics {
 		"Certificates in a projected trust bundle file.", "gauge", "path")
 	m.bundleSynced = newFamily(namespace+"trust_bundle_last_sync_timestamp_seconds",
 		"When a projected trust bundle file was last confirmed to match its source, in Unix seconds.", "gauge", "path")
+	m.bundleOversized = newFamily(namespace+"trust_bundle_oversized_objects_total",
+		"ClusterTrustBundles kept out of a projection's watch cache because their trust bundle alone is over agent.maxTrustBundleBytes, by projection path (once per object version).", "counter", "path")
+	m.bundleExcess = newFamily(namespace+"trust_bundle_excess_objects_total",
+		"ClusterTrustBundles kept out of a projection's watch cache because it already holds agent.maxTrustBundles objects, by projection path (once per object version).", "counter", "path")
 	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
 		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
 	syncAge.fnVec = m.syncAges
 	m.families = append(append(append(m.client.families(), m.serving.families()...), m.attestation,
-		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, syncAge), processFamilies(time.Now())...)
+		m.bundleUpdates, m.bundleStale, m.bundleUpdated, m.bundleCerts, m.bundleSynced, m.bundleOversized, m.bundleExcess, syncAge), processFamilies(time.Now())...)
 	return m
 }
 
@@ -164,6 +171,15 @@ func (m *Metrics) syncAges() map[string]float64 {
 	return out
 }
 
+// Rejected implements trustbundle.Metrics.
+func (m *Metrics) Rejected(projection, reason string) {
+	if reason == trustbundle.RejectedTooLarge {
+		m.bundleOversized.with(projection).Inc()
+		return
+	}
+	m.bundleExcess.with(projection).Inc()
+}
+
 // Stale implements trustbundle.Metrics.
 func (m *Metrics) Stale(projection string, stale bool) {
 	v := 0.0
@@ -172,6 +188,8 @@ func (m *Metrics) Stale(projection string, stale bool) {
 	}
 	m.bundleStale.with(projection).Set(v)
 	m.bundleUpdates.with(projection)
+	m.bundleOversized.with(projection)
+	m.bundleExcess.with(projection)
 }
 
 // Write writes every metric in the Prometheus text exposition format.

@@ -29,8 +29,6 @@ import (
 	"strings"
 	"time"
 
-	utilnet "k8s.io/apimachinery/pkg/util/net"
-
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
@@ -56,8 +54,8 @@ type Manager struct {
 	// Source files the CSR (its attestor, timeouts and logging).
 	Source *credential.Source
 	// HostAddress finds the node's primary address when none are
-	// configured; nil means the interface with the default route, as
-	// kubelet picks its InternalIP without --node-ip.
+	// configured; nil means DefaultRouteAddress (the interface with the
+	// default route, as kubelet picks its InternalIP without --node-ip).
 	HostAddress func() (net.IP, error)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -86,7 +84,7 @@ func (m *Manager) Addresses() (dnsNames []string, ips []net.IP, err error) {
 	}
 	find := m.HostAddress
 	if find == nil {
-		find = utilnet.ChooseHostInterface
+		find = DefaultRouteAddress
 	}
 	ip, err := find()
 	if err != nil {

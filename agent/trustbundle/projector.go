@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,10 @@ type Metrics interface {
 	// Synced is called when a projection's file was confirmed to match its
 	// source (changed or not).
 	Synced(projection string, at time.Time)
+	// Rejected is called for every ClusterTrustBundle kept out of a
+	// projection's watch cache (RejectedTooLarge, RejectedTooMany), once
+	// per version of the object.
+	Rejected(projection, reason string)
 }
 
 // Status is the state of one projection.
@@ -94,7 +99,10 @@ type Projector struct {
 	// DefaultCommandTimeout.
 	CommandTimeout time.Duration
 	// MaxBundles and MaxBytes cap the selected ClusterTrustBundles and the
-	// sum of their spec.trustBundle sizes; 0 means no cap.
+	// sum of their spec.trustBundle sizes; 0 means no cap. Both apply
+	// before an object is cached: the watch cache holds at most MaxBundles
+	// objects, and an object whose spec.trustBundle alone is over MaxBytes
+	// never enters it (see gate).
 	MaxBundles int
 	MaxBytes   int64
 	// RetryInitial and RetryMax bound the backoff after a failed write;
@@ -103,6 +111,10 @@ type Projector struct {
 	RetryInitial, RetryMax, ResyncPeriod time.Duration
 
 	writer     *Writer
+	rejections func() map[string]string // objects kept out of the cache, by name; nil: none
+	// watching, when set, is given the informer before it starts (tests
+	// watch what enters its store).
+	watching   func(cache.SharedIndexInformer)
 	commandErr string // of the last post-update command; Run's goroutine only
 	mu         sync.Mutex
 	status     Status
@@ -160,7 +172,22 @@ func (p *Projector) Run(ctx context.Context) error {
 	}
 	p.start()
 
-	informer := cache.NewSharedIndexInformer(listWatch(client, opts), &clusterTrustBundle{}, 0, cache.Indexers{})
+	trigger := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	admit := func(o *clusterTrustBundle) bool { return matches(pr, sel, o) }
+	rejected := func(reason string) {
+		if p.Metrics != nil {
+			p.Metrics.Rejected(pr.Key(), reason)
+		}
+	}
+	g := newGate(p.MaxBundles, p.MaxBytes, admit, rejected, poke)
+	p.rejections = g.Rejections
+	informer := cache.NewSharedIndexInformer(g.listWatch(listWatch(client, opts)), &clusterTrustBundle{}, 0, cache.Indexers{})
 	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		// Only explains a projection not read yet: after a first sync the
 		// file stays right while the informer reconnects.
@@ -170,19 +197,15 @@ func (p *Projector) Run(ctx context.Context) error {
 			}
 		})
 	})
-	trigger := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case trigger <- struct{}{}:
-		default:
-		}
-	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { poke() },
 		UpdateFunc: func(any, any) { poke() },
 		DeleteFunc: func(any) { poke() },
 	}); err != nil {
 		return err
+	}
+	if p.watching != nil {
+		p.watching(informer)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -216,9 +239,12 @@ func (p *Projector) Run(ctx context.Context) error {
 		if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
 			return nil, err
 		}
-		items := make([]*clusterTrustBundle, len(list.Items))
-		for i := range list.Items {
-			items[i] = &list.Items[i]
+		// The same caps as the watch's, on a gate of its own: an object
+		// the watch keeps out is not assembled here either.
+		kept := newGate(p.MaxBundles, p.MaxBytes, admit, func(string) {}, func() {}).filterList(list.Items, true, true)
+		items := make([]*clusterTrustBundle, len(kept))
+		for i := range kept {
+			items[i] = &kept[i]
 		}
 		return selected(items), nil
 	})
@@ -322,6 +348,18 @@ func lastSync(t time.Time) string {
 // returns the error of a failed write (worth retrying); a source that is
 // missing or invalid is not an error here, its next change triggers a sync.
 func (p *Projector) sync(ctx context.Context, objects map[string]string) error {
+	if p.rejections != nil {
+		if rejected := p.rejections(); len(rejected) > 0 {
+			reasons := slices.Sorted(maps.Values(rejected))
+			if len(reasons) > 3 {
+				reasons = append(reasons[:3], fmt.Sprintf("and %d more", len(rejected)-3))
+			}
+			p.publish(func(s *Status) {
+				s.Stale, s.Reason = true, "refusing the selection: "+strings.Join(reasons, "; ")+"; keeping the last good content"
+			})
+			return nil
+		}
+	}
 	size := int64(0)
 	for _, tb := range objects {
 		size += int64(len(tb))
