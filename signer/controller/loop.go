@@ -153,7 +153,7 @@ func New(cfg Config) (*Controller, error) {
 		if err := inf.SetTransform(forgetUnread); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
-		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys}); err != nil {
+		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys, waiting: waitingKeys}); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -284,6 +284,33 @@ func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.C
 	var out []*certificatesv1.CertificateSigningRequest
 	for signer, inf := range c.informers {
 		objs, err := inf.GetIndexer().ByIndex(byRequester, requesterKey(username, nodeName))
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range objs {
+			if csr, ok := o.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == signer {
+				out = append(out, csr)
+			}
+		}
+	}
+	return out, nil
+}
+
+// waiting indexes the CSRs waiting on a challenge under one key.
+const waiting = "waiting"
+
+func waitingKeys(obj any) ([]string, error) {
+	if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && engine.WaitingOnChallenge(csr) {
+		return []string{waiting}, nil
+	}
+	return nil, nil
+}
+
+// Waiting implements engine.CSRs from the informers' indexes.
+func (c *Controller) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) {
+	var out []*certificatesv1.CertificateSigningRequest
+	for signer, inf := range c.informers {
+		objs, err := inf.GetIndexer().ByIndex(waiting, waiting)
 		if err != nil {
 			return nil, err
 		}

@@ -10,11 +10,13 @@ import (
 
 // pendingBound denies a request when its requester already has as many
 // older requests waiting on a challenge, for the same node or in all, as
-// the engine holds for one requester. Older requests are kept and newer ones turned
-// away, so a flood never displaces the requests before it, and a request's
-// standing only improves as older ones are decided. It returns nil when the
-// request is within the bounds, and retries when the requests cannot be
-// read.
+// the engine holds for one requester, or the workload cluster as many as it
+// holds for one cluster (all requesters together: what one tenant's
+// requests may hold of the controller's cache). Older requests are kept and
+// newer ones turned away, so a flood never displaces the requests before
+// it, and a request's standing only improves as older ones are decided. It
+// returns nil when the request is within the bounds, and retries when the
+// requests cannot be read.
 func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSigningRequest, nodeName string) *Decision {
 	olderForNode, err := e.olderPending(csr, nodeName)
 	if err != nil {
@@ -24,6 +26,11 @@ func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSignin
 	if err != nil {
 		return retry(d, err)
 	}
+	waiting, err := e.cfg.CSRs.Waiting()
+	if err != nil {
+		return retry(d, fmt.Errorf("unable to count the requests waiting on a challenge: %w", err))
+	}
+	olderInCluster := countOlder(waiting, csr)
 	switch {
 	case olderForNode >= e.cfg.MaxPendingPerNode:
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
@@ -33,6 +40,10 @@ func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSignin
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
 			"%q has %d older requests waiting on a challenge (at most %d at a time); this one is not: wait for those to be decided, or delete them, and file again",
 			csr.Spec.Username, older, e.cfg.MaxPendingPerRequester)})
+	case olderInCluster >= e.cfg.MaxPendingPerCluster:
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPendingInCluster, Message: fmt.Sprintf(
+			"the cluster has %d older requests waiting on a challenge (at most %d at a time, of all requesters); this one is not: file again once they are decided (a challenge expires unanswered within %s), or delete the ones no node answers",
+			olderInCluster, e.cfg.MaxPendingPerCluster, e.cfg.MaxChallengeTTL)})
 	}
 	return nil
 }
@@ -48,14 +59,28 @@ func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nod
 	if err != nil {
 		return 0, fmt.Errorf("unable to count the pending requests of %q: %w", csr.Spec.Username, err)
 	}
+	return countOlder(all, csr), nil
+}
+
+// countOlder counts the requests of all filed before csr that wait on a
+// challenge.
+func countOlder(all []*certificatesv1.CertificateSigningRequest, csr *certificatesv1.CertificateSigningRequest) int {
 	n := 0
 	for _, o := range all {
-		_, challenged := o.Annotations[attestor.AnnotationChallengeSeal]
-		if o.UID != csr.UID && challenged && !Decided(o) && !HasCondition(o, certificatesv1.CertificateApproved) && filedBefore(o, csr) {
+		if o.UID != csr.UID && WaitingOnChallenge(o) && filedBefore(o, csr) {
 			n++
 		}
 	}
-	return n, nil
+	return n
+}
+
+// WaitingOnChallenge reports whether csr carries a challenge this signer
+// wrote (its seal; Decide checks it) and is neither decided nor approved:
+// it stays pending, and cached, until its node answers or the challenge
+// expires.
+func WaitingOnChallenge(csr *certificatesv1.CertificateSigningRequest) bool {
+	_, challenged := csr.Annotations[attestor.AnnotationChallengeSeal]
+	return challenged && !Decided(csr) && !HasCondition(csr, certificatesv1.CertificateApproved)
 }
 
 // filedBefore orders requests by creation, then by name (the API server
