@@ -102,6 +102,10 @@ const (
 	// (for this node, or in all) as the signer holds for one requester;
 	// this, newer, one is not looked at.
 	ReasonTooManyPending = "TooManyPendingRequests"
+	// ReasonTooManyPendingInCluster: the workload cluster has as many
+	// requests waiting on a challenge, of all requesters, as the signer
+	// holds for one cluster; this, newer, one is not looked at.
+	ReasonTooManyPendingInCluster = "TooManyPendingRequestsInCluster"
 
 	// ReasonChallengeAnswered closes a challenged request whose challenge a
 	// later request answered (and was approved instead).

@@ -53,7 +53,20 @@ const (
 	// MaxRequestSize bounds spec.request; anything larger is rejected
 	// before parsing.
 	MaxRequestSize = 256 << 10
+	// MaxAnnotationSize bounds the value of each annotation the signer
+	// reads on a CSR (RequestAnnotations): a challenge and its seal, an
+	// endorsement key, a version list, each well under 4 KiB. A request
+	// with a larger one is rejected, and no more of it is cached.
+	MaxAnnotationSize = 16 << 10
 )
+
+// RequestAnnotations are the annotations of a CSR the signer reads: the
+// controller's challenge, its seal and the versions it supports, and the
+// node's endorsement key. A CSR's other annotations, its labels and its
+// finalizers are the requester's own and are never read (nor cached).
+func RequestAnnotations() []string {
+	return []string{AnnotationChallenge, AnnotationChallengeSeal, AnnotationSupportedVersions, AnnotationEndorsementKey}
+}
 
 // OIDProviderID is KubernetesNodeProviderIdentifierOID: the CSR and the
 // issued certificate carry the node's provider ID in this extension, as an

@@ -16,7 +16,6 @@ import (
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -89,7 +88,9 @@ func (o *Options) Run(ctx context.Context) error {
 		// Secrets are read one by one from the API server, never listed,
 		// watched or cached: the controller may get the Secrets it needs,
 		// not list every Secret of the management cluster.
-		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		// What tenants write on their Clusters, Machines and infrastructure
+		// objects beyond what the signer reads is not cached.
+		Cache:      capi.CacheOptions(),
 		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}}},
 		Controller: config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
 	})

@@ -137,6 +137,14 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, NodeUserPrefix))
 	}
 
+	// The annotations the signer reads are bounded as spec.request is: the
+	// controller caches no more of one (signer/controller).
+	for _, k := range attestor.RequestAnnotations() {
+		if v, ok := csr.Annotations[k]; ok && len(v) > attestor.MaxAnnotationSize {
+			add(failf(attestor.ReasonMalformedRequest, "annotation %s is larger than the %d bytes the signer reads; file a request without it", k, attestor.MaxAnnotationSize))
+		}
+	}
+
 	usages, rsaOnly := checkUsages(spec.Usages, r.Kind)
 
 	var x *x509.CertificateRequest

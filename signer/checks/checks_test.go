@@ -125,6 +125,15 @@ func TestCheck(t *testing.T) {
 			ExtraNames: []pkix.AttributeTypeAndValue{{Type: asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}, Value: "uid"}}}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
 
+		{name: "other annotations, labels and finalizers are not read", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
+			c.Annotations = map[string]string{"padding": strings.Repeat("x", 200<<10), attestor.AnnotationEndorsementKey: strings.Repeat("k", attestor.MaxAnnotationSize)}
+			c.Labels = map[string]string{"l": "v"}
+			c.Finalizers = []string{"example.com/f"}
+		}},
+		{name: "an annotation the signer reads larger than it reads", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
+			c.Annotations = map[string]string{attestor.AnnotationEndorsementKey: strings.Repeat("k", attestor.MaxAnnotationSize+1)}
+		}, reasons: []string{attestor.ReasonMalformedRequest}},
+
 		{name: "server auth usage", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageServerAuth)
 		}, reasons: []string{attestor.ReasonUsagesNotAllowed}},

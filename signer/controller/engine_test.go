@@ -844,3 +844,41 @@ func TestPendingBoundBurst(t *testing.T) {
 		t.Errorf("x-1: %s, want it challenged", cond(r.get("x-1")))
 	}
 }
+
+// TestPendingBoundInCluster: the requests waiting on a challenge in one
+// workload cluster are bounded across requesters; the newest beyond the
+// bound are denied TooManyPendingRequestsInCluster without a verifier call,
+// with a reason that says what to do.
+func TestPendingBoundInCluster(t *testing.T) {
+	r := newRig(t, false, func(c *Config) { c.Engine.MaxPendingPerCluster = 2 })
+	base := time.Now().Truncate(time.Second)
+	var filed []string
+	for i, name := range []string{"a", "b", "c"} {
+		at := metav1.NewTime(base.Add(time.Duration(i) * time.Second))
+		r.fileWith(name, signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
+			func(c *certificatesv1.CertificateSigningRequest) {
+				c.Spec.Username = "system:bootstrap:" + strings.Repeat(name, 6) // three requesters
+				c.CreationTimestamp = at
+			})
+		r.cached(filed...)
+		filed = append(filed, name)
+		calls := r.v.calls
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+		if name == "c" && r.v.calls != calls {
+			t.Errorf("the verifier was called %d times for a request over the cluster's bound", r.v.calls-calls)
+		}
+	}
+	for _, name := range []string{"a", "b"} {
+		if r.get(name).Annotations[attestor.AnnotationChallenge] == "" {
+			t.Errorf("%s: %s, want it challenged", name, cond(r.get(name)))
+		}
+	}
+	if got := cond(r.get("c")); got != "Denied/"+attestor.ReasonTooManyPendingInCluster {
+		t.Fatalf("a third requester's request beyond the cluster's bound: %s, want Denied/%s", got, attestor.ReasonTooManyPendingInCluster)
+	}
+	if msg := r.get("c").Status.Conditions[0].Message; !strings.Contains(msg, "the cluster has 2 older requests waiting on a challenge (at most 2") {
+		t.Errorf("denial does not say why: %q", msg)
+	}
+}

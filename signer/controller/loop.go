@@ -12,10 +12,12 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -148,10 +150,10 @@ func New(cfg Config) (*Controller, error) {
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
 		csrs := f.Certificates().V1().CertificateSigningRequests()
 		inf := csrs.Informer()
-		if err := inf.SetTransform(forgetDecided); err != nil {
+		if err := inf.SetTransform(forgetUnread); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
-		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys}); err != nil {
+		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys, waiting: waitingKeys}); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -172,28 +174,69 @@ func New(cfg Config) (*Controller, error) {
 	return c, nil
 }
 
-// forgetDecided drops what the controller never reads before a request is
-// cached: a decided request's spec.request (as large as the API server lets
-// a requester make it), the part of a pending one's beyond the largest the
-// signer accepts, and every request's managed fields.
+// forgetUnread drops what the controller never reads before a request is
+// cached, so that whatever a requester writes on its request (as much as
+// the API server lets it: 256 KiB of annotations, thousands of labels and
+// finalizers, a 3 MiB spec.request) costs the controller no more than what
+// the signer reads of it:
+//
+//   - of the metadata, only the name, UID, resourceVersion, creation and
+//     deletion times and the annotations the signer reads
+//     (attestor.RequestAnnotations), each value kept to at most
+//     attestor.MaxAnnotationSize+1 bytes, enough for the checks to deny it
+//     as too large; no labels, finalizers, owner references or managed
+//     fields;
+//   - a decided request's spec.request, and the part of a pending one's
+//     beyond the largest the signer accepts (again enough to deny it as too
+//     large).
+//
 // What stays (name, signer, requester, conditions, the certificate this
-// controller issued) is what Pending and a later answer to its challenge
-// are checked against.
-func forgetDecided(obj any) (any, error) {
+// controller issued, its own annotations) is what Pending, the pending
+// bound and a later answer to a challenge are checked against. A cut is
+// copied, so that no cached value keeps the decoded original alive.
+func forgetUnread(obj any) (any, error) {
 	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
 	if !ok {
 		return obj, nil
 	}
-	csr.ManagedFields = nil
+	csr.ObjectMeta = metav1.ObjectMeta{
+		Name:              csr.Name,
+		UID:               csr.UID,
+		ResourceVersion:   csr.ResourceVersion,
+		Generation:        csr.Generation,
+		CreationTimestamp: csr.CreationTimestamp,
+		DeletionTimestamp: csr.DeletionTimestamp,
+		Annotations:       readAnnotations(csr.Annotations),
+	}
 	switch {
 	case engine.Decided(csr):
 		csr.Spec.Request = nil
 	case len(csr.Spec.Request) > attestor.MaxRequestSize:
 		// More than the signer reads: kept only as far as needed to deny it
 		// as too large, however many such requests wait in the queue.
-		csr.Spec.Request = csr.Spec.Request[: attestor.MaxRequestSize+1 : attestor.MaxRequestSize+1]
+		csr.Spec.Request = bytes.Clone(csr.Spec.Request[:attestor.MaxRequestSize+1])
 	}
 	return csr, nil
+}
+
+// readAnnotations returns the annotations of in the signer reads, each cut
+// to attestor.MaxAnnotationSize+1 bytes; nil when there are none.
+func readAnnotations(in map[string]string) map[string]string {
+	var out map[string]string
+	for _, k := range attestor.RequestAnnotations() {
+		v, ok := in[k]
+		if !ok {
+			continue
+		}
+		if len(v) > attestor.MaxAnnotationSize {
+			v = strings.Clone(v[:attestor.MaxAnnotationSize+1])
+		}
+		if out == nil {
+			out = make(map[string]string, 1)
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // Get implements engine.CSRs from the informers' caches.
@@ -241,6 +284,33 @@ func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.C
 	var out []*certificatesv1.CertificateSigningRequest
 	for signer, inf := range c.informers {
 		objs, err := inf.GetIndexer().ByIndex(byRequester, requesterKey(username, nodeName))
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range objs {
+			if csr, ok := o.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == signer {
+				out = append(out, csr)
+			}
+		}
+	}
+	return out, nil
+}
+
+// waiting indexes the CSRs waiting on a challenge under one key.
+const waiting = "waiting"
+
+func waitingKeys(obj any) ([]string, error) {
+	if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && engine.WaitingOnChallenge(csr) {
+		return []string{waiting}, nil
+	}
+	return nil, nil
+}
+
+// Waiting implements engine.CSRs from the informers' indexes.
+func (c *Controller) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) {
+	var out []*certificatesv1.CertificateSigningRequest
+	for signer, inf := range c.informers {
+		objs, err := inf.GetIndexer().ByIndex(waiting, waiting)
 		if err != nil {
 			return nil, err
 		}

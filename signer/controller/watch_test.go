@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,91 @@ func TestWatchesOnlyItsSignerNames(t *testing.T) {
 	}
 	if d := engine.FindCondition(got, certificatesv1.CertificateDenied); d == nil || !strings.Contains(d.Message, attestor.ReasonMalformedRequest+": spec.request does not follow the wire contract: request is larger than") {
 		t.Errorf("oversized request: %+v, want denied %s for its size", got.Status.Conditions, attestor.ReasonMalformedRequest)
+	}
+}
+
+// TestCachedMetadataBound: requests carrying all the metadata the API
+// server lets a requester write (250 KiB of annotations, 4,000 labels,
+// 2,000 finalizers) cost the controller's cache only what the signer reads
+// of them, measured on the heap; and deciding them leaves their metadata,
+// which the controller never cached, as the requester wrote it.
+func TestCachedMetadataBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	cp := harness.StartControlPlane(t, "metadata")
+	ctx := context.Background()
+	api := cp.Client.CertificatesV1().CertificateSigningRequests()
+	const n = 20
+	signer := attestor.ClientSignerName("fake")
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	// The controller watches before the requests come, and a few are
+	// cached before the heap is read: what the others add to it is what
+	// one more costs, not the controller's set-up or its watch's buffers
+	// (which grow once to the largest event).
+	r := newRig(t, false, func(c *Config) { c.Client = cp.Client })
+	store := r.c.informers[signer].GetStore()
+	filed := 0
+	file := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			req, _ := signertest.Request{NodeName: fmt.Sprintf("node-%d", i), ProviderID: pid}.Build(t)
+			csr := signertest.CSR(fmt.Sprintf("huge-%02d", i), req)
+			csr.Spec.SignerName = signer
+			hugeMetadata(csr)
+			filed = csr.Size()
+			if _, err := api.Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for len(store.List()) < to {
+			if time.Now().After(deadline) {
+				t.Fatalf("the controller caches %d of the %d requests", len(store.List()), to)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	const warm = 4
+	file(0, warm)
+	before := heap()
+	file(warm, warm+n)
+	objs := store.List()
+	after := heap()
+	largest := 0
+	for _, o := range objs {
+		largest = max(largest, o.(*certificatesv1.CertificateSigningRequest).Size())
+	}
+	perRequest := (int64(after) - int64(before)) / n
+	t.Logf("%d requests of %d bytes as filed: %d bytes of heap each in the controller (largest cached object %d bytes)", n, filed, perRequest, largest)
+	const bound = 32 << 10
+	if perRequest > bound || largest > bound {
+		t.Errorf("a request with huge metadata costs the controller %d bytes of heap (largest cached object %d bytes), want at most %d", perRequest, largest, bound)
+	}
+	runtime.KeepAlive(r)
+
+	// Deciding them writes from the cached copies: what was not cached is
+	// not written away.
+	for _, o := range objs {
+		name := o.(*certificatesv1.CertificateSigningRequest).Name
+		if _, err := r.c.sync(r.ctx, key{signer: signer, name: name}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := api.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !engine.Decided(got) {
+			t.Errorf("%s not decided: %+v", name, got.Status)
+		}
+		if len(got.Labels) != 4000 || len(got.Finalizers) != 2000 || len(got.Annotations) != 250 {
+			t.Errorf("%s has %d labels, %d finalizers, %d annotations after the decision, want them as filed (4000, 2000, 250)", name, len(got.Labels), len(got.Finalizers), len(got.Annotations))
+		}
 	}
 }

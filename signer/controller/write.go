@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -80,22 +81,13 @@ func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateS
 // condition writes an Approved, Denied or Failed condition and returns the
 // CSR as written.
 func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType, decision string) (*certificatesv1.CertificateSigningRequest, error) {
-	csr = csr.DeepCopy()
-	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+	written, err := c.addCondition(ctx, csr, certificatesv1.CertificateSigningRequestCondition{
 		Type:           typ,
 		Status:         corev1.ConditionTrue,
 		Reason:         d.Reason,
 		Message:        d.Message,
 		LastUpdateTime: metav1.Now(),
 	})
-	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
-	var written *certificatesv1.CertificateSigningRequest
-	var err error
-	if typ == certificatesv1.CertificateFailed {
-		written, err = api.UpdateStatus(ctx, csr, metav1.UpdateOptions{})
-	} else {
-		written, err = api.UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
-	}
 	if err != nil {
 		return nil, fmt.Errorf("unable to write condition %s: %w", typ, err)
 	}
@@ -121,21 +113,41 @@ func (c *Controller) consume(ctx context.Context, first *certificatesv1.Certific
 	if first.Name == "" {
 		return fmt.Errorf("the answered request is unknown; deciding %s again", by)
 	}
-	first = first.DeepCopy()
-	first.Status.Conditions = append(first.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+	if _, err := c.addCondition(ctx, first, certificatesv1.CertificateSigningRequestCondition{
 		Type:           certificatesv1.CertificateDenied,
 		Status:         corev1.ConditionTrue,
 		Reason:         attestor.ReasonChallengeAnswered,
 		Message:        fmt.Sprintf("the challenge was answered by request %s, which is approved instead", by),
 		LastUpdateTime: metav1.Now(),
-	})
-	if _, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, first.Name, first, metav1.UpdateOptions{}); err != nil {
+	}); err != nil {
 		return fmt.Errorf("unable to close the answered request %s: %w", first.Name, err)
 	}
 	// Bookkeeping, not a decision of its own: no Event.
 	c.metric(DecisionDenied, attestor.ReasonChallengeAnswered)
 	klog.FromContext(ctx).Info("Closed the answered request", "answered", first.Name)
 	return nil
+}
+
+// addCondition adds cond to csr's conditions through the approval
+// subresource (the status one for Failed), conditional on the
+// resourceVersion csr was read at. It patches the conditions alone: csr
+// comes from the cache, which holds only what the signer reads of a
+// request (forgetUnread), and an update with it would write away the
+// requester's other metadata (the API server takes metadata from an update
+// of either subresource).
+func (c *Controller) addCondition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, cond certificatesv1.CertificateSigningRequestCondition) (*certificatesv1.CertificateSigningRequest, error) {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": csr.ResourceVersion},
+		"status":   map[string]any{"conditions": append(slices.Clone(csr.Status.Conditions), cond)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	subresource := "approval"
+	if cond.Type == certificatesv1.CertificateFailed {
+		subresource = "status"
+	}
+	return c.cfg.Client.CertificatesV1().CertificateSigningRequests().Patch(ctx, csr.Name, types.MergePatchType, patch, metav1.PatchOptions{}, subresource)
 }
 
 // sign signs an approved request. written says csr is what this signer's

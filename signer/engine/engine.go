@@ -98,6 +98,9 @@ type CSRs interface {
 	// username filed (decided ones too); with a nodeName, only those that
 	// ask for that node's certificate (checks.RequestedNodeName).
 	ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error)
+	// Waiting returns the CSRs of every served signer name, of every
+	// requester, that wait on a challenge (WaitingOnChallenge).
+	Waiting() ([]*certificatesv1.CertificateSigningRequest, error)
 }
 
 // Profile is what one signer name issues, and how.
@@ -177,6 +180,11 @@ type Config struct {
 	// of the challenges written beyond them; 0 means DefaultPendingGrace.
 	// It must leave a node time enough to see its challenge and answer.
 	PendingGrace time.Duration
+	// MaxPendingPerCluster bounds the requests waiting on a challenge in
+	// the workload cluster, of all requesters; newer ones beyond it are
+	// denied TooManyPendingRequestsInCluster without being verified. 0
+	// means DefaultMaxPendingPerCluster.
+	MaxPendingPerCluster int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -188,12 +196,18 @@ const DefaultMaxChallengeTTL = time.Hour
 // DefaultMaxPendingPerNode leaves a node room for a challenged client and
 // serving request and a retry of each; DefaultMaxPendingPerRequester for a
 // bootstrap token shared by the nodes of a scale-up joining together (two
-// rounds each for TPM nodes). A pending request costs the controller at
-// most attestor.MaxRequestSize of cache (TPM evidence, the largest, is
-// under 100 KiB), so one requester holds at most 50 MiB of it.
+// rounds each for TPM nodes); DefaultMaxPendingPerCluster for two such
+// tokens at once, or one and the renewals of a few hundred joined nodes. A
+// pending request costs the controller at most attestor.MaxRequestSize of
+// cache and its four annotations of attestor.MaxAnnotationSize, nothing of
+// its other metadata (TPM evidence, the largest, is under 100 KiB), so one
+// requester holds at most 63 MiB of it and one cluster 125 MiB; a
+// challenge is answered within seconds, so the real figure is a small part
+// of that.
 const (
 	DefaultMaxPendingPerNode      = 4
 	DefaultMaxPendingPerRequester = 200
+	DefaultMaxPendingPerCluster   = 400
 )
 
 // DefaultPendingGrace leaves a node that sees its challenge within seconds
@@ -249,6 +263,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.cfg.PendingGrace > e.cfg.MaxChallengeTTL {
 		errs = append(errs, fmt.Errorf("the pending grace %s is longer than the longest challenge lifetime %s", e.cfg.PendingGrace, e.cfg.MaxChallengeTTL))
+	}
+	if e.cfg.MaxPendingPerCluster <= 0 {
+		e.cfg.MaxPendingPerCluster = DefaultMaxPendingPerCluster
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -9,11 +9,14 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// pendingBound bounds one requester's requests waiting on a challenge,
-// for the same node and in all, at the bounds of Config (B). A bootstrap
-// token may be shared (a MachinePool's): first rounds forged with it must
-// not lock the pool's other nodes out, so a place in the bound is held
-// against newer requests only for PendingGrace after a request is filed:
+// pendingBound bounds the requests waiting on a challenge that come before
+// this one, at the bounds of Config (B): one requester's for the same node,
+// one requester's in all, and the workload cluster's of all requesters
+// together (what one tenant's requests may hold of the controller's
+// cache). A bootstrap token may be shared (a MachinePool's): first rounds
+// forged with it must not lock the pool's other nodes out, so a place in a
+// bound is held against newer requests only for PendingGrace after a
+// request is filed:
 //
 //   - a request is denied when B older requests were filed within the
 //     last PendingGrace and wait on their challenges (a burst is still
@@ -36,60 +39,82 @@ func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSignin
 	if err != nil {
 		return retry(d, err), 0
 	}
+	waiting, err := e.cfg.CSRs.Waiting()
+	if err != nil {
+		return retry(d, fmt.Errorf("unable to count the requests waiting on a challenge: %w", err)), 0
+	}
+	inCluster := e.countOlder(waiting, csr)
 	grace := e.cfg.PendingGrace
+	short := false
 	for _, b := range []struct {
-		n     pendingCount
-		bound int
-		what  string
+		n      pendingCount
+		bound  int
+		reason string
+		who    func(n int) string // whose n requests wait
 	}{
-		{forNode, e.cfg.MaxPendingPerNode, fmt.Sprintf(" for node %q", nodeName)},
-		{all, e.cfg.MaxPendingPerRequester, ""},
+		{forNode, e.cfg.MaxPendingPerNode, attestor.ReasonTooManyPending, func(n int) string {
+			return fmt.Sprintf("%q has %d older requests waiting on a challenge for node %q", csr.Spec.Username, n, nodeName)
+		}},
+		{all, e.cfg.MaxPendingPerRequester, attestor.ReasonTooManyPending, func(n int) string {
+			return fmt.Sprintf("%q has %d older requests waiting on a challenge", csr.Spec.Username, n)
+		}},
+		{inCluster, e.cfg.MaxPendingPerCluster, attestor.ReasonTooManyPendingInCluster, func(n int) string {
+			return fmt.Sprintf("the cluster has %d older requests waiting on a challenge", n)
+		}},
 	} {
+		var msg string
 		switch {
 		case b.n.recent >= b.bound:
-			return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
-				"%q has %d older requests waiting on a challenge%s (at most %d at a time, filed within %s of each other); this one is not: wait for those to be decided, or delete them, and file again",
-				csr.Spec.Username, b.n.recent, b.what, b.bound, grace)}), 0
+			msg = b.who(b.n.recent) + fmt.Sprintf(" (at most %d at a time, filed within %s of each other)", b.bound, grace)
 		case b.n.live >= 2*b.bound:
-			return deny(d, &attestor.DenyError{Reason: attestor.ReasonTooManyPending, Message: fmt.Sprintf(
-				"%q has %d older requests waiting on a challenge%s (at most %d at a time, %d with short-lived challenges); this one is not: wait for those to be decided, or delete them, and file again",
-				csr.Spec.Username, b.n.live, b.what, 2*b.bound, b.bound)}), 0
+			msg = b.who(b.n.live) + fmt.Sprintf(" (at most %d at a time, %d with short-lived challenges)", 2*b.bound, b.bound)
+		case b.n.live >= b.bound:
+			short = true
+			continue
+		default:
+			continue
 		}
+		return deny(d, &attestor.DenyError{Reason: b.reason, Message: msg + "; this one is not: wait for those to be decided, or delete them, and file again"}), 0
 	}
-	if forNode.live >= e.cfg.MaxPendingPerNode || all.live >= e.cfg.MaxPendingPerRequester {
+	if short {
 		return nil, grace
 	}
 	return nil, 0
 }
 
-// pendingCount counts a requester's older requests waiting on a challenge:
-// live, all whose challenge has not expired; recent, those of them filed
-// within the last PendingGrace.
+// pendingCount counts older requests waiting on a challenge: live, all
+// whose challenge has not expired; recent, those of them filed within the
+// last PendingGrace.
 type pendingCount struct{ live, recent int }
 
 // olderPending counts the requests of csr's requester (for nodeName, when
-// set) filed before csr that wait on a challenge this signer wrote: the
-// requests that stay pending for long (up to the challenge's lifetime) and
-// hold the controller's memory meanwhile. Requests not yet looked at are
-// not counted (a burst is decided in the order it is queued), nor are
-// approved ones, which wait only for a certificate, nor ones whose
-// challenge has expired (they are closed when looked at next).
+// set) filed before csr that wait on a challenge this signer wrote.
 func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nodeName string) (pendingCount, error) {
-	var n pendingCount
 	all, err := e.cfg.CSRs.ByRequester(csr.Spec.Username, nodeName)
 	if err != nil {
-		return n, fmt.Errorf("unable to count the pending requests of %q: %w", csr.Spec.Username, err)
+		return pendingCount{}, fmt.Errorf("unable to count the pending requests of %q: %w", csr.Spec.Username, err)
 	}
+	return e.countOlder(all, csr), nil
+}
+
+// countOlder counts the requests of all filed before csr that wait on a
+// challenge: the requests that stay pending for long (up to the
+// challenge's lifetime) and hold the controller's memory meanwhile.
+// Requests not yet looked at are not counted (a burst is decided in the
+// order it is queued), nor are approved ones, which wait only for a
+// certificate, nor ones whose challenge has expired (they are closed when
+// looked at next).
+func (e *Engine) countOlder(all []*certificatesv1.CertificateSigningRequest, csr *certificatesv1.CertificateSigningRequest) pendingCount {
+	var n pendingCount
 	now := e.now()
 	for _, o := range all {
-		seal, challenged := o.Annotations[attestor.AnnotationChallengeSeal]
-		if o.UID == csr.UID || !challenged || Decided(o) || HasCondition(o, certificatesv1.CertificateApproved) || !filedBefore(o, csr) {
+		if o.UID == csr.UID || !WaitingOnChallenge(o) || !filedBefore(o, csr) {
 			continue
 		}
 		// The expiry is read, not verified (a seal the node wrote is
 		// denied when its request is looked at): a request counts until
 		// then either way.
-		if exp, ok := sealExpiry(seal); ok && !now.Before(exp) {
+		if exp, ok := sealExpiry(o.Annotations[attestor.AnnotationChallengeSeal]); ok && !now.Before(exp) {
 			continue
 		}
 		n.live++
@@ -97,7 +122,16 @@ func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nod
 			n.recent++
 		}
 	}
-	return n, nil
+	return n
+}
+
+// WaitingOnChallenge reports whether csr carries a challenge this signer
+// wrote (its seal; Decide checks it) and is neither decided nor approved:
+// it stays pending, and cached, until its node answers or the challenge
+// expires.
+func WaitingOnChallenge(csr *certificatesv1.CertificateSigningRequest) bool {
+	_, challenged := csr.Annotations[attestor.AnnotationChallengeSeal]
+	return challenged && !Decided(csr) && !HasCondition(csr, certificatesv1.CertificateApproved)
 }
 
 // filedBefore orders requests by creation, then by name (the API server
