@@ -352,8 +352,9 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 	if !m.valid() {
 		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
 	}
-	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
-		return nil, fmt.Errorf("%q is not a node name: %s", node, strings.Join(errs, "; "))
+	if len(validation.IsDNS1123Subdomain(node)) > 0 {
+		// No node can register under it, and it is never revoked.
+		return nil, nil
 	}
 	var out *Entry
 	var refused error
