@@ -90,6 +90,12 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	served := r.running[nn] != nil || (isIdle && idle.optedIn)
 	base := r.base
 	r.mu.Unlock()
+	if !served && base != nil {
+		// Opted in but not served at this moment (starting, its workload
+		// API server unreachable): certificates may have been issued.
+		var cluster clusterv1.Cluster
+		served = r.Client.Get(base, nn, &cluster) == nil && Enabled(&cluster)
+	}
 	if !served {
 		return // not served: nothing was issued through this controller
 	}
