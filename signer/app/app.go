@@ -138,6 +138,7 @@ func (o *Options) Run(ctx context.Context) error {
 		ClientBurst:   o.WorkloadClientBurst,
 		RecheckPeriod: o.ClusterRecheckPeriod,
 		RESTConfig:    o.WorkloadRESTConfig,
+		Namespace:     o.namespace(),
 	}
 	if err := o.fleetOptions.configure(r, ctrlmetrics.Registry); err != nil { // fleet.go
 		return err

@@ -130,6 +130,10 @@ type ClusterReconciler struct {
 	// StatusPeriod is how often the ClusterAttestations are brought up to
 	// date (status.go); 0 means DefaultStatusPeriod.
 	StatusPeriod time.Duration
+	// Namespace is the controller's own namespace, where tenants cannot
+	// write: deleted Machines' pending revocations are kept there
+	// (revoke.go). Empty keeps them in memory only.
+	Namespace string
 
 	mu      sync.Mutex
 	base    context.Context

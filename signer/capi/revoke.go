@@ -4,13 +4,16 @@ import (
 	"cmp"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -44,10 +47,34 @@ type revocation struct {
 	wake chan struct{}
 }
 
+// Pending revocations are kept in the management cluster, in the
+// controller's namespace (ClusterReconciler.Namespace) where tenants cannot
+// write, one ConfigMap per deleted Machine, until its node names are
+// revoked in the workload cluster: a Cluster that opts out, or whose
+// kubeconfig is refused, before that has them revoked when it is served
+// again, and so does the next leader.
+const (
+	// PendingRevocationPrefix begins the name of a pending revocation's
+	// ConfigMap; the deleted Machine's UID follows.
+	PendingRevocationPrefix = "ka-revoke-"
+	// LabelPendingRevocation marks a pending revocation's ConfigMap.
+	LabelPendingRevocation = "kubelet-authenticator.x-k8s.io/pending-revocation"
+	// KeyPendingCluster holds the Cluster's namespace/name, and
+	// KeyPendingMachine the deleted Machine (what revocation reads of it:
+	// names, UID, nodeRef, addresses) as JSON.
+	KeyPendingCluster = "cluster"
+	KeyPendingMachine = "machine.json"
+	// pendingWriteTimeout bounds the write of a pending revocation from
+	// the informer's deletion hook.
+	pendingWriteTimeout = 10 * time.Second
+)
+
 // MachineDeleted is called for every Machine the manager's informer sees
 // deleted (the trust-on-first-use cleaner's deletion hook, signer/tofu).
-// The node names of a Machine of a served Cluster are revoked in its
-// workload cluster.
+// The node names of a Machine of a served Cluster, or of an opted-in one
+// not served now (its kubeconfig refused, say), are revoked in its workload
+// cluster: the deletion is recorded in the management cluster first, so
+// that it is not forgotten when the Cluster stops being served before that.
 func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	m, ok := obj.(*clusterv1.Machine)
 	if !ok {
@@ -59,41 +86,173 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	}
 	nn := types.NamespacedName{Namespace: m.Namespace, Name: name}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.running[nn]
-	if w == nil {
+	idle, isIdle := r.idle[nn]
+	served := r.running[nn] != nil || (isIdle && idle.optedIn)
+	base := r.base
+	r.mu.Unlock()
+	if !served && base != nil {
+		// Opted in but not served at this moment (starting, its workload
+		// API server unreachable): certificates may have been issued.
+		var cluster clusterv1.Cluster
+		served = r.Client.Get(base, nn, &cluster) == nil && Enabled(&cluster)
+	}
+	if !served {
 		return // not served: nothing was issued through this controller
 	}
-	r.deleted[nn] = append(r.deleted[nn], m.DeepCopy())
-	select {
-	case w.revocation.wake <- struct{}{}:
-	default:
+	d := deletedMachine(m)
+	if r.Namespace != "" && base != nil {
+		ctx, cancel := context.WithTimeout(base, pendingWriteTimeout)
+		err := r.recordPending(ctx, nn, d)
+		cancel()
+		if err != nil {
+			// Still revoked while this process leads and serves the
+			// Cluster (below); forgotten if it stops first.
+			klog.FromContext(base).Error(err, "Unable to record a deleted Machine's pending revocation", "cluster", nn, "machine", klog.KObj(m))
+		}
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.ContainsFunc(r.deleted[nn], func(o *clusterv1.Machine) bool { return o.UID == d.UID }) {
+		r.deleted[nn] = append(r.deleted[nn], d)
+	}
+	if w := r.running[nn]; w != nil {
+		select {
+		case w.revocation.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deletedMachine is what revocation keeps of a deleted Machine.
+func deletedMachine(m *clusterv1.Machine) *clusterv1.Machine {
+	d := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: m.Labels[clusterv1.ClusterNameLabel]}}}
+	d.Status.NodeRef = m.Status.NodeRef
+	d.Status.Addresses = slices.Clone(m.Status.Addresses)
+	return d
+}
+
+func pendingName(uid types.UID) string { return PendingRevocationPrefix + string(uid) }
+
+// recordPending writes the pending revocation of the deleted Machine d of
+// Cluster nn.
+func (r *ClusterReconciler) recordPending(ctx context.Context, nn types.NamespacedName, d *clusterv1.Machine) error {
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("unable to encode Machine %s/%s: %w", d.Namespace, d.Name, err)
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: pendingName(d.UID), Labels: map[string]string{LabelPendingRevocation: "true"}},
+		Data:       map[string]string{KeyPendingCluster: nn.String(), KeyPendingMachine: string(raw)},
+	}
+	if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("unable to create ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
+
+// pendingRevocations returns the deleted Machines of Cluster nn whose node
+// names are not revoked yet: those this process saw deleted and those
+// recorded in the management cluster. Records of Clusters that no longer
+// exist are removed.
+func (r *ClusterReconciler) pendingRevocations(ctx context.Context, logger klog.Logger, nn types.NamespacedName) ([]*clusterv1.Machine, error) {
+	r.mu.Lock()
+	pending := slices.Clone(r.deleted[nn])
+	r.mu.Unlock()
+	if r.Namespace == "" {
+		return pending, nil
+	}
+	var list corev1.ConfigMapList
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingLabels{LabelPendingRevocation: "true"}); err != nil {
+		return pending, fmt.Errorf("unable to list pending revocations: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		cm := &list.Items[i]
+		if cm.Data[KeyPendingCluster] != nn.String() {
+			r.dropOrphanedPending(ctx, logger, cm)
+			continue
+		}
+		var d clusterv1.Machine
+		if err := json.Unmarshal([]byte(cm.Data[KeyPendingMachine]), &d); err != nil || d.UID == "" || cm.Name != pendingName(d.UID) {
+			errs = append(errs, fmt.Errorf("pending revocation %s/%s is not readable", cm.Namespace, cm.Name))
+			continue
+		}
+		if d.Namespace != nn.Namespace || d.Labels[clusterv1.ClusterNameLabel] != nn.Name {
+			errs = append(errs, fmt.Errorf("pending revocation %s/%s names Machine %s/%s of another Cluster", cm.Namespace, cm.Name, d.Namespace, d.Name))
+			continue
+		}
+		if !slices.ContainsFunc(pending, func(o *clusterv1.Machine) bool { return o.UID == d.UID }) {
+			pending = append(pending, &d)
+		}
+	}
+	return pending, errors.Join(errs...)
+}
+
+// dropOrphanedPending removes the pending revocation cm when its Cluster is
+// gone: there is no workload cluster left to revoke anything in.
+func (r *ClusterReconciler) dropOrphanedPending(ctx context.Context, logger klog.Logger, cm *corev1.ConfigMap) {
+	ns, name, ok := strings.Cut(cm.Data[KeyPendingCluster], "/")
+	if !ok {
+		return
+	}
+	var cluster clusterv1.Cluster
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &cluster); !apierrors.IsNotFound(err) {
+		return
+	}
+	if err := r.Client.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+		logger.Info("Unable to remove the pending revocation of a deleted Cluster", "configMap", klog.KObj(cm), "err", err.Error())
+	}
+}
+
+// forgetPending removes the pending revocation of the deleted Machine d of
+// Cluster nn, once its node names are revoked.
+func (r *ClusterReconciler) forgetPending(ctx context.Context, nn types.NamespacedName, d *clusterv1.Machine) error {
+	if r.Namespace != "" {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: pendingName(d.UID)}}
+		if err := r.Client.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("unable to remove pending revocation %s/%s: %w", cm.Namespace, cm.Name, err)
+		}
+	}
+	r.mu.Lock()
+	r.deleted[nn] = slices.DeleteFunc(r.deleted[nn], func(o *clusterv1.Machine) bool { return o.UID == d.UID })
+	r.mu.Unlock()
+	return nil
 }
 
 // revokedNames returns the node names of the deleted Machine m to revoke
-// (namesToRevoke), given the Cluster's Machines as the cache has them.
-func (r *ClusterReconciler) revokedNames(ctx context.Context, nn types.NamespacedName, m *clusterv1.Machine) ([]string, error) {
+// (namesToRevoke), and which Machines of the Cluster still claim each
+// (claimants), read from the API server: a Machine created a moment ago
+// whose node was issued a certificate must keep it.
+func (r *ClusterReconciler) revokedNames(ctx context.Context, nn types.NamespacedName, m *clusterv1.Machine) ([]string, func(string, types.UID) bool, error) {
 	var list clusterv1.MachineList
-	if err := r.Client.List(ctx, &list, client.InNamespace(nn.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: nn.Name}); err != nil {
-		return nil, fmt.Errorf("unable to list the Cluster's Machines: %w", err)
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(nn.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: nn.Name}); err != nil {
+		return nil, nil, fmt.Errorf("unable to list the Cluster's Machines: %w", err)
 	}
-	return namesToRevoke(m, list.Items), nil
+	return namesToRevoke(m), claimants(m, list.Items), nil
 }
 
-// namesToRevoke returns the node names of the deleted Machine m that no
-// other of the Cluster's Machines claims: its nodeRef once it has one, else
-// every name it could have been issued a certificate for (claims). Names
-// that cannot be node names are left out.
-func namesToRevoke(m *clusterv1.Machine, machines []clusterv1.Machine) []string {
+// namesToRevoke returns the node names of the deleted Machine m: its
+// nodeRef once it has one, else every name it could have been issued a
+// certificate for (claims), whoever else claims them (their certificates
+// stay accepted: claimants). Names that cannot be node names are left out.
+func namesToRevoke(m *clusterv1.Machine) []string {
 	names := claimedNames(m)
 	if m.Status.NodeRef.IsDefined() {
 		names = []string{m.Status.NodeRef.Name}
 	}
 	return slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(names))), func(n string) bool {
-		return len(validation.IsDNS1123Subdomain(n)) > 0 ||
-			slices.ContainsFunc(machines, func(o clusterv1.Machine) bool { return o.UID != m.UID && claims(&o, n) })
+		return len(validation.IsDNS1123Subdomain(n)) > 0
 	})
+}
+
+// claimants reports whether the Machine of UID uid, another than the
+// deleted Machine m, is one of machines and claims node: the certificates
+// issued to it for node stay accepted when node is revoked.
+func claimants(m *clusterv1.Machine, machines []clusterv1.Machine) func(node string, uid types.UID) bool {
+	return func(node string, uid types.UID) bool {
+		return uid != m.UID && slices.ContainsFunc(machines, func(o clusterv1.Machine) bool { return o.UID == uid && claims(&o, node) })
+	}
 }
 
 // keepRevocations keeps the revocations of one workload cluster until ctx
@@ -143,33 +302,34 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 			r.Events.Eventf(cluster, corev1.EventTypeNormal, ReasonRevocationExpired, "Node %s is no longer listed as revoked: every certificate issued before its Machine was deleted has expired", n)
 		}
 	}
-	r.mu.Lock()
-	pending := slices.Clone(r.deleted[nn])
-	r.mu.Unlock()
+	pending, err := r.pendingRevocations(ctx, logger, nn)
 	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
 	for _, m := range pending {
-		names, err := r.revokedNames(ctx, nn, m)
-		if err == nil && len(names) > 0 {
+		names, claimed, err := r.revokedNames(ctx, nn, m)
+		var listed []string
+		if err == nil {
 			var out *revoke.State
-			out, err = rv.Revoke(ctx, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, names)
+			out, listed, err = rv.Revoke(ctx, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, names, claimed)
 			if err == nil {
 				s = out
 			}
+		}
+		if err == nil {
+			err = r.forgetPending(ctx, nn, m)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("Machine %s/%s: %w", m.Namespace, m.Name, err))
 			continue
 		}
-		r.mu.Lock()
-		r.deleted[nn] = slices.DeleteFunc(r.deleted[nn], func(d *clusterv1.Machine) bool { return d == m })
-		r.mu.Unlock()
-		if len(names) == 0 {
-			logger.Info("Deleted Machine's node names are claimed by other Machines; nothing revoked", "machine", klog.KObj(m))
-			continue
-		}
-		for _, n := range names {
+		for _, n := range listed {
 			e := s.Find(n)
-			logger.Info("Revoked a deleted Machine's node name", "machine", klog.KObj(m), "node", n, "until", e.Until)
+			if e == nil {
+				continue
+			}
+			logger.Info("Revoked a deleted Machine's node name", "machine", klog.KObj(m), "node", n, "until", e.Until, "acceptedOfLiveMachines", len(e.Accepted))
 			if r.Events != nil {
 				r.Events.Eventf(cluster, corev1.EventTypeNormal, ReasonNodeRevoked,
 					"Node %s revoked in the workload cluster: its Machine %s was deleted; certificates issued to it before now are refused until %s",

@@ -1,18 +1,27 @@
 package capi
 
 import (
+	"context"
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
 func withUID(uid types.UID) machineOpt { return func(m *clusterv1.Machine) { m.UID = uid } }
 
 // A deleted Machine's node names are revoked: its nodeRef once its node
-// joined, else every name a certificate could have been issued for; never
-// a name another Machine of the Cluster claims.
+// joined, else every name a certificate could have been issued for, also a
+// name another Machine of the Cluster claims; the certificates of a Machine
+// that claims the name stay accepted (claimants), the deleted Machine's
+// never.
 func TestNamesToRevoke(t *testing.T) {
 	host := withAddress(clusterv1.MachineHostName, "ip-10-0-0-1")
 	dns := withAddress(clusterv1.MachineInternalDNS, "ip-10-0-0-1.ec2.internal")
@@ -21,6 +30,9 @@ func TestNamesToRevoke(t *testing.T) {
 		deleted clusterv1.Machine
 		others  []clusterv1.Machine
 		want    []string
+		// claimed are the node names whose certificates issued to
+		// Machine u1 stay accepted.
+		claimed []string
 	}{
 		{name: "joined: its node", deleted: machine("m-0", "p", withUID("u0"), host, withNodeRef("ip-10-0-0-1")), want: []string{"ip-10-0-0-1"}},
 		{name: "never joined: every name it claims", deleted: machine("m-0", "p", withUID("u0"), host, dns),
@@ -28,17 +40,87 @@ func TestNamesToRevoke(t *testing.T) {
 		{name: "the deleted Machine itself in the list", deleted: machine("m-0", "p", withUID("u0")), others: []clusterv1.Machine{machine("m-0", "p", withUID("u0"))},
 			want: []string{"m-0"}},
 		{name: "a name another Machine's node has", deleted: machine("m-0", "p", withUID("u0"), host),
-			others: []clusterv1.Machine{machine("m-1", "q", withUID("u1"), withNodeRef("ip-10-0-0-1"))}, want: []string{"m-0"}},
+			others: []clusterv1.Machine{machine("m-1", "q", withUID("u1"), withNodeRef("ip-10-0-0-1"))}, want: []string{"ip-10-0-0-1", "m-0"}, claimed: []string{"ip-10-0-0-1"}},
 		{name: "a name another Machine claims before joining", deleted: machine("m-0", "p", withUID("u0"), host),
-			others: []clusterv1.Machine{machine("m-1", "q", withUID("u1"), host)}, want: []string{"m-0"}},
+			others: []clusterv1.Machine{machine("m-1", "q", withUID("u1"), host)}, want: []string{"ip-10-0-0-1", "m-0"}, claimed: []string{"ip-10-0-0-1"}},
+		{name: "a new Machine of the same name", deleted: machine("m-0", "p", withUID("u0")),
+			others: []clusterv1.Machine{machine("m-0", "q", withUID("u1"))}, want: []string{"m-0"}, claimed: []string{"m-0"}},
 		{name: "a Hostname that is no node name", deleted: machine("m-0", "p", withUID("u0"), withAddress(clusterv1.MachineHostName, "Not_A_Node")),
 			want: []string{"m-0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := namesToRevoke(&tt.deleted, tt.others); !slices.Equal(got, tt.want) {
+			got := namesToRevoke(&tt.deleted)
+			if !slices.Equal(got, tt.want) {
 				t.Errorf("namesToRevoke = %q, want %q", got, tt.want)
 			}
+			c := claimants(&tt.deleted, append(slices.Clone(tt.others), tt.deleted))
+			for _, n := range got {
+				if c(n, tt.deleted.UID) {
+					t.Errorf("the deleted Machine's certificates for %s stay accepted", n)
+				}
+				if want := slices.Contains(tt.claimed, n); c(n, "u1") != want {
+					t.Errorf("Machine u1's certificates for %s accepted = %t, want %t", n, !want, want)
+				}
+			}
 		})
+	}
+}
+
+// A deleted Machine's pending revocation is kept in the controller's
+// namespace until it is enforced: it is found again by a process that never
+// saw the deletion, only for its own Cluster, and goes once forgotten. A
+// record whose Cluster no longer exists is removed.
+func TestPendingRevocations(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	if err := clusterv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	other := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "other"}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(other).Build()
+	nn := types.NamespacedName{Namespace: "ns", Name: "c"}
+	gone := machine("m-0", "p", withUID("u0"), withAddress(clusterv1.MachineHostName, "ip-10-0-0-1"))
+	gone.Labels = map[string]string{clusterv1.ClusterNameLabel: "c", "tenant": "label"}
+	ofOther := machine("m-1", "q", withUID("u1"))
+	ofOther.Labels = map[string]string{clusterv1.ClusterNameLabel: "other"}
+	ofGone := machine("m-2", "r", withUID("u2"))
+	ofGone.Labels = map[string]string{clusterv1.ClusterNameLabel: "deleted"}
+
+	writer := &ClusterReconciler{Client: c, APIReader: c, Namespace: "ka-system"}
+	writer.init()
+	for _, w := range []struct {
+		cluster types.NamespacedName
+		m       *clusterv1.Machine
+	}{{nn, &gone}, {types.NamespacedName{Namespace: "ns", Name: "other"}, &ofOther}, {types.NamespacedName{Namespace: "ns", Name: "deleted"}, &ofGone}} {
+		if err := writer.recordPending(ctx, w.cluster, deletedMachine(w.m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := &ClusterReconciler{Client: c, APIReader: c, Namespace: "ka-system"}
+	r.init()
+	pending, err := r.pendingRevocations(ctx, klog.Background(), nn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 1 || pending[0].UID != "u0" || !slices.Equal(namesToRevoke(pending[0]), []string{"ip-10-0-0-1", "m-0"}) {
+		t.Fatalf("pending = %+v, want Machine m-0 with its names", pending)
+	}
+	var list corev1.ConfigMapList
+	if err := c.List(ctx, &list, client.InNamespace("ka-system")); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 2 {
+		t.Errorf("%d records left, want 2: the deleted Cluster's is removed", len(list.Items))
+	}
+	if err := r.forgetPending(ctx, nn, pending[0]); err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := r.pendingRevocations(ctx, klog.Background(), nn); err != nil || len(pending) != 0 {
+		t.Fatalf("after it was enforced: pending = %+v, %v", pending, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -98,7 +99,7 @@ func TestRevoker(t *testing.T) {
 	other.eventually(t, false)
 
 	deleted := Machine{Namespace: "team", Name: "n1", UID: "uid-1"}
-	if _, err := r.Revoke(ctx, deleted, []string{"n1"}); err != nil {
+	if _, _, err := r.Revoke(ctx, deleted, []string{"n1"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	old.eventually(t, true)
@@ -119,6 +120,26 @@ func TestRevoker(t *testing.T) {
 	if e, err := r.Accept(ctx, "n2", Machine{Namespace: "team", Name: "n2", UID: "uid-3"}, other.cert); err != nil || e != nil {
 		t.Fatalf("Accept for a name not revoked: %+v, %v", e, err)
 	}
+
+	// A deleted Machine's name that a live Machine claims too (a reused
+	// Hostname): the deleted Machine's certificate is refused, the live
+	// one's, issued before the deletion, still works.
+	gone, live := Machine{Namespace: "team", Name: "a", UID: "uid-a"}, Machine{Namespace: "team", Name: "b", UID: "uid-b"}
+	stolen, claimant := newNode(t, cp, "n3"), newNode(t, cp, "n3")
+	for _, c := range []struct {
+		m    Machine
+		cert *x509.Certificate
+	}{{gone, stolen.cert}, {live, claimant.cert}} {
+		if e, err := r.Accept(ctx, "n3", c.m, c.cert); err != nil || e != nil {
+			t.Fatalf("Accept before any revocation of n3: %+v, %v", e, err)
+		}
+	}
+	claims := func(node string, uid types.UID) bool { return node == "n3" && uid == live.UID }
+	if _, listed, err := r.Revoke(ctx, gone, nil, claims); err != nil || len(listed) != 1 || listed[0] != "n3" {
+		t.Fatalf("Revoke of the Machine issued for n3: listed %q, %v", listed, err)
+	}
+	stolen.eventually(t, true)
+	claimant.eventually(t, false)
 
 	// A record someone else edited is not overwritten: revocations stay as
 	// they are, and the error says what to do.
@@ -159,7 +180,7 @@ func TestRevoker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dropped) != 1 || dropped[0] != "n1" || len(s.Entries) != 0 {
+	if len(dropped) != 2 || dropped[0] != "n1" || dropped[1] != "n3" || len(s.Entries) != 0 {
 		t.Fatalf("after the lifetime: dropped %q, left %+v", dropped, s.Entries)
 	}
 	old.eventually(t, false)

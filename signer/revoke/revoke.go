@@ -11,7 +11,16 @@
 // client certificate it authenticated with (its fingerprint, which
 // kube-apiserver puts in the user's extra
 // authentication.kubernetes.io/credential-id as X509SHA256=<hex>) was issued
-// by the controller to a new Machine of that name after the revocation.
+// by the controller to a live Machine of that name: a new Machine that
+// joined after the revocation, or another Machine that already claimed the
+// name (the same Hostname or InternalDNS address) when it was revoked.
+//
+// Every certificate the controller hands out is recorded first (State's
+// Issued: fingerprint, node name, Machine, expiry). When a Machine is
+// deleted, its node names are revoked whoever else claims them, the names
+// it was issued certificates for among them, and the certificates issued
+// for those names to the Machines that still claim them are accepted: the
+// deleted Machine's certificates are refused, the live claimant's work.
 //
 // A name is listed for the longest lifetime of a client certificate (the
 // signer's cap) after the revocation: by then every certificate issued
@@ -42,7 +51,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -117,10 +125,13 @@ type Entry struct {
 	Accepted []Credential `json:"accepted,omitempty"`
 }
 
-// Credential is an accepted certificate.
+// Credential is a certificate the controller issued.
 type Credential struct {
 	// SHA256 is the lower-case hex SHA-256 of the certificate's DER.
 	SHA256 string `json:"sha256"`
+	// Node is the node name it was issued for (in State.Issued; an
+	// entry's accepted certificates are its node's).
+	Node string `json:"node,omitempty"`
 	// Machine is the Machine it was issued for.
 	Machine  Machine   `json:"machine"`
 	NotAfter time.Time `json:"notAfter"`
@@ -130,6 +141,11 @@ type Credential struct {
 type State struct {
 	Version string  `json:"version"`
 	Entries []Entry `json:"entries"`
+	// Issued are the unexpired client certificates the controller issued
+	// in the cluster, recorded before they were handed out, at most
+	// maxAllowed per Machine: when a Machine is deleted they tell its
+	// certificates from those of another Machine claiming its name.
+	Issued []Credential `json:"issued,omitempty"`
 }
 
 // Find returns the entry of node, or nil.
@@ -194,6 +210,12 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 			}
 		}
 	}
+	for _, c := range s.Issued {
+		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() ||
+			len(validation.IsDNS1123Subdomain(c.Node)) > 0 {
+			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed issued certificate for node %q: %w", cm.Namespace, cm.Name, StateKey, c.Node, ErrMalformed)
+		}
+	}
 	return &s, nil
 }
 
@@ -218,6 +240,7 @@ func (s *State) prune(now time.Time) (dropped []string) {
 	for i := range s.Entries {
 		s.Entries[i].Accepted = slices.DeleteFunc(s.Entries[i].Accepted, func(c Credential) bool { return !now.Before(c.NotAfter) })
 	}
+	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
 	return dropped
 }
 
@@ -231,12 +254,6 @@ type Revoker struct {
 	Lifetime time.Duration
 	// Clock; nil means the real clock.
 	Clock clock.PassiveClock
-
-	mu sync.Mutex
-	// revoked caches the listed names once read (only the leader writes
-	// the list), so that issuing for a name that is not revoked costs no
-	// request; nil until the list has been read.
-	revoked map[string]bool
 }
 
 func (r *Revoker) now() time.Time {
@@ -252,8 +269,9 @@ func (r *Revoker) now() time.Time {
 func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
 	s, err := r.update(ctx, true, func(s *State) bool {
+		n := len(s.Issued)
 		dropped = s.prune(r.now())
-		return len(dropped) > 0
+		return len(dropped) > 0 || len(s.Issued) != n
 	})
 	if err != nil {
 		return nil, nil, err
@@ -261,69 +279,121 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	return s, dropped, nil
 }
 
-// Revoke lists names as revoked for the deleted Machine m. A name listed
-// already (for an earlier Machine) is listed again from now, and the
-// certificates accepted for it are refused: they were issued to m. It
-// returns the state written.
-func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string) (*State, error) {
+// Revoke lists names as revoked for the deleted Machine m, and with them
+// every name a certificate was issued for to m (State.Issued). A name
+// listed already (for an earlier Machine) is listed again from now. The
+// certificates issued or accepted for a name stay accepted only where
+// claims reports that their Machine, another than m, still claims the name
+// (a live Machine with that Hostname, say): every other certificate of the
+// name, m's above all, is refused. m's issued certificates are forgotten.
+// It returns the state written and the names listed.
+func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims func(node string, uid types.UID) bool) (*State, []string, error) {
 	if !m.valid() {
-		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
+		return nil, nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
 	}
 	for _, n := range names {
 		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
-			return nil, fmt.Errorf("%q is not a node name: %s", n, strings.Join(errs, "; "))
+			return nil, nil, fmt.Errorf("%q is not a node name: %s", n, strings.Join(errs, "; "))
 		}
 	}
+	if claims == nil {
+		claims = func(string, types.UID) bool { return false }
+	}
 	now := r.now()
-	return r.update(ctx, false, func(s *State) bool {
-		for _, n := range names {
+	var listed []string
+	s, err := r.update(ctx, false, func(s *State) bool {
+		all := slices.Clone(names)
+		for _, c := range s.Issued {
+			if c.Machine.UID == m.UID {
+				all = append(all, c.Node)
+			}
+		}
+		slices.Sort(all)
+		listed = slices.Compact(all)
+		for _, n := range listed {
 			e := Entry{Node: n, Machine: m, RevokedAt: now.UTC().Truncate(time.Second), Until: now.Add(r.Lifetime + Margin).UTC().Truncate(time.Second).Add(time.Second)}
+			var kept []Credential
+			if old := s.Find(n); old != nil {
+				kept = old.Accepted
+			}
+			for _, c := range s.Issued {
+				if c.Node == n {
+					kept = append(kept, Credential{SHA256: c.SHA256, Machine: c.Machine, NotAfter: c.NotAfter})
+				}
+			}
+			for _, c := range kept {
+				if c.Machine.UID != m.UID && claims(n, c.Machine.UID) && !slices.ContainsFunc(e.Accepted, func(a Credential) bool { return a.SHA256 == c.SHA256 }) {
+					e.Accepted = append(e.Accepted, c)
+				}
+			}
 			if old := s.Find(n); old != nil {
 				*old = e
 			} else {
 				s.Entries = append(s.Entries, e)
 			}
 		}
+		s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
 		slices.SortFunc(s.Entries, func(a, b Entry) int { return strings.Compare(a.Node, b.Node) })
-		return len(names) > 0
+		return len(listed) > 0
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, listed, nil
 }
 
 // Accept is called before a client certificate for node, issued for
-// Machine m, is handed out. When node is revoked, the certificate is
-// accepted (it was issued after the revocation, to a live Machine) and
-// Accept returns the entry; otherwise it returns nil. An error means the
-// certificate must not be handed out yet.
+// Machine m, is handed out: the certificate is recorded as issued (so that
+// m's deletion refuses it and another Machine's deletion does not), and
+// when node is revoked it is accepted (it was issued after the revocation,
+// to a live Machine) and Accept returns the entry; otherwise it returns
+// nil. An error means the certificate must not be handed out yet.
 func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate) (*Entry, error) {
-	r.mu.Lock()
-	known, revoked := r.revoked != nil, r.revoked[node]
-	r.mu.Unlock()
-	if known && !revoked {
+	if !m.valid() {
+		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
+	}
+	if len(validation.IsDNS1123Subdomain(node)) > 0 {
+		// No node can register under it, and it is never revoked.
 		return nil, nil
 	}
 	var out *Entry
 	var refused error
 	_, err := r.update(ctx, false, func(s *State) bool {
 		out, refused = nil, nil
+		fp := Fingerprint(cert)
 		e := s.Find(node)
-		if e == nil {
-			return false
-		}
-		if e.Machine.UID == m.UID {
+		if e != nil && e.Machine.UID == m.UID {
 			// Decided before the Machine was gone, signed after.
 			refused = fmt.Errorf("%w: node %s was revoked when its Machine %s was deleted", ErrRevokedMachine, node, m)
 			return false
 		}
-		fp := Fingerprint(cert)
+		changed := false
+		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp }) {
+			s.Issued = append(s.Issued, Credential{SHA256: fp, Node: node, Machine: m, NotAfter: cert.NotAfter.UTC()})
+			changed = true
+			var mine []int
+			for i, c := range s.Issued {
+				if c.Machine.UID == m.UID {
+					mine = append(mine, i)
+				}
+			}
+			if len(mine) > maxAllowed {
+				s.Issued = slices.Delete(s.Issued, mine[0], mine[0]+1)
+			}
+		}
+		if e == nil {
+			return changed
+		}
 		if !slices.ContainsFunc(e.Accepted, func(c Credential) bool { return c.SHA256 == fp }) {
 			e.Accepted = append(e.Accepted, Credential{SHA256: fp, Machine: m, NotAfter: cert.NotAfter.UTC()})
 			if len(e.Accepted) > maxAllowed {
 				e.Accepted = e.Accepted[len(e.Accepted)-maxAllowed:]
 			}
+			changed = true
 		}
 		c := *e
 		out = &c
-		return true
+		return changed
 	})
 	if err != nil {
 		return nil, err
@@ -352,7 +422,6 @@ func (r *Revoker) update(ctx context.Context, always bool, change func(*State) b
 			}
 		}
 		if !change(s) && !missing {
-			r.cache(s)
 			out = s
 			return nil
 		}
@@ -377,7 +446,6 @@ func (r *Revoker) update(ctx context.Context, always bool, change func(*State) b
 			}
 			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
 		}
-		r.cache(s)
 		out, written = s, true
 		return nil
 	})
@@ -398,16 +466,6 @@ func (r *Revoker) update(ctx context.Context, always bool, change func(*State) b
 		}
 	}
 	return out, nil
-}
-
-func (r *Revoker) cache(s *State) {
-	m := make(map[string]bool, len(s.Entries))
-	for _, e := range s.Entries {
-		m[e.Node] = true
-	}
-	r.mu.Lock()
-	r.revoked = m
-	r.mu.Unlock()
 }
 
 // ensurePolicy creates, restores or updates the policy for s, then its

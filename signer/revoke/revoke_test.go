@@ -22,7 +22,7 @@ func sample() *State {
 		{Node: "worker-a", Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u1"}, RevokedAt: t0, Until: t0.Add(7 * 24 * time.Hour),
 			Accepted: []Credential{{SHA256: strings.Repeat("ab", 32), Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u2"}, NotAfter: t0.Add(24 * time.Hour)}}},
 		{Node: "ip-10-0-0-1.ec2.internal", Machine: Machine{Namespace: "team", Name: "md-0-x", UID: "u3"}, RevokedAt: t0, Until: t0.Add(time.Hour)},
-	}}
+	}, Issued: []Credential{{SHA256: strings.Repeat("cd", 32), Node: "worker-b", Machine: Machine{Namespace: "team", Name: "worker-b", UID: "u4"}, NotAfter: t0.Add(24 * time.Hour)}}}
 }
 
 func configMap(t *testing.T, s *State) *corev1.ConfigMap {
@@ -103,6 +103,8 @@ func TestDecodeRefuses(t *testing.T) {
 		"empty node":        strings.Replace(good, `"node":"worker-a"`, `"node":""`, 1),
 		"short fingerprint": strings.Replace(good, strings.Repeat("ab", 32), "abab", 1),
 		"upper fingerprint": strings.Replace(good, strings.Repeat("ab", 32), strings.Repeat("AB", 32), 1),
+		"issued bad node":   strings.Replace(good, `"node":"worker-b"`, `"node":"Worker_B"`, 1),
+		"issued bad print":  strings.Replace(good, strings.Repeat("cd", 32), "cdcd", 1),
 		"not JSON":          "revoked: worker-a",
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -131,8 +133,8 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("pruned %v, left %d entries", d, len(s.Entries))
 	}
 	s.prune(t0.Add(24 * time.Hour))
-	if len(s.Entries) != 1 || len(s.Entries[0].Accepted) != 0 {
-		t.Fatalf("after the accepted certificate expired: %+v", s.Entries)
+	if len(s.Entries) != 1 || len(s.Entries[0].Accepted) != 0 || len(s.Issued) != 0 {
+		t.Fatalf("after the accepted and issued certificates expired: %+v, issued %+v", s.Entries, s.Issued)
 	}
 	if d := s.prune(t0.Add(7 * 24 * time.Hour)); len(d) != 1 || len(s.Entries) != 0 {
 		t.Fatalf("pruned %v, left %+v", d, s.Entries)

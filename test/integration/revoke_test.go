@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -323,5 +324,145 @@ func expectClusterEvent(t *testing.T, e *signerEnv, reason, node string) {
 			}
 		}
 		return false, nil
+	})
+}
+
+// TestRevokeNameClaimedByLiveMachine: Machine A and Machine B both claim
+// node name n (B through a Hostname in its status.addresses, as with a
+// reused address) and each was issued a certificate for n. When A is
+// deleted, its certificate is refused although B still claims n, and B's
+// certificate keeps working.
+func TestRevokeNameClaimedByLiveMachine(t *testing.T) {
+	e := startSigner(t)
+	ctx := context.Background()
+	const node = "worker-c"
+
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, node, "test:///c-1", true)
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, "worker-d", "test:///d-1", true, node)
+	var b clusterv1.Machine
+	if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: "worker-d"}, &b); err != nil {
+		t.Fatal(err)
+	}
+	stolen := e.join(t, "c-1", node, "test:///c-1")
+	claimant := e.join(t, "d-1", node, "test:///d-1")
+	stolen.expectWorks(t)
+	claimant.expectWorks(t)
+
+	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	stolen.expectRevoked(t, signerNS+"/"+node)
+	claimant.expectWorks(t)
+	stolen.expectRevoked(t, signerNS+"/"+node)
+	en := e.revocationState(t).Find(node)
+	if en == nil || len(en.Accepted) != 1 || en.Accepted[0].SHA256 != revoke.Fingerprint(claimant.cert) || en.Accepted[0].Machine.UID != b.UID {
+		t.Fatalf("state of %s after Machine %s was deleted: %+v; want only Machine worker-d's certificate accepted", node, node, en)
+	}
+}
+
+// blockRevocationRecord makes the workload cluster refuse every write of
+// the controller's revocation record, as a workload administrator's
+// admission policy could, and returns a function that lifts the block.
+// It returns once the block is in force.
+func blockRevocationRecord(t *testing.T, e *signerEnv) (unblock func()) {
+	t.Helper()
+	ctx := context.Background()
+	const name = "test-block-revocation-record"
+	api := e.wl.Client.AdmissionregistrationV1()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: "object.metadata.name != '" + revoke.ConfigMapName + "'",
+				Message:    "blocked by the test",
+			}},
+		},
+	}
+	if _, err := api.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}
+	if _, err := api.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cms := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace)
+	harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+		cm, err := cms.Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "blocked by the test"), nil
+	})
+	return func() {
+		t.Helper()
+		if err := api.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := api.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRevokePendingAcrossOptOut: a Machine is deleted while its workload
+// cluster refuses the revocation for a moment, and the Cluster opts out
+// before the revocation is written. The deletion is not forgotten: once
+// the Cluster opts in again, the deleted Machine's certificate is refused.
+func TestRevokePendingAcrossOptOut(t *testing.T) {
+	e := startSigner(t)
+	ctx := context.Background()
+	const node = "worker-e"
+
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, node, "test:///e-1", true)
+	old := e.join(t, "e-1", node, "test:///e-1")
+	old.expectWorks(t)
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		_, err := e.wl.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, revoke.PolicyName, metav1.GetOptions{})
+		return err == nil, nil
+	})
+
+	unblock := blockRevocationRecord(t, e)
+	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	expectClusterEvent(t, e, capi.ReasonRevocationFailed, node) // tried, refused
+	setEnabled := func(v string) {
+		t.Helper()
+		var c clusterv1.Cluster
+		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
+			t.Fatal(err)
+		}
+		c.Annotations[capi.AnnotationEnabled] = v
+		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setEnabled("false")
+	time.Sleep(3 * time.Second) // the controller sees it and stops serving the Cluster
+	unblock()
+	if s := e.revocationState(t); s.Find(node) != nil {
+		t.Fatalf("%s revoked while the record was blocked: %+v", node, s.Entries)
+	}
+	old.expectWorks(t) // nothing revoked it yet
+
+	setEnabled("true")
+	old.expectRevoked(t, signerNS+"/"+node)
+
+	// Once enforced, the deletion's record in the management cluster goes.
+	harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+		list, err := e.mgmt.ControlPlane.Client.CoreV1().ConfigMaps(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: capi.LabelPendingRevocation})
+		return err == nil && len(list.Items) == 0, nil
 	})
 }
