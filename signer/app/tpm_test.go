@@ -99,16 +99,20 @@ func TestTPMFlags(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if o.TPM.KeyRotationInterval != 30*24*time.Hour {
+		t.Errorf("--challenge-key-rotation-interval defaults to %s, want 30 days", o.TPM.KeyRotationInterval)
+	}
 	if _, _, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build()); err != nil {
 		t.Fatal(err)
 	}
 
-	o = parse("--tpm-manufacturer-ca="+garbage, "--tpm-manufacturer-ca=/nonexistent.pem", "--tpm-challenge-ttl=0s", "--tpm-key-secret-name=")
+	o = parse("--tpm-manufacturer-ca="+garbage, "--tpm-manufacturer-ca=/nonexistent.pem", "--tpm-challenge-ttl=0s", "--tpm-key-secret-name=",
+		"--challenge-key-rotation-interval=10m")
 	err = o.Validate()
 	if err == nil {
 		t.Fatal("Validate() passed")
 	}
-	for _, want := range []string{"garbage.pem", "nonexistent.pem", "--tpm-challenge-ttl", "--tpm-key-secret-name"} {
+	for _, want := range []string{"garbage.pem", "nonexistent.pem", "--tpm-challenge-ttl", "--tpm-key-secret-name", "--challenge-key-rotation-interval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() does not report %s:\n%v", want, err)
 		}
