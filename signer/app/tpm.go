@@ -23,8 +23,8 @@ import (
 
 // Defaults of the TPM attestor's options.
 const (
-	// DefaultTPMKeySecretName names the Secret holding the controller key
-	// TPM challenge secrets are derived from.
+	// DefaultTPMKeySecretName names the Secret holding the challenge keys
+	// TPM challenges are sealed and their secrets derived under.
 	DefaultTPMKeySecretName = "node-attestation-controller-tpm-key"
 	// ChallengeKeyOverlap is how long a retired challenge key is kept:
 	// the longest challenge lifetime any replica allows
@@ -93,7 +93,7 @@ func (o *TPMOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KeySecretNamespace, "tpm-key-secret-namespace", o.KeySecretNamespace,
 		"Namespace of the Secret holding the key TPM challenges are derived from. Empty: the leader election namespace.")
 	fs.StringVar(&o.KeySecretName, "tpm-key-secret-name", o.KeySecretName,
-		"Name of the Secret holding the key TPM challenges are derived from (data key \"key\", at least 32 bytes); created with a random key when missing.")
+		"Name of the Secret holding the keys TPM challenges are sealed and derived under (data key \"keys.json\"; the first format's single \"key\" is read too); created with a random key when missing.")
 	fs.DurationVar(&o.KeyRotationInterval, "challenge-key-rotation-interval", o.KeyRotationInterval,
 		"How long a TPM challenge key stays current before a new one replaces it; the previous key is kept "+ChallengeKeyOverlap.String()+
 			" for the challenges in flight, then dropped. 0: rotate only on demand (annotate the key Secret with "+challengekey.AnnotationRotate+").")
