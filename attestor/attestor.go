@@ -102,6 +102,11 @@ const LegacyChallengeKeyID = "k0"
 // rotated out: challenges made under it can no longer be answered.
 var ErrChallengeKeyRetired = errors.New("the challenge key was rotated out")
 
+// ErrChallengeKeyNotYetRead is wrapped by ChallengeKeys.Key for a key newer
+// than this replica knows, that another replica may have just made: worth
+// asking again once the keys have been read again.
+var ErrChallengeKeyNotYetRead = errors.New("the challenge key has not been read yet")
+
 // ChallengeKeys are the controller's challenge keys, shared by the signer
 // (which seals challenges) and verifiers that derive challenge secrets: the
 // current key new challenges are made under and the previous ones kept for
@@ -111,8 +116,9 @@ type ChallengeKeys interface {
 	// a nil key when there is none.
 	Current() (id string, key []byte)
 	// Key returns the key named id. The error wraps ErrChallengeKeyRetired
-	// when the key was rotated out; any other error is transient (a key
-	// another replica made that this one has not read yet).
+	// when the key was rotated out, ErrChallengeKeyNotYetRead when it may
+	// be one another replica just made; any other error means that no key
+	// of this controller has that name.
 	Key(id string) ([]byte, error)
 }
 

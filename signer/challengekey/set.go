@@ -82,11 +82,19 @@ func (s *Set) Key(id string) ([]byte, error) {
 	}
 	n, ok := generation(id)
 	cur, _ := generation(s.Current().ID)
-	if ok && n < cur {
+	switch {
+	case ok && n < cur:
 		return nil, fmt.Errorf("challenge key %q was dropped (the current key is %q): %w", id, s.Current().ID, attestor.ErrChallengeKeyRetired)
+	case ok && n <= cur+maxAhead:
+		return nil, fmt.Errorf("challenge key %q is newer than the current key %q: %w", id, s.Current().ID, attestor.ErrChallengeKeyNotYetRead)
 	}
-	return nil, fmt.Errorf("challenge key %q is not known yet (the current key is %q)", id, s.Current().ID)
+	return nil, fmt.Errorf("there is no challenge key %q (the current key is %q)", id, s.Current().ID)
 }
+
+// maxAhead is how many generations another replica may have rotated the
+// key beyond what this one last read (rotations on demand in quick
+// succession); a key id further ahead was never made.
+const maxAhead = 3
 
 // Rotated returns a set whose current key is a new one read from rand,
 // the current key retired at now.
@@ -215,7 +223,7 @@ func (r *Ring) Current() (string, []byte) {
 func (r *Ring) Key(id string) ([]byte, error) {
 	s := r.set.Load()
 	if s == nil {
-		return nil, errors.New("no challenge key has been read yet")
+		return nil, fmt.Errorf("no challenge key has been read yet: %w", attestor.ErrChallengeKeyNotYetRead)
 	}
 	return s.Key(id)
 }

@@ -394,6 +394,8 @@ func TestForgedChallenge(t *testing.T) {
 	}{
 		{"unsealed", []string{"fake"}, "", attestor.ReasonMalformedChallenge},
 		{"sealed by someone else", []string{"fake"}, "v1.253402300799.AAAA", attestor.ReasonMalformedChallenge},
+		{"sealed under a key never made", []string{"fake"}, "v2.k9.253402300799.AAAA", attestor.ReasonMalformedChallenge},
+		{"sealed under a malformed key id", []string{"fake"}, "v2.K-1.253402300799.AAAA", attestor.ReasonMalformedChallenge},
 		{"not authorized", nil, "", attestor.ReasonAttestorNotAuthorized},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -146,11 +146,13 @@ func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*
 		return nil, err
 	}
 	key, err := e.keys.Key(p.keyID)
-	if errors.Is(err, attestor.ErrChallengeKeyRetired) {
+	switch {
+	case errors.Is(err, attestor.ErrChallengeKeyRetired):
 		return nil, &keyRetiredError{keyID: p.keyID, err: err}
-	}
-	if err != nil {
+	case errors.Is(err, attestor.ErrChallengeKeyNotYetRead):
 		return nil, &keyUnknownError{err: fmt.Errorf("unable to check the seal: %w", err)}
+	case err != nil:
+		return nil, fmt.Errorf("the seal names no key of this signer: %w", err)
 	}
 	if !hmac.Equal(p.mac, sealMAC(key, string(csr.UID), csr.Spec.SignerName, p.exp, []byte(data))) {
 		return nil, errors.New("the seal does not verify: the signer did not write this challenge on this request")
