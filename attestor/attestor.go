@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -83,6 +84,57 @@ type Challenge struct {
 	// it on the challenge it returns; the signer seals it with the data and
 	// enforces it.
 	Expires time.Time
+	// KeyID names the controller challenge key the challenge was made
+	// under (ChallengeKeys). A verifier that derives anything from the key
+	// sets it on the challenge it returns, and the signer seals with that
+	// key; the signer sets it on the challenge of a Round from the seal.
+	// Empty when a verifier uses no key: the signer seals with its current
+	// one. Never sent to the node.
+	KeyID string
+}
+
+// LegacyChallengeKeyID names the single challenge key of a controller that
+// did not rotate it: the key of a Secret in its first format, and the key
+// of challenges sealed before keys had names.
+const LegacyChallengeKeyID = "k0"
+
+// ErrChallengeKeyRetired is wrapped by ChallengeKeys.Key for a key that was
+// rotated out: challenges made under it can no longer be answered.
+var ErrChallengeKeyRetired = errors.New("the challenge key was rotated out")
+
+// ErrChallengeKeyNotYetRead is wrapped by ChallengeKeys.Key for a key newer
+// than this replica knows, that another replica may have just made: worth
+// asking again once the keys have been read again.
+var ErrChallengeKeyNotYetRead = errors.New("the challenge key has not been read yet")
+
+// ChallengeKeys are the controller's challenge keys, shared by the signer
+// (which seals challenges) and verifiers that derive challenge secrets: the
+// current key new challenges are made under and the previous ones kept for
+// the challenges in flight. Safe for concurrent use.
+type ChallengeKeys interface {
+	// Current returns the key new challenges are made under and its id;
+	// a nil key when there is none.
+	Current() (id string, key []byte)
+	// Key returns the key named id. The error wraps ErrChallengeKeyRetired
+	// when the key was rotated out, ErrChallengeKeyNotYetRead when it may
+	// be one another replica just made; any other error means that no key
+	// of this controller has that name.
+	Key(id string) ([]byte, error)
+}
+
+// StaticChallengeKey is a ChallengeKeys of one key that never rotates,
+// named LegacyChallengeKeyID.
+func StaticChallengeKey(key []byte) ChallengeKeys { return staticKey(key) }
+
+type staticKey []byte
+
+func (k staticKey) Current() (string, []byte) { return LegacyChallengeKeyID, k }
+
+func (k staticKey) Key(id string) ([]byte, error) {
+	if id != LegacyChallengeKeyID {
+		return nil, fmt.Errorf("challenge key %q is unknown: this signer has only one key", id)
+	}
+	return k, nil
 }
 
 // Evidence is a provider's evidence document: JSON with a "version" field.

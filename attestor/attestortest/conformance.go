@@ -327,6 +327,9 @@ func (s *suite) verify(tb testing.TB, f *filed) *attestor.Identity {
 	if err != nil {
 		tb.Fatalf("Respond: %v", err)
 	}
+	// What the signer hands back is the challenge as it sealed it, with the
+	// key it was made under (which the node never sees).
+	sealed := &attestor.Challenge{CSRName: ch.CSRName, CSRUID: ch.CSRUID, Data: ch.Data, Expires: ch.Expires, KeyID: res.Challenge.KeyID}
 	second := s.refile(tb, att.Evidence, f.key)
 	in := s.request(second, second.req.Evidence, second.req.Version)
 	res2, err := s.p.Verifier.Verify(ctx, in)
@@ -337,7 +340,7 @@ func (s *suite) verify(tb testing.TB, f *filed) *attestor.Identity {
 		tb.Fatalf("the answer names %q, want %q", res2.Answers, f.name)
 	}
 	in.Answered = &attestor.Round{Name: f.name, UID: f.uid, CSR: f.req.CSR, Evidence: f.req.Evidence, Version: f.req.Version,
-		Annotations: f.annotations, Challenge: ch}
+		Annotations: f.annotations, Challenge: sealed}
 	res3, err := s.p.Verifier.Verify(ctx, in)
 	if err != nil {
 		tb.Fatalf("Verify (answer with its round): %v", err)

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"encoding/hex"
 	"errors"
+	"fmt"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -43,7 +44,16 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response, pol *Policy) 
 		}
 		return nil, errors.Join(errs...)
 	}
-	secret := deriveSecret(v.key, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
+	// The secret was derived under the key the challenge was sealed with,
+	// which may no longer be the current one.
+	key, err := v.keys.Key(round.Challenge.KeyID)
+	if errors.Is(err, attestor.ErrChallengeKeyRetired) {
+		return nil, attestor.Deny(attestor.ReasonChallengeExpired, "the challenge on CSR %q can no longer be answered: %v", round.Name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unable to derive the challenge secret of CSR %q: %w", round.Name, err)
+	}
+	secret := deriveSecret(key, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
 	}

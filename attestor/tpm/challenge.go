@@ -27,7 +27,11 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 		ttl = min(ttl, in.ChallengeTTL)
 	}
 	expires := v.now().Add(ttl).UTC().Truncate(time.Second)
-	secret := deriveSecret(v.key, in.UID, at.akName, at.ekHash, expires)
+	keyID, key := v.keys.Current()
+	if key == nil {
+		return nil, errors.New("the signer has no challenge key yet")
+	}
+	secret := deriveSecret(key, in.UID, at.akName, at.ekHash, expires)
 	blob, encSecret, err := v.makeCredential(at.ekPublic, at.akName, secret)
 	if err != nil {
 		return nil, err
@@ -41,7 +45,7 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 	if err != nil {
 		return nil, fmt.Errorf("unable to encode the challenge: %w", err)
 	}
-	return &attestor.Result{Challenge: &attestor.Challenge{Data: data, Expires: expires}}, nil
+	return &attestor.Result{Challenge: &attestor.Challenge{Data: data, Expires: expires, KeyID: keyID}}, nil
 }
 
 // checkAttestation verifies first-round evidence of either version: the

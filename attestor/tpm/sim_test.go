@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -355,4 +356,84 @@ func TestSimulatorV1(t *testing.T) {
 	if h := transientHandles(t, sim); len(h) != 0 {
 		t.Errorf("transient handles left: %v", h)
 	}
+}
+
+// rotatingKeys is a challenge key set the test rotates: the current key
+// first, then the retired ones still kept.
+type rotatingKeys struct {
+	ids  []string
+	keys map[string][]byte
+}
+
+func (k *rotatingKeys) Current() (string, []byte) { return k.ids[0], k.keys[k.ids[0]] }
+
+func (k *rotatingKeys) Key(id string) ([]byte, error) {
+	if key, ok := k.keys[id]; ok {
+		return key, nil
+	}
+	return nil, fmt.Errorf("key %q: %w", id, attestor.ErrChallengeKeyRetired)
+}
+
+// TestSimulatorKeyRotationMidJoin: a challenge made under key k1 is still
+// answerable by the TPM after the controller's key rotated to k2 (the
+// secret is derived under the key the challenge was made under, not the
+// current one); once k1 is dropped, the answer is refused as expired.
+func TestSimulatorKeyRotationMidJoin(t *testing.T) {
+	sim := openSim(t)
+	ca, err := tpmtest.NewManufacturerCA("Simulated", testNow.AddDate(-1, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tpmsim.Provision(sim, ca, 1600); err != nil {
+		t.Fatal(err)
+	}
+	roots, inters, err := LoadManufacturerCAs(ca.BundlePEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := &rotatingKeys{ids: []string{"k1"}, keys: map[string][]byte{"k1": bytes.Repeat([]byte{1}, 32)}}
+	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Keys: keys})
+	node := simAttestor(t, sim)
+	ctx := context.Background()
+
+	join := func(rotate func()) (*attestor.Result, error) {
+		t.Helper()
+		e := newEngine(v, nil)
+		key := newKey(t)
+		der, csr := csrFor(t, key, testNode, testProviderID)
+		req := &attestor.Request{NodeName: testNode, ProviderID: testProviderID,
+			Binding: attestor.Binding(csr.RawSubjectPublicKeyInfo), SPKI: csr.RawSubjectPublicKeyInfo}
+		att, err := node.Attest(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := e.file(t, "csr-1", der, att.Evidence, att.Annotations)
+		res, err := e.verify(t, first)
+		if err != nil || res.Challenge == nil {
+			t.Fatalf("round 1: %+v, %v", res, err)
+		}
+		if res.Challenge.KeyID != keys.ids[0] {
+			t.Fatalf("challenge made under key %q, want the current key %q", res.Challenge.KeyID, keys.ids[0])
+		}
+		rotate()
+		att2, err := node.Respond(ctx, req, &attestor.Challenge{CSRName: first.name, CSRUID: first.uid, Data: res.Challenge.Data, Expires: res.Challenge.Expires})
+		if err != nil {
+			t.Fatal(err)
+		}
+		der2, _ := csrFor(t, key, testNode, testProviderID)
+		return e.verify(t, e.file(t, "csr-2", der2, att2.Evidence, att2.Annotations))
+	}
+
+	res, err := join(func() { // k1 → k2, k1 kept
+		keys.ids, keys.keys["k2"] = []string{"k2", "k1"}, bytes.Repeat([]byte{2}, 32)
+	})
+	if err != nil || res.Identity == nil {
+		t.Fatalf("answer after the key rotated: %+v, %v; want the identity", res, err)
+	}
+	_, err = join(func() { // k2 → k3, k2 dropped
+		keys.ids, keys.keys["k3"] = []string{"k3"}, bytes.Repeat([]byte{3}, 32)
+		delete(keys.keys, "k2")
+		delete(keys.keys, "k1")
+	})
+	wantReason(t, err, attestor.ReasonChallengeExpired)
 }

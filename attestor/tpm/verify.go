@@ -99,6 +99,11 @@ type VerifierConfig struct {
 	// shared by all replicas (a Secret on the management cluster). At
 	// least 32 bytes.
 	HMACKey []byte
+	// Keys, when set, replaces HMACKey: a challenge's secret is derived
+	// under the current key, an answer's under the key its challenge was
+	// made under (attestor.Challenge.KeyID), so that a rotation leaves
+	// the challenges in flight answerable.
+	Keys attestor.ChallengeKeys
 	// ChallengeTTL is how long a challenge is accepted; DefaultChallengeTTL
 	// when zero.
 	ChallengeTTL time.Duration
@@ -112,7 +117,7 @@ type VerifierConfig struct {
 // concurrent use.
 type Verifier struct {
 	roots, intermediates *x509.CertPool
-	key                  []byte
+	keys                 attestor.ChallengeKeys
 	ttl                  time.Duration
 	now                  func() time.Time
 	rand                 io.Reader
@@ -123,7 +128,7 @@ var _ attestor.Verifier = (*Verifier)(nil)
 // NewVerifier returns a Verifier for cfg.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	var errs []error
-	if len(cfg.HMACKey) < minHMACKey {
+	if cfg.Keys == nil && len(cfg.HMACKey) < minHMACKey {
 		errs = append(errs, fmt.Errorf("the controller HMAC key is %d bytes; at least %d are required", len(cfg.HMACKey), minHMACKey))
 	}
 	if cfg.ChallengeTTL < 0 {
@@ -138,10 +143,13 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	v := &Verifier{
 		roots:         cfg.Roots,
 		intermediates: cfg.Intermediates,
-		key:           bytes.Clone(cfg.HMACKey),
+		keys:          cfg.Keys,
 		ttl:           cfg.ChallengeTTL,
 		now:           cfg.Now,
 		rand:          cfg.Rand,
+	}
+	if v.keys == nil {
+		v.keys = attestor.StaticChallengeKey(bytes.Clone(cfg.HMACKey))
 	}
 	if v.ttl == 0 {
 		v.ttl = DefaultChallengeTTL

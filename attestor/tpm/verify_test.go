@@ -594,7 +594,7 @@ func TestVerifyAnswerDenials(t *testing.T) {
 		t.Run(version+"/proof for another challenge expiry", func(t *testing.T) {
 			en := setup(t, version)
 			f := answer(t, en, en.key, "csr-1")
-			en.first.challenge = &attestor.Challenge{Data: en.first.challenge.Data, Expires: en.first.challenge.Expires.Add(time.Hour)}
+			en.first.challenge = &attestor.Challenge{Data: en.first.challenge.Data, Expires: en.first.challenge.Expires.Add(time.Hour), KeyID: en.first.challenge.KeyID}
 			_, err := en.e.verify(t, f)
 			wantReason(t, err, ReasonBadProof)
 		})

@@ -111,7 +111,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("unable to create the management cluster client: %w", err)
 	}
-	verifiers, challengeKey, err := o.Verifiers(ctx, direct)
+	verifiers, challengeKeys, err := o.Verifiers(ctx, direct)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (o *Options) Run(ctx context.Context) error {
 		APIReader:     mgr.GetAPIReader(),
 		Verifiers:     verifiers,
 		ClientOnly:    []string{insecure.Name},
-		ChallengeKey:  challengeKey,
+		ChallengeKeys: challengeKeys,
 		Identities:    identities,
 		MaxLifetime:   o.MaxClientCertificateLifetime,
 		Metrics:       metrics,

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/providers"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/signer/challengekey"
 )
 
 // Defaults of Options.
@@ -62,11 +63,12 @@ const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/na
 // Verifiers is the table of attestors the signer knows: provider name →
 // verifier half, built from the one provider table (attestor/providers)
 // with the configuration the options give each: the TPM one from its flags
-// (it reads, or creates, its key Secret through c), the cloud ones from the
+// (it reads, or creates, its challenge key Secret through c, and keeps
+// the returned keys current and rotated until ctx ends), the cloud ones from the
 // attestor configuration file, the test-only ones from their test flags.
 // A provider that needs a configuration and has none is not served. A
 // Cluster authorizes a subset of them.
-func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, []byte, error) {
+func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]attestor.Verifier, attestor.ChallengeKeys, error) {
 	tpmConfig, key, err := o.tpmVerifierConfig(ctx, c)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tpm attestor: %w", err)
@@ -178,7 +180,7 @@ func NewOptions() *Options {
 		WorkloadClientQPS:            DefaultWorkloadClientQPS,
 		WorkloadClientBurst:          DefaultWorkloadClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
-		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL},
+		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL, KeyRotationInterval: challengekey.DefaultRotationInterval},
 	}
 }
 

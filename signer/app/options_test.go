@@ -78,8 +78,8 @@ func TestVerifiersTable(t *testing.T) {
 	if len(v) != 2 {
 		t.Errorf("Verifiers() = %v", v)
 	}
-	if len(key) < 32 {
-		t.Errorf("Verifiers() challenge key is %d bytes, want the controller key", len(key))
+	if id, k := key.Current(); len(k) < 32 || id != "k1" {
+		t.Errorf("Verifiers() challenge key %q is %d bytes, want the controller's first key", id, len(k))
 	}
 }
 

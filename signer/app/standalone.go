@@ -158,7 +158,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("unable to create the cluster client: %w", err)
 	}
-	verifiers, challengeKey, err := o.Verifiers(ctx, direct)
+	verifiers, challengeKeys, err := o.Verifiers(ctx, direct)
 	if err != nil {
 		return err
 	}
@@ -192,10 +192,10 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 					ClientOnly: []string{insecure.Name},
 					Client:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
 				}),
-				Authorized:   o.AuthorizedAttestors,
-				Policies:     policies,
-				Machines:     &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
-				ChallengeKey: challengeKey,
+				Authorized:    o.AuthorizedAttestors,
+				Policies:      policies,
+				Machines:      &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
+				ChallengeKeys: challengeKeys,
 			},
 			Metrics: metrics,
 			Workers: o.WorkersPerCluster,

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,26 +11,26 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
+	"sigs.k8s.io/kubelet-authenticator/signer/challengekey"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
 // Defaults of the TPM attestor's options.
 const (
-	// DefaultTPMKeySecretName names the Secret holding the controller key
-	// TPM challenge secrets are derived from.
+	// DefaultTPMKeySecretName names the Secret holding the challenge keys
+	// TPM challenges are sealed and their secrets derived under.
 	DefaultTPMKeySecretName = "node-attestation-controller-tpm-key"
-	// TPMKeySecretKey is the key of the Secret's data holding the key.
-	TPMKeySecretKey = "key"
-	// tpmKeySize is the size of a generated key.
-	tpmKeySize = 32
+	// ChallengeKeyOverlap is how long a retired challenge key is kept:
+	// the longest challenge lifetime any replica allows
+	// (MaxTPMChallengeTTL), plus ample time for every replica to read the
+	// new key (challengekey.DefaultResync).
+	ChallengeKeyOverlap = MaxTPMChallengeTTL + 10*time.Minute
 	// DefaultTPMManufacturerCAFile is the manufacturer CA bundle read when
 	// no --tpm-manufacturer-ca is given, if it exists: where a deployment
 	// mounts the operator's bundle (docs/attestors/tpm.md). When it does
@@ -55,6 +54,9 @@ type TPMOptions struct {
 	KeySecretNamespace, KeySecretName string
 	// ChallengeTTL is how long a challenge may take to be answered.
 	ChallengeTTL time.Duration
+	// KeyRotationInterval is how long a challenge key stays current; 0
+	// rotates only on demand (challengekey.AnnotationRotate).
+	KeyRotationInterval time.Duration
 
 	// defaultManufacturerCA replaces DefaultTPMManufacturerCAFile (tests).
 	defaultManufacturerCA string
@@ -91,7 +93,10 @@ func (o *TPMOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KeySecretNamespace, "tpm-key-secret-namespace", o.KeySecretNamespace,
 		"Namespace of the Secret holding the key TPM challenges are derived from. Empty: the leader election namespace.")
 	fs.StringVar(&o.KeySecretName, "tpm-key-secret-name", o.KeySecretName,
-		"Name of the Secret holding the key TPM challenges are derived from (data key \"key\", at least 32 bytes); created with a random key when missing.")
+		"Name of the Secret holding the keys TPM challenges are sealed and derived under (data key \"keys.json\"; the first format's single \"key\" is read too); created with a random key when missing.")
+	fs.DurationVar(&o.KeyRotationInterval, "challenge-key-rotation-interval", o.KeyRotationInterval,
+		"How long a TPM challenge key stays current before a new one replaces it; the previous key is kept "+ChallengeKeyOverlap.String()+
+			" for the challenges in flight, then dropped. 0: rotate only on demand (annotate the key Secret with "+challengekey.AnnotationRotate+").")
 	fs.DurationVar(&o.ChallengeTTL, "tpm-challenge-ttl", o.ChallengeTTL,
 		"How long a node has to answer a TPM challenge; an unanswered challenge's request is then denied ChallengeExpired.")
 }
@@ -113,6 +118,9 @@ func (o *TPMOptions) validate() []error {
 	if o.KeySecretName == "" {
 		errs = append(errs, errors.New("--tpm-key-secret-name must not be empty"))
 	}
+	if o.KeyRotationInterval != 0 && o.KeyRotationInterval < ChallengeKeyOverlap {
+		errs = append(errs, fmt.Errorf("--challenge-key-rotation-interval %s must be 0 (on demand only) or at least %s (how long a previous key is kept)", o.KeyRotationInterval, ChallengeKeyOverlap))
+	}
 	if o.ChallengeTTL < MinTPMChallengeTTL || o.ChallengeTTL > MaxTPMChallengeTTL {
 		errs = append(errs, fmt.Errorf("--tpm-challenge-ttl %s must be between %s and %s", o.ChallengeTTL, MinTPMChallengeTTL, MaxTPMChallengeTTL))
 	}
@@ -120,12 +128,15 @@ func (o *TPMOptions) validate() []error {
 }
 
 // tpmVerifierConfig is the TPM verifier's configuration: the manufacturer
-// CA pool from the bundles, the controller key from its Secret (created
-// when missing).
-func (o *Options) tpmVerifierConfig(ctx context.Context, c client.Client) (tpm.VerifierConfig, []byte, error) {
+// CA pool from the bundles, the challenge keys from their Secret (created
+// when missing), kept current and rotated by a Rotator that runs until ctx
+// ends.
+func (o *Options) tpmVerifierConfig(ctx context.Context, c client.Client) (tpm.VerifierConfig, attestor.ChallengeKeys, error) {
 	t := &o.TPM
 	cfg := tpm.VerifierConfig{ChallengeTTL: t.ChallengeTTL}
-	fail := func(err error) (tpm.VerifierConfig, []byte, error) { return tpm.VerifierConfig{}, nil, err }
+	fail := func(err error) (tpm.VerifierConfig, attestor.ChallengeKeys, error) {
+		return tpm.VerifierConfig{}, nil, err
+	}
 	files, err := t.manufacturerCAFiles()
 	if err != nil {
 		return fail(err)
@@ -156,12 +167,24 @@ func (o *Options) tpmVerifierConfig(ctx context.Context, c client.Client) (tpm.V
 	if ns == "" {
 		return fail(errors.New("--tpm-key-secret-namespace is required outside a cluster without --leader-election-namespace"))
 	}
-	key, err := EnsureKeySecret(ctx, c, types.NamespacedName{Namespace: ns, Name: t.KeySecretName})
-	if err != nil {
+	rot := o.keyRotator(c, types.NamespacedName{Namespace: ns, Name: t.KeySecretName})
+	if _, err := rot.Sync(ctx); err != nil {
 		return fail(err)
 	}
-	cfg.HMACKey = key
-	return cfg, key, nil
+	go rot.Run(ctx, challengekey.DefaultResync)
+	cfg.Keys = rot.Ring
+	return cfg, rot.Ring, nil
+}
+
+// keyRotator returns the Rotator of the challenge key Secret nn.
+func (o *Options) keyRotator(c client.Client, nn types.NamespacedName) *challengekey.Rotator {
+	return &challengekey.Rotator{
+		Client:   c,
+		Secret:   nn,
+		Ring:     &challengekey.Ring{},
+		Interval: o.TPM.KeyRotationInterval,
+		Overlap:  ChallengeKeyOverlap,
+	}
 }
 
 // namespace is the controller's own namespace: the leader election one, or
@@ -174,49 +197,4 @@ func (o *Options) namespace() string {
 		return strings.TrimSpace(string(b))
 	}
 	return ""
-}
-
-// EnsureKeySecret returns the controller key from the Secret nn, creating
-// the Secret with a random 32-byte key when it does not exist. Creation is
-// atomic: when replicas race, every one ends up with the key that was
-// created first.
-func EnsureKeySecret(ctx context.Context, c client.Client, nn types.NamespacedName) ([]byte, error) {
-	var s corev1.Secret
-	err := c.Get(ctx, nn, &s)
-	if apierrors.IsNotFound(err) {
-		key := make([]byte, tpmKeySize)
-		if _, err := rand.Read(key); err != nil {
-			return nil, err
-		}
-		s = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Namespace: nn.Namespace,
-				Name:      nn.Name,
-				Labels:    map[string]string{"app.kubernetes.io/managed-by": "node-attestation-controller"},
-				Annotations: map[string]string{
-					"kubelet-authenticator.x-k8s.io/purpose": "TPM challenge secrets are derived from this key; replacing it voids the challenges in flight (nodes file anew)",
-				},
-			},
-			Type:      corev1.SecretTypeOpaque,
-			Data:      map[string][]byte{TPMKeySecretKey: key},
-			Immutable: new(bool),
-		}
-		*s.Immutable = true
-		err = c.Create(ctx, &s)
-		if err == nil {
-			return key, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("unable to create the TPM key Secret %s: %w", nn, err)
-		}
-		err = c.Get(ctx, nn, &s)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("unable to read the TPM key Secret %s: %w", nn, err)
-	}
-	key := s.Data[TPMKeySecretKey]
-	if len(key) < tpmKeySize {
-		return nil, fmt.Errorf("the TPM key Secret %s holds a %d-byte %q key; at least %d bytes are required (delete the Secret to have a new one made)", nn, len(key), TPMKeySecretKey, tpmKeySize)
-	}
-	return key, nil
 }

@@ -16,31 +16,52 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
+	"sigs.k8s.io/kubelet-authenticator/signer/challengekey"
 )
 
-func TestEnsureKeySecret(t *testing.T) {
+func TestChallengeKeySecret(t *testing.T) {
 	ctx := context.Background()
 	nn := types.NamespacedName{Namespace: "capi-system", Name: DefaultTPMKeySecretName}
+	o := NewOptions()
 	c := fake.NewClientBuilder().Build()
-	k1, err := EnsureKeySecret(ctx, c, nn)
-	if err != nil {
+	first := o.keyRotator(c, nn)
+	if _, err := first.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(k1) != 32 {
-		t.Fatalf("generated key is %d bytes", len(k1))
+	id1, k1 := first.Ring.Current()
+	if len(k1) != 32 || id1 != "k1" {
+		t.Fatalf("generated key %q is %d bytes", id1, len(k1))
 	}
 	// Another replica (or the next start) reads the same key.
-	k2, err := EnsureKeySecret(ctx, c, nn)
-	if err != nil || !bytes.Equal(k1, k2) {
-		t.Fatalf("second call: %x, %v; want %x", k2, err, k1)
+	second := o.keyRotator(c, nn)
+	if _, err := second.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id2, k2 := second.Ring.Current(); id2 != id1 || !bytes.Equal(k1, k2) {
+		t.Fatalf("second replica: %s %x; want %s %x", id2, k2, id1, k1)
+	}
+
+	// The first format (one immutable key) is read as the legacy key.
+	legacy := bytes.Repeat([]byte{7}, 32)
+	old := fake.NewClientBuilder().WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nn.Namespace, Name: nn.Name, CreationTimestamp: metav1.Now()},
+		Data:       map[string][]byte{challengekey.LegacyDataKey: legacy},
+	}).Build()
+	r := o.keyRotator(old, nn)
+	if _, err := r.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id, k := r.Ring.Current(); id != attestor.LegacyChallengeKeyID || !bytes.Equal(k, legacy) {
+		t.Fatalf("first-format Secret read as %s %x", id, k)
 	}
 
 	short := fake.NewClientBuilder().WithObjects(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: nn.Namespace, Name: nn.Name},
-		Data:       map[string][]byte{TPMKeySecretKey: []byte("short")},
+		Data:       map[string][]byte{challengekey.LegacyDataKey: []byte("short")},
 	}).Build()
-	if _, err := EnsureKeySecret(ctx, short, nn); err == nil || !strings.Contains(err.Error(), "at least 32 bytes") {
+	if _, err := o.keyRotator(short, nn).Sync(ctx); err == nil || !strings.Contains(err.Error(), "at least 32 are required") {
 		t.Fatalf("short key accepted: %v", err)
 	}
 }
@@ -78,16 +99,20 @@ func TestTPMFlags(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if o.TPM.KeyRotationInterval != 30*24*time.Hour {
+		t.Errorf("--challenge-key-rotation-interval defaults to %s, want 30 days", o.TPM.KeyRotationInterval)
+	}
 	if _, _, err := o.Verifiers(context.Background(), fake.NewClientBuilder().Build()); err != nil {
 		t.Fatal(err)
 	}
 
-	o = parse("--tpm-manufacturer-ca="+garbage, "--tpm-manufacturer-ca=/nonexistent.pem", "--tpm-challenge-ttl=0s", "--tpm-key-secret-name=")
+	o = parse("--tpm-manufacturer-ca="+garbage, "--tpm-manufacturer-ca=/nonexistent.pem", "--tpm-challenge-ttl=0s", "--tpm-key-secret-name=",
+		"--challenge-key-rotation-interval=10m")
 	err = o.Validate()
 	if err == nil {
 		t.Fatal("Validate() passed")
 	}
-	for _, want := range []string{"garbage.pem", "nonexistent.pem", "--tpm-challenge-ttl", "--tpm-key-secret-name"} {
+	for _, want := range []string{"garbage.pem", "nonexistent.pem", "--tpm-challenge-ttl", "--tpm-key-secret-name", "--challenge-key-rotation-interval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() does not report %s:\n%v", want, err)
 		}

@@ -83,10 +83,10 @@ type ClusterReconciler struct {
 	// ClientOnly names the providers that issue client certificates only
 	// (insecure): their serving signer names are refused.
 	ClientOnly []string
-	// ChallengeKey seals the challenges the controller writes (the
-	// controller key, shared by all replicas); required when a verifier
-	// challenges.
-	ChallengeKey []byte
+	// ChallengeKeys seal the challenges the controller writes (the
+	// controller keys, shared by all replicas, rotated); required when a
+	// verifier challenges.
+	ChallengeKeys attestor.ChallengeKeys
 	// Identities applies trust on first use; may be nil (no TOFU).
 	Identities engine.IdentityBinder
 	// Workers per workload cluster; 0 means 2.
@@ -408,12 +408,12 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Cluster: nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
-			Profiles:     profiles,
-			Authorized:   authorized,
-			Policies:     policies,
-			Machines:     machines,
-			Identities:   r.Identities,
-			ChallengeKey: r.ChallengeKey,
+			Profiles:      profiles,
+			Authorized:    authorized,
+			Policies:      policies,
+			Machines:      machines,
+			Identities:    r.Identities,
+			ChallengeKeys: r.ChallengeKeys,
 		},
 		Metrics:  r.Metrics,
 		Events:   r.decisionEvents(cluster, st),

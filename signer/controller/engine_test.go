@@ -21,15 +21,20 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/challengekey"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
 // challenger is a fake two-round verifier shaped like the TPM one: a first
@@ -389,6 +394,8 @@ func TestForgedChallenge(t *testing.T) {
 	}{
 		{"unsealed", []string{"fake"}, "", attestor.ReasonMalformedChallenge},
 		{"sealed by someone else", []string{"fake"}, "v1.253402300799.AAAA", attestor.ReasonMalformedChallenge},
+		{"sealed under a key never made", []string{"fake"}, "v2.k9.253402300799.AAAA", attestor.ReasonMalformedChallenge},
+		{"sealed under a malformed key id", []string{"fake"}, "v2.K-1.253402300799.AAAA", attestor.ReasonMalformedChallenge},
 		{"not authorized", nil, "", attestor.ReasonAttestorNotAuthorized},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -880,5 +887,90 @@ func TestPendingBoundInCluster(t *testing.T) {
 	}
 	if msg := r.get("c").Status.Conditions[0].Message; !strings.Contains(msg, "the cluster has 2 older requests waiting on a challenge (at most 2") {
 		t.Errorf("denial does not say why: %q", msg)
+	}
+}
+
+// TestChallengeKeyRotation: the challenge keys come from their Secret on a
+// real kube-apiserver. A join challenged under key k1 is answered after the
+// key rotated to k2 and is issued (the seal is checked under the key it
+// names); new challenges are sealed under k2. Once k1 has been dropped
+// after the overlap, an answer to a challenge sealed under it is refused
+// with a reason that says so, even before the challenge's own expiry.
+func TestChallengeKeyRotation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	cp := harness.StartControlPlane(t, "challenge-key-rotation")
+	mc, err := client.New(cp.AdminConfig, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	nn := types.NamespacedName{Namespace: "default", Name: "challenge-keys"}
+	keyClock := clocktesting.NewFakePassiveClock(time.Now())
+	rot := &challengekey.Rotator{Client: mc, Secret: nn, Ring: &challengekey.Ring{}, Interval: 24 * time.Hour, Overlap: time.Hour, Clock: keyClock}
+	if _, err := rot.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, false, func(c *Config) { c.Engine.ChallengeKey, c.Engine.ChallengeKeys = nil, rot.Ring })
+	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+	_, key := req.Build(t)
+	req.Key = key
+	binding := attestor.Binding(mustSPKI(t, key))
+	challenge := func(name string) string {
+		t.Helper()
+		r.file(name, req, challengeEvidence{Version: "v1", ProviderID: pid})
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+		return r.get(name).Annotations[attestor.AnnotationChallenge]
+	}
+	answer := func(name, first, ch string) *certificatesv1.CertificateSigningRequest {
+		t.Helper()
+		r.file(name, req, challengeEvidence{Version: "v1", ProviderID: pid, Answers: first, Proof: proofFor([]byte(ch), binding)})
+		if _, err := r.sync(name); err != nil {
+			t.Fatal(err)
+		}
+		return r.get(name)
+	}
+	rotate := func() {
+		t.Helper()
+		var s corev1.Secret
+		if err := mc.Get(ctx, nn, &s); err != nil {
+			t.Fatal(err)
+		}
+		s.Annotations[challengekey.AnnotationRotate] = "now"
+		if err := mc.Update(ctx, &s); err != nil {
+			t.Fatal(err)
+		}
+		if rotated, err := rot.Sync(ctx); err != nil || !rotated {
+			t.Fatalf("rotation: %v, %v", rotated, err)
+		}
+	}
+
+	ch1 := challenge("first")
+	if seal := r.get("first").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v2.k1.") {
+		t.Fatalf("first round sealed %q, want under k1", seal)
+	}
+	old := challenge("old")
+	rotate() // k1 → k2, mid-join
+	if second := answer("second", "first", ch1); len(second.Status.Certificate) == 0 {
+		t.Fatalf("answer to a challenge made before the rotation: %s %v, want issued", cond(second), second.Status.Conditions)
+	}
+	challenge("fresh")
+	if seal := r.get("fresh").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v2.k2.") {
+		t.Errorf("a challenge after the rotation sealed %q, want under k2", seal)
+	}
+
+	// The overlap passes for the keys (not for the challenge, which the
+	// rig's clock keeps open): the next rotation drops k1.
+	keyClock.SetTime(keyClock.Now().Add(time.Hour))
+	rotate() // k2 → k3, k1 dropped
+	late := answer("late", "old", old)
+	if got := cond(late); got != "Denied/"+attestor.ReasonChallengeExpired {
+		t.Fatalf("answer to a challenge under the dropped key: %s, want Denied/%s", got, attestor.ReasonChallengeExpired)
+	}
+	if msg := late.Status.Conditions[0].Message; !strings.Contains(msg, `challenge key "k1"`) || !strings.Contains(msg, "rotated out") {
+		t.Errorf("denial %q does not say the challenge's key was rotated out", msg)
 	}
 }

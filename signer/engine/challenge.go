@@ -22,19 +22,26 @@ const challengeSlack = time.Second
 const sealContext = "kubelet-authenticator/challenge-seal/v1\x00"
 
 // seal returns the value of the challenge-seal annotation for a challenge
-// written on the CSR with uid to signerName: "v1.<expiry unix>.<mac>", the
-// MAC over all of them and the challenge's digest. Only a holder of the
-// controller key can make one, so a challenge annotation a node filed its
-// CSR with is never taken for one the signer wrote, and a challenge is
-// bound to its signer name.
-func (e *Engine) seal(uid, signerName string, expires time.Time, data []byte) string {
+// written on the CSR with uid to signerName under the challenge key keyID:
+// "v1.<expiry unix>.<mac>" for the legacy key, "v2.<key id>.<expiry
+// unix>.<mac>" for the others, the MAC over the request, signer name,
+// expiry and the challenge's digest. Only a holder of the controller key
+// can make one, so a challenge annotation a node filed its CSR with is
+// never taken for one the signer wrote, and a challenge is bound to its
+// signer name. The key id only picks the key to check with (a seal under
+// another id does not verify); the node never reads the seal.
+func seal(keyID string, key []byte, uid, signerName string, expires time.Time, data []byte) string {
 	exp := strconv.FormatInt(expires.Unix(), 10)
-	return "v1." + exp + "." + base64.RawURLEncoding.EncodeToString(e.sealMAC(uid, signerName, exp, data))
+	mac := base64.RawURLEncoding.EncodeToString(sealMAC(key, uid, signerName, exp, data))
+	if keyID == attestor.LegacyChallengeKeyID {
+		return "v1." + exp + "." + mac
+	}
+	return "v2." + keyID + "." + exp + "." + mac
 }
 
-func (e *Engine) sealMAC(uid, signerName, exp string, data []byte) []byte {
+func sealMAC(key []byte, uid, signerName, exp string, data []byte) []byte {
 	digest := sha256.Sum256(data)
-	m := hmac.New(sha256.New, e.cfg.ChallengeKey)
+	m := hmac.New(sha256.New, key)
 	m.Write([]byte(sealContext))
 	for _, s := range []string{uid, signerName, exp} {
 		m.Write([]byte(s))
@@ -44,22 +51,84 @@ func (e *Engine) sealMAC(uid, signerName, exp string, data []byte) []byte {
 	return m.Sum(nil)
 }
 
+// parsedSeal is a challenge-seal annotation, not yet verified.
+type parsedSeal struct {
+	keyID, exp string
+	expires    time.Time
+	mac        []byte
+}
+
+// parseSeal splits a challenge-seal annotation into its fields.
+func parseSeal(sealed string) (*parsedSeal, error) {
+	parts := strings.Split(sealed, ".")
+	var p parsedSeal
+	switch {
+	case len(parts) == 3 && parts[0] == "v1":
+		p.keyID, parts = attestor.LegacyChallengeKeyID, parts[1:]
+	case len(parts) == 4 && parts[0] == "v2" && validKeyID(parts[1]):
+		p.keyID, parts = parts[1], parts[2:]
+	default:
+		return nil, errors.New("the seal is not v1.<expiry>.<mac> or v2.<key id>.<expiry>.<mac>")
+	}
+	unix, err := strconv.ParseInt(parts[0], 10, 64)
+	if err != nil || strconv.FormatInt(unix, 10) != parts[0] {
+		return nil, errors.New("the seal's expiry is not a Unix time")
+	}
+	p.exp, p.expires = parts[0], time.Unix(unix, 0).UTC()
+	if p.mac, err = base64.RawURLEncoding.DecodeString(parts[1]); err != nil {
+		return nil, errors.New("the seal's MAC is not base64url")
+	}
+	return &p, nil
+}
+
+// validKeyID accepts the key ids challenge keys are named with: a
+// lower-case letter and up to 15 more letters or digits.
+func validKeyID(id string) bool {
+	if len(id) == 0 || len(id) > 16 || id[0] < 'a' || id[0] > 'z' {
+		return false
+	}
+	for _, c := range id {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
 // sealExpiry reads the expiry of a challenge-seal annotation without
 // verifying its MAC.
 func sealExpiry(sealed string) (time.Time, bool) {
-	parts := strings.Split(sealed, ".")
-	if len(parts) != 3 || parts[0] != "v1" {
-		return time.Time{}, false
-	}
-	unix, err := strconv.ParseInt(parts[1], 10, 64)
+	p, err := parseSeal(sealed)
 	if err != nil {
 		return time.Time{}, false
 	}
-	return time.Unix(unix, 0), true
+	return p.expires, true
 }
 
+// keyRetiredError says that a challenge was sealed under a challenge key
+// that has since been rotated out.
+type keyRetiredError struct {
+	keyID string
+	err   error
+}
+
+func (e *keyRetiredError) Error() string {
+	return fmt.Sprintf("it was sealed under challenge key %q, which has been rotated out: %v", e.keyID, e.err)
+}
+
+func (e *keyRetiredError) Unwrap() error { return e.err }
+
+// keyUnknownError says that a challenge names a challenge key this replica
+// has not read yet (another replica rotated it moments ago): transient.
+type keyUnknownError struct{ err error }
+
+func (e *keyUnknownError) Error() string { return e.err.Error() }
+func (e *keyUnknownError) Unwrap() error { return e.err }
+
 // openChallenge returns the challenge the signer wrote on csr, checking its
-// seal. It returns nil, nil when csr carries no challenge.
+// seal under the key the seal names. It returns nil, nil when csr carries
+// no challenge; a *keyRetiredError when that key was rotated out, a
+// *keyUnknownError when this replica does not know it yet.
 func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*attestor.Challenge, error) {
 	data, hasData := csr.Annotations[attestor.AnnotationChallenge]
 	sealed, hasSeal := csr.Annotations[attestor.AnnotationChallengeSeal]
@@ -69,25 +138,26 @@ func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*
 	if !hasData || !hasSeal {
 		return nil, errors.New("the challenge and its seal must come together")
 	}
-	if e.cfg.ChallengeKey == nil {
+	if e.keys == nil {
 		return nil, errors.New("this signer writes no challenges")
 	}
-	parts := strings.Split(sealed, ".")
-	if len(parts) != 3 || parts[0] != "v1" {
-		return nil, errors.New("the seal is not v1.<expiry>.<mac>")
-	}
-	unix, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil || strconv.FormatInt(unix, 10) != parts[1] {
-		return nil, errors.New("the seal's expiry is not a Unix time")
-	}
-	mac, err := base64.RawURLEncoding.DecodeString(parts[2])
+	p, err := parseSeal(sealed)
 	if err != nil {
-		return nil, errors.New("the seal's MAC is not base64url")
+		return nil, err
 	}
-	if !hmac.Equal(mac, e.sealMAC(string(csr.UID), csr.Spec.SignerName, parts[1], []byte(data))) {
+	key, err := e.keys.Key(p.keyID)
+	switch {
+	case errors.Is(err, attestor.ErrChallengeKeyRetired):
+		return nil, &keyRetiredError{keyID: p.keyID, err: err}
+	case errors.Is(err, attestor.ErrChallengeKeyNotYetRead):
+		return nil, &keyUnknownError{err: fmt.Errorf("unable to check the seal: %w", err)}
+	case err != nil:
+		return nil, fmt.Errorf("the seal names no key of this signer: %w", err)
+	}
+	if !hmac.Equal(p.mac, sealMAC(key, string(csr.UID), csr.Spec.SignerName, p.exp, []byte(data))) {
 		return nil, errors.New("the seal does not verify: the signer did not write this challenge on this request")
 	}
-	return &attestor.Challenge{CSRName: csr.Name, CSRUID: string(csr.UID), Data: []byte(data), Expires: time.Unix(unix, 0).UTC()}, nil
+	return &attestor.Challenge{CSRName: csr.Name, CSRUID: string(csr.UID), Data: []byte(data), Expires: p.expires, KeyID: p.keyID}, nil
 }
 
 // challengeGuard decides a request that carries a challenge: it is never
@@ -96,7 +166,15 @@ func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*
 // when the request carries no challenge.
 func (e *Engine) challengeGuard(d *Decision, csr *certificatesv1.CertificateSigningRequest) (*Decision, bool) {
 	ch, err := e.openChallenge(csr)
-	if err != nil {
+	var retired *keyRetiredError
+	var unknown *keyUnknownError
+	switch {
+	case errors.As(err, &retired):
+		return deny(d, &attestor.DenyError{Reason: attestor.ReasonChallengeExpired, Message: fmt.Sprintf(
+			"the challenge can no longer be answered: %v; the node files a new request", err)}), true
+	case errors.As(err, &unknown):
+		return retry(d, err), true
+	case err != nil:
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonMalformedChallenge, Message: fmt.Sprintf(
 			"the request carries a %s annotation the signer did not write (%v); file a request without it", attestor.AnnotationChallenge, err)}), true
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -264,7 +265,18 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 
 // challenge decides to write a verifier's challenge, sealed.
 func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRequest, p *Profile, ch *attestor.Challenge, ttl time.Duration) *Decision {
-	if e.cfg.ChallengeKey == nil {
+	keyID, key := ch.KeyID, []byte(nil)
+	if e.keys != nil && keyID == "" {
+		keyID, key = e.keys.Current()
+	} else if e.keys != nil {
+		// The verifier derived its secret under this key: seal with the
+		// same one, even if the current key has changed since.
+		var err error
+		if key, err = e.keys.Key(keyID); err != nil {
+			return retry(d, fmt.Errorf("attestor %q made a challenge under challenge key %q: %w", p.Provider, keyID, err))
+		}
+	}
+	if key == nil {
 		return retry(d, fmt.Errorf("attestor %q challenges, but the signer has no challenge key", p.Provider))
 	}
 	now := e.now()
@@ -278,7 +290,7 @@ func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRe
 	d.Outcome = Challenge
 	d.Annotations = map[string]string{
 		attestor.AnnotationChallenge:     string(ch.Data),
-		attestor.AnnotationChallengeSeal: e.seal(string(csr.UID), csr.Spec.SignerName, expires, ch.Data),
+		attestor.AnnotationChallengeSeal: seal(keyID, key, string(csr.UID), csr.Spec.SignerName, expires, ch.Data),
 	}
 	return d
 }
@@ -315,7 +327,14 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
 	}
 	ch, err := e.openChallenge(first)
-	if err != nil {
+	var retired *keyRetiredError
+	var unknown *keyUnknownError
+	switch {
+	case errors.As(err, &retired):
+		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q can no longer be answered: %v; file a new first-round request", name, err)
+	case errors.As(err, &unknown):
+		return nil, nil, retry(d, fmt.Errorf("the challenge on request %q: %w", name, err))
+	case err != nil:
 		return denyf(attestor.ReasonChallengeNotIssued, "request %q carries no challenge this signer wrote: %v", name, err)
 	}
 	if ch == nil {

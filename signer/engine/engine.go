@@ -163,6 +163,11 @@ type Config struct {
 	// ChallengeKey seals the challenges the engine writes; required when a
 	// verifier challenges (at least 32 bytes, shared by every replica).
 	ChallengeKey []byte
+	// ChallengeKeys, when set, replaces ChallengeKey: the current key
+	// seals new challenges, and a challenge is checked under the key its
+	// seal names, so that a rotation leaves the challenges in flight
+	// answerable while their key is kept.
+	ChallengeKeys attestor.ChallengeKeys
 	// MaxChallengeTTL bounds how long a challenge may stay open; 0 means
 	// DefaultMaxChallengeTTL.
 	MaxChallengeTTL time.Duration
@@ -218,6 +223,7 @@ const DefaultPendingGrace = time.Minute
 // Engine decides requests.
 type Engine struct {
 	cfg      Config
+	keys     attestor.ChallengeKeys
 	profiles map[string]*Profile
 }
 
@@ -236,7 +242,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.ChallengeKey != nil && len(cfg.ChallengeKey) < 32 {
 		errs = append(errs, fmt.Errorf("the challenge key is %d bytes; at least 32 are required", len(cfg.ChallengeKey)))
 	}
-	e := &Engine{cfg: cfg, profiles: map[string]*Profile{}}
+	e := &Engine{cfg: cfg, keys: cfg.ChallengeKeys, profiles: map[string]*Profile{}}
+	if e.keys == nil && cfg.ChallengeKey != nil {
+		e.keys = attestor.StaticChallengeKey(cfg.ChallengeKey)
+	}
 	for _, p := range cfg.Profiles {
 		if _, dup := e.profiles[p.SignerName]; dup {
 			errs = append(errs, fmt.Errorf("signer name %q is served twice", p.SignerName))
