@@ -507,7 +507,7 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 		BearerToken:     boot.BearerToken,
 		BearerTokenFile: boot.BearerTokenFile,
 		TLSClientConfig: rest.TLSClientConfig{
-			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure,
+			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName,
 			CertData: boot.CertData, KeyData: boot.KeyData, CertFile: boot.CertFile, KeyFile: boot.KeyFile,
 		},
 	}
@@ -556,7 +556,7 @@ func ClusterConfig(cfg *config.NodeConfig) (*rest.Config, error) {
 			return nil, err
 		}
 		return &rest.Config{Host: boot.Host, TLSClientConfig: rest.TLSClientConfig{
-			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName, Insecure: boot.Insecure}}, nil
+			CAData: boot.CAData, CAFile: boot.CAFile, ServerName: boot.ServerName}}, nil
 	}
 	c, cerr := cache.Dir{Path: cfg.CacheDir}.LoadCluster()
 	if cerr != nil {
