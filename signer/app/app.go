@@ -143,6 +143,9 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.fleetOptions.configure(r, ctrlmetrics.Registry); err != nil { // fleet.go
 		return err
 	}
+	if err := o.boundsOptions.configure(r, ctrlmetrics.Registry); err != nil { // bounds.go
+		return err
+	}
 	unregister, err := registerFleetMetrics(ctrlmetrics.Registry, r)
 	if err != nil {
 		return err
@@ -221,6 +224,7 @@ func runE(o runner) func(*cobra.Command, []string) error {
 		}
 		ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer cancel()
+		setMemoryLimit(ctx) // bounds.go
 		return o.Run(ctx)
 	}
 }

@@ -154,6 +154,9 @@ type Options struct {
 
 	// fleetOptions: workload probe and lockdown periods (fleet.go).
 	fleetOptions
+	// boundsOptions: what each workload cluster may make the controller
+	// hold or wait for (bounds.go).
+	boundsOptions
 	// cloudOptions: --attestor-config, the cloud attestors (cloud.go).
 	cloudOptions
 	// testAttestorOptions: --null-versions, in test builds only
@@ -181,12 +184,14 @@ func NewOptions() *Options {
 		WorkloadClientBurst:          DefaultWorkloadClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
 		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL, KeyRotationInterval: challengekey.DefaultRotationInterval},
+		boundsOptions:                defaultBoundsOptions(),
 	}
 }
 
 // AddFlags adds the options' flags to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.fleetOptions.addFlags(fs)
+	o.boundsOptions.addFlags(fs)
 	o.cloudOptions.addFlags(fs)
 	o.testAttestorOptions.addFlags(fs)
 	o.diagnosticsOptions.addFlags(fs)
@@ -287,6 +292,7 @@ func (o *Options) Validate() error {
 	}
 	errs = append(errs, o.TPM.validate()...)
 	errs = append(errs, o.fleetOptions.validate()...)
+	errs = append(errs, o.boundsOptions.validate()...)
 	errs = append(errs, o.cloudOptions.validate()...)
 	errs = append(errs, o.testAttestorOptions.validate()...)
 	errs = append(errs, o.diagnosticsOptions.validate()...)

@@ -65,6 +65,12 @@ func (r *ClusterReconciler) connect(ctx context.Context, logger klog.Logger, clu
 				"The user of Secret %s may not request tokens for the controller's ServiceAccount: the controller works as that user, which needs the rules of deploy/workload", cluster.Name+KubeconfigSecretSuffix)
 			return true
 		}
+		if boundsExceeded(err) {
+			// The workload is stopped and connected to again later
+			// (bounds.go): no retry here.
+			obs.st.update(func(s *ClusterStatus) { s.IdentityError = err.Error() })
+			return false
+		}
 		step := scoped.StepInstall
 		var e *scoped.Error
 		if errors.As(err, &e) {

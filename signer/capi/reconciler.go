@@ -30,8 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/bounds"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
@@ -130,6 +132,20 @@ type ClusterReconciler struct {
 	// StatusPeriod is how often the ClusterAttestations are brought up to
 	// date (status.go); 0 means DefaultStatusPeriod.
 	StatusPeriod time.Duration
+	// Limits bound every request to each workload API server (package
+	// bounds); zero fields mean its defaults.
+	Limits bounds.Limits
+	// MaxCachedCSRs and MaxCachedCSRBytes are the budget of CSRs cached
+	// per workload cluster; 0 means DefaultMaxCachedCSRs and
+	// DefaultMaxCachedCSRBytes.
+	MaxCachedCSRs     int
+	MaxCachedCSRBytes int64
+	// BoundsRetry and MaxBoundsRetry bound the backoff of a cluster that
+	// exceeded a bound (bounds.go); 0 means DefaultBoundsRetry and
+	// DefaultMaxBoundsRetry.
+	BoundsRetry, MaxBoundsRetry time.Duration
+	// BoundsMetrics, when set, counts the bounds exceeded.
+	BoundsMetrics BoundsMetrics
 	// Namespace is the controller's own namespace, where tenants cannot
 	// write: deleted Machines' pending revocations are kept there
 	// (revoke.go). Empty keeps them in memory only.
@@ -145,6 +161,10 @@ type ClusterReconciler struct {
 	// idle are the Clusters seen but not served, and why: their
 	// ClusterAttestations say so (status.go).
 	idle map[types.NamespacedName]idleCluster
+	// backoff are the Clusters that exceeded a bound and wait to be
+	// connected to again; wake has them reconciled then (bounds.go).
+	backoff map[types.NamespacedName]*boundsBackoff
+	wake    chan event.GenericEvent
 
 	kindsOnce sync.Once
 	kindCache *kindMisses
@@ -164,6 +184,7 @@ type workload struct {
 	ctrl       *controller.Controller
 	cancel     context.CancelFunc
 	done       chan struct{}
+	started    time.Time
 }
 
 // SetupWithManager registers the reconciler, the Machine index and the
@@ -188,6 +209,7 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 				r.resync(e.ObjectNew)
 			},
 		}).
+		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
 
@@ -199,6 +221,8 @@ func (r *ClusterReconciler) init() {
 		r.running = map[types.NamespacedName]*workload{}
 		r.deleted = map[types.NamespacedName][]*clusterv1.Machine{}
 		r.idle = map[types.NamespacedName]idleCluster{}
+		r.backoff = map[types.NamespacedName]*boundsBackoff{}
+		r.wake = make(chan event.GenericEvent)
 	}
 }
 
@@ -275,6 +299,10 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		r.stop(logger, req.NamespacedName, "Cluster opted out")
 		r.setIdle(req.NamespacedName, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
 		return reconcile.Result{}, nil
+	}
+
+	if d := r.inBackoff(&cluster); d > 0 {
+		return reconcile.Result{RequeueAfter: d}, nil
 	}
 
 	period := r.RecheckPeriod
@@ -362,6 +390,12 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if r.RESTConfig != nil {
 		r.RESTConfig(cfg)
 	}
+	// Every client of the workload cluster, admin and scoped, reads
+	// bounded answers (package bounds); one exceeded stops the cluster's
+	// controller for a while (bounds.go).
+	over := &overBounds{r: r, logger: logger, cluster: cluster}
+	bound := r.Limits.Wrap(over.exceeded)
+	cfg.Wrap(bound)
 	generation := 1
 	if cur != nil {
 		generation = cur.state.snapshot().Generation + 1
@@ -389,6 +423,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		return next, fmt.Errorf("unable to set up the controller's identity in the workload cluster: %w", err)
 	}
 	cfg = id.RESTConfig()
+	cfg.Wrap(bound)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
@@ -415,12 +450,16 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 			Identities:    r.Identities,
 			ChallengeKeys: r.ChallengeKeys,
 		},
-		Metrics:  r.Metrics,
-		Events:   r.decisionEvents(cluster, st),
-		Workers:  workers,
-		MinRetry: r.MinRetry,
-		MaxRetry: r.MaxRetry,
-		Issuing:  &acceptor{r: r, rv: revocation.rv, cluster: clusterRef, st: st},
+		Metrics:           r.Metrics,
+		Events:            r.decisionEvents(cluster, st),
+		Workers:           workers,
+		MinRetry:          r.MinRetry,
+		MaxRetry:          r.MaxRetry,
+		Issuing:           &acceptor{r: r, rv: revocation.rv, cluster: clusterRef, st: st},
+		ListPageSize:      bounds.DefaultListPageSize,
+		MaxCachedCSRs:     r.maxCachedCSRs(),
+		MaxCachedCSRBytes: r.maxCachedCSRBytes(),
+		OverBudget:        over.budgetExceeded,
 	})
 	if err != nil {
 		return next, err
@@ -437,8 +476,9 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	w := &workload{hash: hash, state: st, revocation: revocation, ctrl: c, cancel: cancel, done: make(chan struct{})}
+	w := &workload{hash: hash, state: st, revocation: revocation, ctrl: c, cancel: cancel, done: make(chan struct{}), started: time.Now()}
 	r.running[nn] = w
+	over.running(w)
 	// The probe reports the cluster disconnected until the identity is
 	// installed; everything else waits for it.
 	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
@@ -525,6 +565,8 @@ type idleCluster struct {
 	generation      int64
 	optedIn         bool
 	reason, message string
+	// bound is the bound the workload API server exceeded, when that is why.
+	bound string
 }
 
 // Reasons a Cluster is not served, in its ClusterAttestation.
@@ -549,8 +591,11 @@ func (r *ClusterReconciler) stop(logger klog.Logger, nn types.NamespacedName, wh
 	r.mu.Lock()
 	w := r.running[nn]
 	delete(r.running, nn)
-	if why != reasonRestart {
+	if why != reasonRestart && why != reasonBounds {
 		delete(r.deleted, nn)
+	}
+	if why != reasonBounds {
+		delete(r.backoff, nn)
 	}
 	r.mu.Unlock()
 	if w == nil {

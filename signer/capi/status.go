@@ -216,12 +216,17 @@ func idleStatus(cluster types.NamespacedName, c idleCluster) ClusterAttestationS
 			{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: ReasonOptedOut, Message: msg},
 		}}
 	}
-	return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
+	out := ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
 		{Type: ConditionOptedIn, Status: metav1.ConditionTrue, ObservedGeneration: c.generation, Reason: "Enabled",
 			Message: fmt.Sprintf("annotation %s is \"true\"", AnnotationEnabled)},
 		{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: c.reason,
 			Message: truncate(c.message, maxConditionMessage)},
 	}}
+	if c.bound != "" {
+		out.Conditions = append(out.Conditions, metav1.Condition{Type: ConditionWorkloadWithinBounds, Status: metav1.ConditionFalse,
+			ObservedGeneration: c.generation, Reason: c.bound, Message: truncate(c.message, maxConditionMessage)})
+	}
+	return out
 }
 
 // statusWriter keeps the ClusterAttestations of one leader's term.

@@ -2,6 +2,7 @@ package capi
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -127,9 +128,17 @@ func TestIdleStatus(t *testing.T) {
 		{idleCluster{reason: ReasonOptedOut}, "False/OptedOut", "False/OptedOut"},
 		{idleCluster{optedIn: true, reason: ReasonKubeconfigRefused, message: "Secret c-kubeconfig not used: exec"}, "True/Enabled", "False/KubeconfigRefused"},
 		{idleCluster{optedIn: true, reason: ReasonWaitingForSecrets, message: "not found"}, "True/Enabled", "False/WaitingForSecrets"},
+		{idleCluster{optedIn: true, reason: ReasonWorkloadBoundsExceeded, message: "answer too large", bound: "ResponseTooLarge"}, "True/Enabled", "False/WorkloadBoundsExceeded"},
 	} {
 		st := idleStatus(nn, tc.idle)
 		o, r := meta.FindStatusCondition(st.Conditions, ConditionOptedIn), meta.FindStatusCondition(st.Conditions, ConditionReady)
+		if tc.idle.bound != "" {
+			b := meta.FindStatusCondition(st.Conditions, ConditionWorkloadWithinBounds)
+			if b == nil || b.Status != metav1.ConditionFalse || b.Reason != tc.idle.bound {
+				t.Errorf("%+v: conditions %+v, want %s False/%s", tc.idle, st.Conditions, ConditionWorkloadWithinBounds, tc.idle.bound)
+			}
+			st.Conditions = slices.DeleteFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == ConditionWorkloadWithinBounds })
+		}
 		if len(st.Conditions) != 2 || o == nil || r == nil || string(o.Status)+"/"+o.Reason != tc.optedIn || string(r.Status)+"/"+r.Reason != tc.want || r.Message == "" {
 			t.Errorf("%+v: conditions %+v, want OptedIn %s, Ready %s", tc.idle, st.Conditions, tc.optedIn, tc.want)
 		}

@@ -83,6 +83,15 @@ type Config struct {
 	// Machine of a revoked node name); an error leaves the request to be
 	// retried, and it is signed anew.
 	Issuing IssueHook
+	// ListPageSize is the limit of each page when the CSRs are listed; 0
+	// means the informers' default.
+	ListPageSize int64
+	// MaxCachedCSRs and MaxCachedCSRBytes are the budget of CSRs cached
+	// (bytes as cached); 0 means no bound. OverBudget is told, once, when
+	// the cache reaches either (budget.go).
+	MaxCachedCSRs     int
+	MaxCachedCSRBytes int64
+	OverBudget        func(objects int, bytes int64)
 }
 
 // IssueHook is told of a client certificate before it is handed out.
@@ -102,6 +111,7 @@ type Controller struct {
 	informers map[string]cache.SharedIndexInformer
 	listers   map[string]certlisters.CertificateSigningRequestLister
 	queue     workqueue.TypedRateLimitingInterface[key]
+	budget    *budget
 }
 
 // New returns a Controller; call Run to start it.
@@ -128,6 +138,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg:       cfg,
 		informers: map[string]cache.SharedIndexInformer{},
 		listers:   map[string]certlisters.CertificateSigningRequestLister{},
+		budget:    &budget{maxObjects: cfg.MaxCachedCSRs, maxBytes: cfg.MaxCachedCSRBytes, over: cfg.OverBudget},
 	}
 	ecfg := cfg.Engine
 	ecfg.Cluster = cfg.Cluster
@@ -146,8 +157,13 @@ func New(cfg Config) (*Controller, error) {
 	// held by) this controller.
 	for _, signer := range e.SignerNames() {
 		selector := fields.OneTermEqualSelector("spec.signerName", signer).String()
-		f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
+		f := informers.NewSharedInformerFactoryWithOptions(listingClient{cfg.Client}, cfg.ResyncPeriod,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = selector
+				if !o.Watch && cfg.ListPageSize > 0 {
+					o.Limit = cfg.ListPageSize
+				}
+			}))
 		csrs := f.Certificates().V1().CertificateSigningRequests()
 		inf := csrs.Informer()
 		if err := inf.SetTransform(forgetUnread); err != nil {
@@ -165,6 +181,9 @@ func New(cfg Config) (*Controller, error) {
 			},
 			UpdateFunc: func(_, obj any) { c.enqueue(obj) },
 		}); err != nil {
+			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
+		}
+		if _, err := inf.AddEventHandler(c.budget.handler()); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
 		c.factories = append(c.factories, f)
