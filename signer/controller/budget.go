@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -79,14 +78,3 @@ func (b *budget) handler() cache.ResourceEventHandler {
 		},
 	}
 }
-
-// listingClient is a workload cluster's client whose informers list (in
-// pages) and watch, and never stream the initial list as a watch
-// (WatchListClient, on by default in client-go): a streamed list is held
-// in a store of the reflector's own until it ends, which neither the
-// cache budget nor a page's size bounds.
-type listingClient struct{ kubernetes.Interface }
-
-// IsWatchListSemanticsUnSupported is what client-go's reflectors ask
-// (watchlist.DoesClientNotSupportWatchListSemantics).
-func (listingClient) IsWatchListSemanticsUnSupported() bool { return true }

@@ -176,9 +176,7 @@ func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	for _, f := range c.factories {
-		f.Start(ctx.Done())
-	}
+	t.Cleanup(c.startInformers(ctx))
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		t.Fatal("caches did not sync")
 	}

@@ -24,10 +24,8 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	certlisters "k8s.io/client-go/listers/certificates/v1"
 	"k8s.io/client-go/tools/cache"
@@ -107,7 +105,6 @@ type key struct{ signer, name string }
 type Controller struct {
 	cfg       Config
 	engine    *engine.Engine
-	factories []informers.SharedInformerFactory
 	informers map[string]cache.SharedIndexInformer
 	listers   map[string]certlisters.CertificateSigningRequestLister
 	queue     workqueue.TypedRateLimitingInterface[key]
@@ -156,16 +153,7 @@ func New(cfg Config) (*Controller, error) {
 	// CSRs of its signer name: other signers' CSRs are never sent to (or
 	// held by) this controller.
 	for _, signer := range e.SignerNames() {
-		selector := fields.OneTermEqualSelector("spec.signerName", signer).String()
-		f := informers.NewSharedInformerFactoryWithOptions(listingClient{cfg.Client}, cfg.ResyncPeriod,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = selector
-				if !o.Watch && cfg.ListPageSize > 0 {
-					o.Limit = cfg.ListPageSize
-				}
-			}))
-		csrs := f.Certificates().V1().CertificateSigningRequests()
-		inf := csrs.Informer()
+		inf := newInformer(cfg.Client, signer, cfg.ListPageSize, cfg.ResyncPeriod)
 		if err := inf.SetTransform(forgetUnread); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
@@ -186,9 +174,8 @@ func New(cfg Config) (*Controller, error) {
 		if _, err := inf.AddEventHandler(c.budget.handler()); err != nil {
 			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
 		}
-		c.factories = append(c.factories, f)
 		c.informers[signer] = inf
-		c.listers[signer] = csrs.Lister()
+		c.listers[signer] = certlisters.NewCertificateSigningRequestLister(inf.GetIndexer())
 	}
 	return c, nil
 }
@@ -381,10 +368,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrash()
 	defer c.queue.ShutDown()
 
-	for _, f := range c.factories {
-		f.Start(ctx.Done())
-		defer f.Shutdown()
-	}
+	defer c.startInformers(ctx)()
 	logger.Info("Waiting for the workload cluster's certificate signing requests")
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return ctx.Err()

@@ -4,13 +4,21 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
@@ -186,4 +194,152 @@ func TestCachedMetadataBound(t *testing.T) {
 			t.Errorf("%s has %d labels, %d finalizers, %d annotations after the decision, want them as filed (4000, 2000, 250)", name, len(got.Labels), len(got.Finalizers), len(got.Annotations))
 		}
 	}
+}
+
+// TestRelistAfterWatchRefused: when the API server refuses to resume a
+// watch because its watch cache started over past the informer's resource
+// version (which a loaded API server does when its own watch of etcd
+// fails), the informer lists again, in pages, and sees the requests filed
+// since. Its relist must ask for a state at least as new as the one it
+// had: a paged list at that exact old resource version comes back as old,
+// its watch is refused again, and a new request is never seen.
+func TestRelistAfterWatchRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	cp := harness.StartControlPlane(t, "relist")
+	ctx := context.Background()
+	api := cp.Client.CertificatesV1().CertificateSigningRequests()
+	reset := &watchCacheReset{}
+	cfg := rest.CopyConfig(cp.AdminConfig)
+	cfg.Wrap(reset.wrap)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := attestor.ClientSignerName("fake")
+	file := func(name string) {
+		t.Helper()
+		req, _ := signertest.Request{NodeName: name, ProviderID: pid}.Build(t)
+		csr := signertest.CSR(name, req)
+		csr.Spec.SignerName = signer
+		if _, err := api.Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		file(fmt.Sprintf("before-%d", i))
+	}
+	r := newRig(t, false, func(c *Config) { c.Client = cs; c.ListPageSize = 2 })
+	store := r.c.informers[signer].GetStore()
+	cached := func(name string) bool {
+		_, ok, _ := store.GetByKey(name)
+		return ok
+	}
+	for i := range 5 {
+		if name := fmt.Sprintf("before-%d", i); !cached(name) {
+			t.Fatalf("%s is not cached after the informer synced", name)
+		}
+	}
+
+	// The API server's watch cache starts over at a resource version past
+	// the informer's (a write elsewhere moved it on): the informer's watch
+	// ends, and resuming it is refused. (A watch that ends within its first
+	// second is listed again at once by client-go, which would not resume
+	// it: let the watches run a little first.)
+	time.Sleep(2 * time.Second)
+	moved, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx,
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reset.startOver(t, moved.ResourceVersion)
+	file("after")
+	deadline := time.Now().Add(30 * time.Second)
+	for !cached("after") {
+		if time.Now().After(deadline) {
+			t.Fatalf("a request filed after the watch was refused is not cached 30 s later (watches refused: %d)", reset.refused.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if reset.refused.Load() == 0 {
+		t.Fatal("no watch was refused: the test did not exercise a relist")
+	}
+	for i := range 5 {
+		if name := fmt.Sprintf("before-%d", i); !cached(name) {
+			t.Errorf("%s is no longer cached after the relist", name)
+		}
+	}
+}
+
+// watchCacheReset stands for an API server whose watch cache started over:
+// it ends the watches under way and refuses (410 Gone, as kube-apiserver
+// does) every watch from a resource version older than the new start.
+type watchCacheReset struct {
+	mu      sync.Mutex
+	floor   uint64
+	cancels []context.CancelFunc
+	refused atomic.Int32
+}
+
+func (w *watchCacheReset) startOver(t *testing.T, rv string) {
+	floor, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		t.Fatalf("resource version %q: %v", rv, err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.floor = floor
+	for _, cancel := range w.cancels {
+		cancel()
+	}
+	w.cancels = nil
+}
+
+func (w *watchCacheReset) wrap(next http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		q := req.URL.Query()
+		if q.Get("watch") != "true" {
+			return next.RoundTrip(req)
+		}
+		rv, _ := strconv.ParseUint(q.Get("resourceVersion"), 10, 64)
+		w.mu.Lock()
+		floor := w.floor
+		w.mu.Unlock()
+		if rv < floor {
+			w.refused.Add(1)
+			body := fmt.Sprintf(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: %d (%d)","reason":"Expired","code":410}`, rv, floor)
+			return &http.Response{StatusCode: http.StatusGone, Header: http.Header{"Content-Type": []string{"application/json"}},
+				Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req}, nil
+		}
+		ctx, cancel := context.WithCancel(req.Context())
+		w.mu.Lock()
+		w.cancels = append(w.cancels, cancel)
+		w.mu.Unlock()
+		resp, err := next.RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		resp.Body = &endedBody{ReadCloser: resp.Body, ctx: ctx}
+		return resp, nil
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// endedBody is a watch that the server ended: its stream ends cleanly.
+type endedBody struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (b *endedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && b.ctx.Err() != nil {
+		return n, io.EOF
+	}
+	return n, err
 }
