@@ -45,8 +45,10 @@ type oneMachine struct {
 	err error
 }
 
-func (o oneMachine) MatchMachine(context.Context, string, string) (*Machine, error) { return o.m, o.err }
-func (o oneMachine) ForNode(context.Context, string) (*Machine, error)             { return o.m, o.err }
+func (o oneMachine) MatchMachine(context.Context, string, string) (*Machine, error) {
+	return o.m, o.err
+}
+func (o oneMachine) ForNode(context.Context, string) (*Machine, error) { return o.m, o.err }
 
 // noCSRs is a lister with no other requests.
 type noCSRs struct{}
@@ -272,4 +274,3 @@ func kubeletServingPEM(spec []byte) []byte {
 	i := strings.Index(string(spec), "-----END CERTIFICATE REQUEST-----")
 	return spec[:i+len("-----END CERTIFICATE REQUEST-----\n")]
 }
-
