@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
+	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 )
 
 // StandaloneCluster names the served cluster in metrics and logs in
@@ -175,6 +176,15 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Trust on first use, as with Cluster API: the first stable identity
+	// an allowlist entry's node proves is recorded in the controller's
+	// namespace, and from then on belongs to that entry only. Records of
+	// entries taken out of the allowlist are swept away.
+	matcher := &standalone.Matcher{Client: cs, ConfigMap: o.allowlist}
+	identities := &tofu.Store{Namespace: o.LeaderElectionNamespace, Client: direct, Reader: direct, Owners: matcher}
+	if err := mgr.Add(&tofu.Cleaner{Store: identities}); err != nil {
+		return err
+	}
 	var running atomic.Pointer[controller.Controller]
 	err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		// The CA is read once this replica leads: a Secret it cannot read
@@ -194,7 +204,8 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 				}),
 				Authorized:    o.AuthorizedAttestors,
 				Policies:      policies,
-				Machines:      &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
+				Machines:      matcher,
+				Identities:    identities,
 				ChallengeKeys: challengeKeys,
 			},
 			Metrics: metrics,
