@@ -59,9 +59,28 @@ func NewStandaloneOptions() *StandaloneOptions {
 	return &StandaloneOptions{Options: NewOptions(), Allowlist: "kube-system/kubelet-authenticator-allowlist"}
 }
 
-// AddFlags adds the options' flags to fs.
+// clusterAPIOnly reports whether a flag of Options configures what only
+// Cluster API mode has (workload clusters reached through a tenant's
+// kubeconfig, Cluster annotations, the managed serving CA): standalone mode
+// does not take it.
+func clusterAPIOnly(name string) bool {
+	switch name {
+	case "cluster-recheck-period", "lockdown-period", "serving-ca-lifetime", "serving-ca-rotate-before":
+		return true
+	}
+	return strings.HasPrefix(name, "workload-")
+}
+
+// AddFlags adds the options' flags to fs: the controller's own, but for
+// those of Cluster API mode only, and standalone mode's.
 func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
-	o.Options.AddFlags(fs)
+	all := pflag.NewFlagSet("standalone", pflag.ContinueOnError)
+	o.Options.AddFlags(all)
+	all.VisitAll(func(f *pflag.Flag) {
+		if !clusterAPIOnly(f.Name) {
+			fs.AddFlag(f)
+		}
+	})
 	if f := fs.Lookup("kubeconfig"); f != nil {
 		f.Usage = "Kubeconfig of the cluster the controller serves (and runs in). Empty: the in-cluster service account."
 	}
