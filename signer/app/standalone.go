@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 )
@@ -50,13 +52,17 @@ type StandaloneOptions struct {
 	// PolicyFiles are policy documents by provider (the TPM boot-state
 	// policy), read at start.
 	PolicyFiles map[string]string
+	// RevocationPeriod is how often the allowlist is compared with the
+	// certificates issued, to revoke the entries taken out.
+	RevocationPeriod time.Duration
 
 	caSecret, allowlist types.NamespacedName
 }
 
 // NewStandaloneOptions returns StandaloneOptions with defaults.
 func NewStandaloneOptions() *StandaloneOptions {
-	return &StandaloneOptions{Options: NewOptions(), Allowlist: "kube-system/kubelet-authenticator-allowlist"}
+	return &StandaloneOptions{Options: NewOptions(), Allowlist: "kube-system/kubelet-authenticator-allowlist",
+		RevocationPeriod: standalone.DefaultRevocationPeriod}
 }
 
 // clusterAPIOnly reports whether a flag of Options configures what only
@@ -89,6 +95,7 @@ func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "Secret namespace/name holding the CA (tls.crt, tls.key), instead of --ca-cert-file and --ca-key-file.")
 	fs.StringVar(&o.Allowlist, "allowlist-configmap", o.Allowlist, "ConfigMap namespace/name whose key "+standalone.AllowlistKey+" lists the nodes that may join: nodes: [{nodeName, providerID, identity}].")
 	fs.StringSliceVar(&o.AuthorizedAttestors, "authorized-attestors", o.AuthorizedAttestors, "Attestors whose evidence is accepted (e.g. tpm,aws).")
+	fs.DurationVar(&o.RevocationPeriod, "revocation-period", o.RevocationPeriod, "How often the allowlist is compared with the certificates issued: the certificates of a node whose entry was taken out (or given another provider ID) are refused by the cluster's admission policy within this period.")
 	fs.StringToStringVar(&o.PolicyFiles, "attestor-policy", o.PolicyFiles, "Policy document of an attestor, as <provider>=<file> (e.g. tpm=/etc/kubelet-authenticator/tpm-policy.yaml for the TPM boot-state policy). Repeatable. Without one, the attestor applies no policy.")
 }
 
@@ -112,6 +119,9 @@ func (o *StandaloneOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--allowlist-configmap: %w", err))
 	}
 	o.allowlist = nn
+	if o.RevocationPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--revocation-period must be positive, not %s", o.RevocationPeriod))
+	}
 	if len(o.AuthorizedAttestors) == 0 {
 		errs = append(errs, errors.New("--authorized-attestors must name at least one attestor"))
 	}
@@ -212,6 +222,11 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// A node whose entry leaves the allowlist loses its certificates'
+		// access before they expire, as a deleted Machine's node does.
+		revocations := &standalone.Revocations{Matcher: matcher,
+			Revoker: &revoke.Revoker{Client: cs, Lifetime: o.MaxClientCertificateLifetime}}
+		go revocations.Run(ctx, o.RevocationPeriod)
 		c, err := controller.New(controller.Config{
 			Cluster: StandaloneCluster,
 			Client:  cs,
@@ -229,6 +244,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 			},
 			Metrics: metrics,
 			Workers: o.WorkersPerCluster,
+			Issuing: revocations,
 		})
 		if err != nil {
 			return err

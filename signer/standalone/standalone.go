@@ -130,7 +130,7 @@ func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine
 
 // machinePrefix starts the name an entry goes by as a Machine (in
 // messages and trust-on-first-use records).
-const machinePrefix = "allowlist/"
+const machinePrefix = "allowlist."
 
 func (m *Matcher) machine(ctx context.Context, e *Entry) (*engine.Machine, error) {
 	joined, err := m.joined(ctx, e.NodeName)
@@ -180,9 +180,9 @@ func (m *Matcher) OwnerExists(ctx context.Context, owner types.NamespacedName, u
 	return m.entryUID(e) == uid, nil
 }
 
-// entry reads the allowlist (on every request, so an edit takes effect at
-// once) and returns the node's entry.
-func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
+// read reads and parses the allowlist. A missing or invalid one is an
+// error (retried), never a denial.
+func (m *Matcher) read(ctx context.Context) (*Allowlist, error) {
 	cm, err := m.Client.CoreV1().ConfigMaps(m.ConfigMap.Namespace).Get(ctx, m.ConfigMap.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("allowlist ConfigMap %s does not exist: create it", m.ConfigMap)
@@ -193,6 +193,16 @@ func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
 	a, err := ParseAllowlist([]byte(cm.Data[AllowlistKey]))
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s key %s: %w", m.ConfigMap, AllowlistKey, err)
+	}
+	return a, nil
+}
+
+// entry reads the allowlist (on every request, so an edit takes effect at
+// once) and returns the node's entry.
+func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
+	a, err := m.read(ctx)
+	if err != nil {
+		return nil, err
 	}
 	for i := range a.Nodes {
 		if a.Nodes[i].NodeName == nodeName {

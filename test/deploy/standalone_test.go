@@ -16,8 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -68,6 +71,7 @@ func TestStandaloneManifests(t *testing.T) {
 	}
 	args := append(append([]string(nil), d.Spec.Template.Spec.Containers[0].Args...),
 		"--authorized-attestors=insecure", // beside the Deployment's tpm
+		"--revocation-period=1s",
 		"--kubeconfig="+kubeconfig,
 		"--leader-election-namespace="+namespace,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", harness.FreePort(t)),
@@ -114,6 +118,26 @@ func TestStandaloneManifests(t *testing.T) {
 	got := file("again")
 	if c := conditionOf(got, certificatesv1.CertificateDenied); c == nil || c.Reason != attestor.ReasonNodeAlreadyJoined {
 		t.Errorf("a second registration of a joined node: %+v, want denied %s", got.Status.Conditions, attestor.ReasonNodeAlreadyJoined)
+	}
+	// Its entry taken out of the allowlist, the node's name is revoked.
+	if _, err := wl.Client.CoreV1().ConfigMaps(namespace).Update(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "allowlist"}, Data: map[string]string{standalone.AllowlistKey: "nodes: []\n"},
+	}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		cm, err := wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		s, err := revoke.Decode(cm)
+		if err != nil {
+			return false, err
+		}
+		return s.Find("node-1") != nil, nil
+	})
+	if _, err := wl.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, revoke.PolicyName, metav1.GetOptions{}); err != nil {
+		t.Errorf("the revocation policy: %v", err)
 	}
 	// The TPM attestor's key, made with the ServiceAccount's rights.
 	if _, err := wl.Client.CoreV1().Secrets(namespace).Get(ctx, app.DefaultTPMKeySecretName, metav1.GetOptions{}); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,6 +118,7 @@ func TestSignerStandaloneGuarantees(t *testing.T) {
 	o.CACertFile, o.CAKeyFile = wl.CACertFile, wl.CAKeyFile
 	o.AuthorizedAttestors = []string{"insecure", null.Name}
 	o.NullVersions = []string{"v1"}
+	o.RevocationPeriod = time.Second
 	runOptions(t, o)
 	e := &signerEnv{wl: wl, bootstrap: bootstrapClient(t, wl)}
 
@@ -173,4 +175,19 @@ func TestSignerStandaloneGuarantees(t *testing.T) {
 `)
 	nullCSR("b-after", "node-b", "test:///b", "device-1")
 	e.expectIssued(t, "b-after", "node-b", "test:///b", 24*time.Hour)
+
+	// Revocation: a node whose entry is taken out loses its certificates'
+	// write access before they expire, by the admission policy the
+	// controller keeps; the cluster's other nodes keep theirs.
+	k.expectWorks(t)
+	allow(`nodes:
+- nodeName: node-b
+  providerID: test:///b
+`)
+	var last error
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		last = k.heartbeat(ctx)
+		return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "node node-joined was revoked: its entry was taken out of the allowlist"), nil
+	})
+	t.Logf("node-joined writing its Node after its entry was taken out: %v", last)
 }
