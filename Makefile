@@ -27,10 +27,9 @@ capi_bin = $(shell test/tools/install-capi.sh)
 KA_CACHE        ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kubelet-authenticator
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN  := $(KA_CACHE)/bin/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
-# Where the generated CRDs go: deploy/crd (kustomize, clusterctl) and the
-# Helm chart's crds/ (the same bytes).
+# Where the generated CRDs go (kustomize and clusterctl install them; the
+# Helm chart's crds/ links to them).
 CRD_DIR         := deploy/crd/bases
-CHART_CRD_DIR   := deploy/helm/kubelet-authenticator/crds
 helm_bin = $(shell test/tools/install-helm.sh)
 
 .PHONY: help
@@ -114,14 +113,14 @@ $(CONTROLLER_GEN):
 	GOBIN=$(abspath $(@D)) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy (api/) and its CRDs (deploy/crd/bases, the Helm chart's crds/) with controller-gen
+generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy (api/) and its CRDs (deploy/crd/bases) with controller-gen
 	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=$(CRD_DIR)
-	@mkdir -p $(CHART_CRD_DIR); rm -f $(CHART_CRD_DIR)/*.yaml; cp $(CRD_DIR)/*.yaml $(CHART_CRD_DIR)/
 
 .PHONY: verify-generate
-verify-generate: generate ## Fail when the generated files differ from what is committed
-	@out="$$(git status --porcelain -- api $(CRD_DIR) $(CHART_CRD_DIR))"; if [ -n "$$out" ]; then \
-	  echo "generated files are not current (run make generate and commit):"; echo "$$out"; git --no-pager diff --stat -- api $(CRD_DIR) $(CHART_CRD_DIR); exit 1; fi
+verify-generate: $(CONTROLLER_GEN) ## Fail when make generate changes a generated file (it leaves the regenerated file in place)
+	@sum() { find api $(CRD_DIR) -name 'zz_generated.*.go' -o -name '*.yaml' | sort | xargs sha256sum | sha256sum; }; \
+	before="$$(sum)"; $(MAKE) --no-print-directory generate >/dev/null; \
+	if [ "$$(sum)" != "$$before" ]; then echo "generated files were not current: make generate rewrote them; review and commit them"; exit 1; fi
 
 .PHONY: clean
 clean: ## Remove build output
