@@ -296,8 +296,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		period = DefaultRecheckPeriod
 	}
 	var next time.Time // when the serving CAs change next
-	var kubeconfig []byte
-	kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
 	if err == nil {
 		// The kubeconfig is tenant input: checked before anything is
 		// read or connected to on its behalf.
