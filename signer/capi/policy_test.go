@@ -236,3 +236,34 @@ func TestWorkloadInputsHash(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseClusterPolicy: whatever a tenant writes in the deprecated
+// annotations, the parser returns a policy without blank or repeated
+// attestors, a switch is on only for "true", and every other value of a
+// switch is reported.
+func FuzzParseClusterPolicy(f *testing.F) {
+	f.Add("tpm,aws", "true", "good")
+	f.Add(" , tpm,,tpm ", "True", "")
+	f.Fuzz(func(t *testing.T, attestors, lockdown, doc string) {
+		c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			AnnotationAuthorizedAttestors: attestors, AnnotationLockdown: lockdown, tpmPolicyAnnotation: doc}}}
+		p, errs := ParseClusterPolicy(c, nil, map[string]attestor.Verifier{"tpm": policyVerifier{}})
+		seen := map[string]bool{}
+		for _, a := range p.AuthorizedAttestors {
+			if a == "" || a != strings.TrimSpace(a) || strings.Contains(a, ",") || seen[a] {
+				t.Fatalf("attestors %q from %q", p.AuthorizedAttestors, attestors)
+			}
+			seen[a] = true
+		}
+		if p.Lockdown != (lockdown == "true") {
+			t.Fatalf("lockdown %t from %q", p.Lockdown, lockdown)
+		}
+		reported := false
+		for _, e := range errs {
+			reported = reported || e.Field == "metadata.annotations["+AnnotationLockdown+"]"
+		}
+		if reported != (lockdown != "true" && lockdown != "false") {
+			t.Fatalf("lockdown %q reported: %t", lockdown, reported)
+		}
+	})
+}
