@@ -125,18 +125,19 @@ func ParseClusterPolicy(cluster *clusterv1.Cluster, att *v1alpha1.ClusterAttesta
 		}
 	}
 	p.AuthorizedAttestors = dedupe(p.AuthorizedAttestors)
-
+	switch n := len(p.AuthorizedAttestors); {
+	case n == 0:
+		errs = append(errs, field.Required(attestors(-1), "no attestor is authorized: every request is denied"))
+	case n > v1alpha1.MaxAuthorizedAttestors:
+		// Those past the limit are not authorized (nor each reported).
+		errs = append(errs, field.TooMany(attestors(-1), n, v1alpha1.MaxAuthorizedAttestors))
+		p.AuthorizedAttestors = p.AuthorizedAttestors[:v1alpha1.MaxAuthorizedAttestors]
+	}
 	known := slices.Sorted(maps.Keys(verifiers))
 	for i, a := range p.AuthorizedAttestors {
 		if _, ok := verifiers[a]; !ok {
 			errs = append(errs, field.NotSupported(attestors(i), a, known))
 		}
-	}
-	switch {
-	case len(p.AuthorizedAttestors) == 0:
-		errs = append(errs, field.Required(attestors(-1), "no attestor is authorized: every request is denied"))
-	case len(p.AuthorizedAttestors) > v1alpha1.MaxAuthorizedAttestors:
-		errs = append(errs, field.TooMany(attestors(-1), len(p.AuthorizedAttestors), v1alpha1.MaxAuthorizedAttestors))
 	}
 	if policiesPath != nil && len(p.Policies) > v1alpha1.MaxPolicies {
 		errs = append(errs, field.TooMany(policiesPath, len(p.Policies), v1alpha1.MaxPolicies))
@@ -210,11 +211,14 @@ func policyAnnotations(cluster *clusterv1.Cluster) []string {
 	return out
 }
 
-// dedupe drops repeated entries, keeping the first of each.
+// dedupe drops repeated entries, keeping the first of each, in time
+// linear in the (tenant-written) input.
 func dedupe(in []string) []string {
 	var out []string
+	seen := make(map[string]bool, len(in))
 	for _, s := range in {
-		if !slices.Contains(out, s) {
+		if !seen[s] {
+			seen[s] = true
 			out = append(out, s)
 		}
 	}

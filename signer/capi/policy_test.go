@@ -104,9 +104,13 @@ func TestParseClusterPolicy(t *testing.T) {
 		{name: "spec: too many attestors", att: spec(func(s *v1alpha1.ClusterAttestationSpec) {
 			s.AuthorizedAttestors = append([]string{"tpm"}, many(v1alpha1.MaxAuthorizedAttestors, func(int) string { return "insecure" })...)
 			s.AuthorizedAttestors = append(s.AuthorizedAttestors, many(v1alpha1.MaxAuthorizedAttestors, func(i int) string { return fmt.Sprint("x", i) })...)
-		}), source: v1alpha1.PolicySourceSpec, errs: append(many(v1alpha1.MaxAuthorizedAttestors, func(i int) string {
-			return fmt.Sprintf("FieldValueNotSupported spec.authorizedAttestors[%d]", i+2)
-		}), "FieldValueTooMany spec.authorizedAttestors")},
+		}), source: v1alpha1.PolicySourceSpec, errs: append([]string{"FieldValueTooMany spec.authorizedAttestors"},
+			many(v1alpha1.MaxAuthorizedAttestors-2, func(i int) string { return fmt.Sprintf("FieldValueNotSupported spec.authorizedAttestors[%d]", i+2) })...)},
+		{name: "annotations: a flood of attestors", annotations: map[string]string{AnnotationAuthorizedAttestors: "insecure," + strings.Join(many(40000, func(i int) string { return fmt.Sprint("x", i) }), ",")},
+			source: v1alpha1.PolicySourceAnnotations, errs: append([]string{"FieldValueTooMany metadata.annotations[kubelet-authenticator.x-k8s.io/authorized-attestors]"},
+				many(v1alpha1.MaxAuthorizedAttestors-1, func(int) string {
+					return "FieldValueNotSupported metadata.annotations[kubelet-authenticator.x-k8s.io/authorized-attestors]"
+				})...)},
 		{name: "spec: malformed policy", att: spec(func(s *v1alpha1.ClusterAttestationSpec) {
 			s.Policies = map[string]v1alpha1.PolicyDocument{"tpm": "bad"}
 		}),
