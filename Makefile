@@ -22,6 +22,14 @@ k8s_bin = $(shell test/tools/setup.sh)
 # The demo and the benchmarks need no Cluster API binaries and no helm.
 k8s_only_bin = $(shell test/tools/setup.sh --kubernetes-only)
 capi_bin = $(shell test/tools/install-capi.sh)
+# controller-gen generates the API's deepcopy and CRD (make generate); it is
+# installed from its Go module into the same cache outside the repository.
+KA_CACHE        ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kubelet-authenticator
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN  := $(KA_CACHE)/bin/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
+# Where the generated CRDs go (kustomize and clusterctl install them; the
+# Helm chart's crds/ links to them).
+CRD_DIR         := deploy/crd/bases
 helm_bin = $(shell test/tools/install-helm.sh)
 
 .PHONY: help
@@ -96,9 +104,23 @@ bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEE
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory|Hostile|MetadataFlood)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
 
 .PHONY: lint
-lint: ## gofmt and go vet
+lint: verify-generate ## gofmt, go vet, and generated files current
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(TEST_TAGS)' ./...
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(@D)
+	GOBIN=$(abspath $(@D)) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy (api/) and its CRDs (deploy/crd/bases) with controller-gen
+	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=$(CRD_DIR)
+
+.PHONY: verify-generate
+verify-generate: $(CONTROLLER_GEN) ## Fail when make generate changes a generated file (it leaves the regenerated file in place)
+	@sum() { find api $(CRD_DIR) -name 'zz_generated.*.go' -o -name '*.yaml' | sort | xargs sha256sum | sha256sum; }; \
+	before="$$(sum)"; $(MAKE) --no-print-directory generate >/dev/null; \
+	if [ "$$(sum)" != "$$before" ]; then echo "generated files were not current: make generate rewrote them; review and commit them"; exit 1; fi
 
 .PHONY: clean
 clean: ## Remove build output
