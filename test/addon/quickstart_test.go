@@ -369,7 +369,6 @@ version: %s
 	}
 }
 
-
 func goEnv(t *testing.T, key string) string {
 	t.Helper()
 	out, err := exec.Command("go", "env", key).Output()
