@@ -65,7 +65,7 @@ release-manifests: ## Write the clusterctl add-on provider artifacts (addon-comp
 	out="$(abspath $(BIN))/release"; repo="$$out/addon-kubelet-authenticator/$(RELEASE_VERSION)"; \
 	tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; mkdir -p "$$repo" "$$tmp/release"; \
 	printf 'resources:\n- %s\nimages:\n- name: registry.k8s.io/kubelet-authenticator/node-attestation-controller\n  newName: %s\n  newTag: %s\n' \
-	  "$(abspath deploy/release)" '$(IMAGE_NAME)' '$(RELEASE_VERSION)' > "$$tmp/release/kustomization.yaml"; \
+	  "$$(realpath --relative-to="$$tmp/release" deploy/release)" '$(IMAGE_NAME)' '$(RELEASE_VERSION)' > "$$tmp/release/kustomization.yaml"; \
 	"$$bin_dir/kubectl" kustomize "$$tmp/release" > "$$out/addon-components.yaml"; \
 	cp deploy/release/metadata.yaml "$$out/metadata.yaml"; \
 	cp "$$out/addon-components.yaml" "$$out/metadata.yaml" "$$repo/"; \
