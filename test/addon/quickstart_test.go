@@ -349,8 +349,11 @@ version: %s
 
 	// 6. Check.
 	harness.WaitFor(t, 2*time.Minute, func() (bool, error) {
-		got := kubectl(nil, "get", "clusterattestations", "-n", quickstartNamespace, quickstartCluster,
-			"-o", `jsonpath={.status.conditions[?(@.type=="WorkloadReachable")].status}/{.status.conditions[?(@.type=="SignersServed")].status}`)
+		got, err := exec.Command(tl.kubectl, "--kubeconfig", mgmt.AdminKubeconfig, "get", "clusterattestations", "-n", quickstartNamespace, quickstartCluster,
+			"-o", `jsonpath={.status.conditions[?(@.type=="WorkloadReachable")].status}/{.status.conditions[?(@.type=="SignersServed")].status}`).Output()
+		if err != nil {
+			return false, fmt.Errorf("kubectl get clusterattestations: %w", err)
+		}
 		if string(got) != "True/True" {
 			return false, fmt.Errorf("ClusterAttestation reachable/signers %q", got)
 		}
