@@ -15,6 +15,16 @@ TEST_TIMEOUT ?= 45m
 # Release platforms and commands of make build and make images.
 PLATFORMS   ?= linux/amd64 linux/arm64
 RELEASE_CMDS := kubelet-authenticator node-attestation-controller tpm-boot-policy
+# The controller's image. No image is published: set REGISTRY to one you can
+# push to. make images names the image IMAGE, make push-images pushes it there,
+# and make release-manifests writes IMAGE into the clusterctl components and
+# the packaged Helm chart, so that what is installed is what was pushed. The
+# release version is the chart's appVersion (also the series of
+# deploy/release/metadata.yaml).
+REGISTRY        ?= registry.k8s.io/kubelet-authenticator
+RELEASE_VERSION ?= $(shell sed -n 's/^appVersion: *//p' deploy/helm/kubelet-authenticator/Chart.yaml)
+IMAGE_NAME      ?= $(REGISTRY)/node-attestation-controller
+IMAGE           := $(IMAGE_NAME):$(RELEASE_VERSION)
 
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
@@ -46,18 +56,31 @@ build: ## Build the node binary, the controller and tpm-boot-policy (for image b
 	  done; \
 	done
 
-.PHONY: images
-images: build ## Build the controller's container image (OCI layout and archive, no container engine) into bin/images/
-	$(GO) run ./images/oci --version '$(VERSION)' --output $(BIN)/images/node-attestation-controller \
+oci_args = --version '$(VERSION)' --image '$(IMAGE)' --output $(BIN)/images/node-attestation-controller \
 	  $(foreach p,$(PLATFORMS),--binary $(p)=$(BIN)/$(subst /,_,$(p))/node-attestation-controller)
 
+.PHONY: images
+images: build ## Build the controller's container image IMAGE (REGISTRY/node-attestation-controller:RELEASE_VERSION; OCI layout and archive, no container engine) into bin/images/
+	$(GO) run ./images/oci $(oci_args)
+
+.PHONY: push-images
+push-images: build ## Build the controller's image and push it to IMAGE (credentials: ~/.docker/config.json, as docker login writes it)
+	$(GO) run ./images/oci $(oci_args) --push
+
 .PHONY: release-manifests
-release-manifests: ## Write the clusterctl add-on provider artifacts (addon-components.yaml, metadata.yaml) and the packaged Helm chart into bin/release/
-	@bin_dir="$(k8s_bin)"; helm_dir="$(helm_bin)"; set -e; mkdir -p $(BIN)/release; \
-	"$$bin_dir/kubectl" kustomize deploy/release > $(BIN)/release/addon-components.yaml; \
-	cp deploy/release/metadata.yaml $(BIN)/release/metadata.yaml; \
-	"$$helm_dir/helm" package deploy/helm/kubelet-authenticator --destination $(BIN)/release >/dev/null; \
-	ls -1 $(BIN)/release
+release-manifests: ## Write the clusterctl add-on provider artifacts (addon-components.yaml, metadata.yaml; also as a clusterctl local repository) and the packaged Helm chart, all naming IMAGE, into bin/release/
+	@bin_dir="$(k8s_only_bin)"; helm_dir="$(helm_bin)"; set -e; \
+	out="$(abspath $(BIN))/release"; repo="$$out/addon-kubelet-authenticator/$(RELEASE_VERSION)"; \
+	tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; mkdir -p "$$repo" "$$tmp/release"; \
+	printf 'resources:\n- %s\nimages:\n- name: registry.k8s.io/kubelet-authenticator/node-attestation-controller\n  newName: %s\n  newTag: %s\n' \
+	  "$$(realpath --relative-to="$$tmp/release" deploy/release)" '$(IMAGE_NAME)' '$(RELEASE_VERSION)' > "$$tmp/release/kustomization.yaml"; \
+	"$$bin_dir/kubectl" kustomize "$$tmp/release" > "$$out/addon-components.yaml"; \
+	cp deploy/release/metadata.yaml "$$out/metadata.yaml"; \
+	cp "$$out/addon-components.yaml" "$$out/metadata.yaml" "$$repo/"; \
+	cp -RL deploy/helm/kubelet-authenticator "$$tmp/chart"; \
+	sed -i 's|^  repository: .*|  repository: $(IMAGE_NAME)|' "$$tmp/chart/values.yaml"; \
+	"$$helm_dir/helm" package "$$tmp/chart" --app-version '$(RELEASE_VERSION)' --destination "$$out" >/dev/null; \
+	echo "$$out: addon-components.yaml metadata.yaml $$(cd "$$out" && ls *.tgz) addon-kubelet-authenticator/$(RELEASE_VERSION)/ (image $(IMAGE))"
 
 .PHONY: tools
 tools: ## Install test dependencies (Debian packages, Kubernetes binaries built from Go modules)
