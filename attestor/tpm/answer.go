@@ -17,7 +17,7 @@ import (
 // here: the round's evidence verifies again (trust may have changed since
 // the challenge was written), now against this request's binding, and the
 // proof shows that the TPM holding that EK and AK recovered the secret.
-func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response, pol *Policy) (*attestor.Result, error) {
+func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Response, pol *Policy) (*attestor.Result, error) {
 	round := in.Answered
 	if round.UID == in.UID {
 		return nil, attestor.Deny(ReasonMalformedEvidence, "the response names its own CSR as the challenged one")
@@ -32,7 +32,10 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response, pol *Policy) 
 	if err != nil || first.Attestation == nil {
 		return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "the challenged CSR %q carries no first-round TPM attestation", round.Name)
 	}
-	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Binding, round.Annotations, in.MachineAnnotations, pol)
+	if clusterBound(version) != clusterBound(first.Version) {
+		return nil, attestor.Deny(attestor.ReasonChallengeMismatch, "the response is evidence %s, the challenged CSR %q evidence %s: answer in the version of the challenged request", version, round.Name, first.Version)
+	}
+	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Bindings(clusterBound(first.Version)), round.Annotations, in.MachineAnnotations, pol)
 	if err != nil {
 		ds := attestor.Denials(err)
 		if len(ds) == 0 {
@@ -53,7 +56,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, r *Response, pol *Policy) 
 	if err != nil {
 		return nil, fmt.Errorf("unable to derive the challenge secret of CSR %q: %w", round.Name, err)
 	}
-	secret := deriveSecret(key, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
+	secret := deriveSecret(key, in.ClusterUID, round.UID, at.akName, at.ekHash, round.Challenge.Expires)
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
 	}

@@ -60,7 +60,8 @@ import (
 // Name is the provider name on the wire.
 const Name = "tpm"
 
-// Evidence versions. The node produces VersionV2; the signer accepts both.
+// Evidence versions. The node produces VersionV3 (and VersionV2 for older
+// signers); the signer accepts all three.
 const (
 	// VersionV1 carries TPM2_Certify of the CSR key (which the node had to
 	// load into the TPM with its private part).
@@ -68,7 +69,28 @@ const (
 	// VersionV2 carries a TPM2_Quote whose qualifying data is the binding;
 	// the CSR's private key never leaves the node process.
 	VersionV2 = "v2"
+	// VersionV3 has the shape of VersionV2, bound by binding v2: the
+	// quote's qualifying data is attestor.ClusterBinding(SPKI, cluster CA),
+	// and evidence copied into another cluster does not verify there.
+	VersionV3 = "v3"
 )
+
+// quotes reports whether evidence of version carries a quote (the v2
+// shape: v2 and v3) rather than a certification of the CSR key (v1).
+func quotes(version string) bool { return version == VersionV2 || version == VersionV3 }
+
+// clusterBound reports whether evidence of version commits to the
+// workload cluster's CA (binding v2).
+func clusterBound(version string) bool { return version == VersionV3 }
+
+// shape is the version whose fields evidence of version carries: v1, or
+// v2 for v2 and v3.
+func shape(version string) string {
+	if quotes(version) {
+		return VersionV2
+	}
+	return version
+}
 
 // StablePrefix prefixes the stable identity: "tpm:ek-sha256:" followed by
 // the lower-case hex SHA-256 of the DER SubjectPublicKeyInfo of the EK.
@@ -222,7 +244,7 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 	if err := attestor.DecodeEvidence(data, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 && ev.Version != VersionV2 {
+	if ev.Version != VersionV1 && !quotes(ev.Version) {
 		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "unsupported TPM evidence version %q", ev.Version)
 	}
 	switch {
@@ -270,7 +292,7 @@ func checkAttestationShape(version string, a *Attestation) error {
 	}
 	for _, f := range fields {
 		switch {
-		case f.in != "" && f.in != version:
+		case f.in != "" && f.in != shape(version):
 			if f.b != nil {
 				return fmt.Errorf("a %s attestation has the %s field %s", version, f.in, f.name)
 			}
@@ -280,7 +302,7 @@ func checkAttestationShape(version string, a *Attestation) error {
 			return fmt.Errorf("attestation %s is %d bytes, more than %d", f.name, len(f.b), f.max)
 		}
 	}
-	if version != VersionV2 {
+	if !quotes(version) {
 		if a.PCRs != nil {
 			return fmt.Errorf("a %s attestation has the v2 field pcrs", version)
 		}
@@ -387,16 +409,20 @@ func proof(secret, spki []byte, csrUID string) []byte {
 
 // secretLabel separates the challenge-secret derivation from any other use
 // of the controller key.
-const secretLabel = "kubelet-authenticator/tpm/v1 credential\x00"
+const secretLabel = "kubelet-authenticator/tpm/v2 credential\x00"
 
 // deriveSecret computes the challenge secret
-// HMAC-SHA256(key, label || csr1.UID || AK name || EK hash || expiry) with
+// HMAC-SHA256(key, label || Cluster UID || csr1.UID || AK name || EK hash ||
+// expiry) with
 // each variable-length field length-prefixed (uint16) and the expiry as
 // big-endian Unix seconds, so that no two inputs encode alike.
-func deriveSecret(key []byte, csrUID string, akName []byte, ekHash [sha256.Size]byte, expires time.Time) []byte {
+func deriveSecret(key []byte, clusterUID, csrUID string, akName []byte, ekHash [sha256.Size]byte, expires time.Time) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(secretLabel))
 	var n [8]byte
+	binary.BigEndian.PutUint16(n[:2], uint16(len(clusterUID)))
+	m.Write(n[:2])
+	m.Write([]byte(clusterUID))
 	binary.BigEndian.PutUint16(n[:2], uint16(len(csrUID)))
 	m.Write(n[:2])
 	m.Write([]byte(csrUID))

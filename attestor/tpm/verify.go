@@ -163,8 +163,11 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	return v, nil
 }
 
-// Versions implements attestor.Verifier: v2, and v1 for older nodes.
-func (*Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
+// Versions implements attestor.Verifier: v3, and v2 and v1 for older nodes.
+func (*Verifier) Versions() []string { return []string{VersionV3, VersionV2, VersionV1} }
+
+// ClusterBound implements attestor.ClusterBinder: v3 commits to the cluster.
+func (*Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // ValidatePolicy reports every problem of a Cluster's TPM boot policy
 // document (ParsePolicy), so that the signer can say so once per Cluster
@@ -208,7 +211,7 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	case in.Answered == nil:
 		return &attestor.Result{Answers: ev.Response.CSRName}, nil
 	default:
-		return v.answer(in, ev.Response, pol)
+		return v.answer(in, ev.Version, ev.Response, pol)
 	}
 }
 

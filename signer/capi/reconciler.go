@@ -282,7 +282,19 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		period = DefaultRecheckPeriod
 	}
 	var next time.Time // when the serving CAs change next
-	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	// The CA first: a Secret whose certificate its key does not prove
+	// could name another cluster's CA, which evidence is bound to.
+	ca, err := ReadCA(ctx, r.APIReader, req.NamespacedName)
+	if refused := (*RefusedCAError)(nil); errors.As(err, &refused) {
+		r.refuseCA(logger, &cluster, refused)
+		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonCARefused,
+			message: refused.Error()})
+		return reconcile.Result{RequeueAfter: period}, nil
+	}
+	var kubeconfig []byte
+	if err == nil {
+		kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	}
 	if err == nil {
 		// The kubeconfig is tenant input: checked before anything is
 		// read or connected to on its behalf.
@@ -295,12 +307,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			return reconcile.Result{RequeueAfter: period}, nil
 		}
 		if err == nil {
-			var ca *issue.CA
-			var caPEM []byte
-			ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
-			if err == nil {
-				next, err = r.ensure(ctx, logger, &cluster, kubeconfig, cfg, ca, caPEM)
-			}
+			next, err = r.ensure(ctx, logger, &cluster, kubeconfig, cfg, ca)
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -320,7 +327,8 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 
 // ensure runs a controller for cluster with this configuration, replacing
 // one with another. It returns when the serving CAs change next.
-func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, cfg *rest.Config, ca *issue.CA, caPEM []byte) (time.Time, error) {
+func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, cfg *rest.Config, cca *ClusterCA) (time.Time, error) {
+	ca := cca.CA
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	authorized := AuthorizedAttestors(cluster)
 	servingCAs, err := r.ensureServingCA(ctx, cluster)
@@ -328,11 +336,11 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		return time.Time{}, err
 	}
 	next := servingCAs.NextChange
-	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
+	lockdown, approveServing, requireBinding := Lockdown(cluster), ApproveKubeletServing(cluster), RequireClusterBinding(cluster)
 	policies := Policies(cluster)
 	policyErrors := r.checkAnnotations(logger, cluster)
 	h := sha256.New()
-	parts := [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)}
+	parts := [][]byte{kubeconfig, cca.PEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t,%t", lockdown, approveServing, requireBinding), []byte(cluster.UID)}
 	for _, p := range slices.Sorted(maps.Keys(policies)) {
 		parts = append(parts, []byte(p), policies[p])
 	}
@@ -408,12 +416,15 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Cluster: nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
-			Profiles:      profiles,
-			Authorized:    authorized,
-			Policies:      policies,
-			Machines:      machines,
-			Identities:    r.Identities,
-			ChallengeKeys: r.ChallengeKeys,
+			Profiles:              profiles,
+			Authorized:            authorized,
+			Policies:              policies,
+			ClusterUID:            string(cluster.UID),
+			ClusterCAs:            cca.Bundle,
+			RequireClusterBinding: requireBinding,
+			Machines:              machines,
+			Identities:            r.Identities,
+			ChallengeKeys:         r.ChallengeKeys,
 		},
 		Metrics:  r.Metrics,
 		Events:   r.decisionEvents(cluster, st),
