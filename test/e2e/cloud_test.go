@@ -333,6 +333,9 @@ func (f *cloudFleet) copiedIntoTenantB(t *testing.T, victim, pid, provider, vers
 	if _, err := cs.CertificatesV1().CertificateSigningRequests().Create(f.ctx, copied, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // later cases count the node's CSRs in tenant-b
+		_ = b.Workload.Client.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), copied.Name, metav1.DeleteOptions{})
+	})
 	var got *certificatesv1.CertificateSigningRequest
 	harness.WaitFor(t, time.Minute, func() (bool, error) {
 		c, err := b.Workload.Client.CertificatesV1().CertificateSigningRequests().Get(f.ctx, copied.Name, metav1.GetOptions{})
