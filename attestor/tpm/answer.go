@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -60,8 +62,53 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
 	}
+	if err := checkFreshQuote(at, first.Attestation, r, freshQualifier(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID), pol); err != nil {
+		return nil, err
+	}
 	return &attestor.Result{Identity: &attestor.Identity{
 		ProviderID: in.ProviderID,
 		Stable:     StablePrefix + hex.EncodeToString(at.ekHash[:]),
 	}}, nil
+}
+
+// checkFreshQuote verifies the fresh quote of a response (v3): by the
+// first round's AK, over the first round's selection, qualified by the
+// answered challenge, its PCR values those the TPM quoted; where the
+// Cluster's boot policy reads PCRs, the fresh values must pass it, with
+// the first round's event log replayed against them. A response without
+// one is refused where the policy reads PCRs: the boot state proven would
+// be that of any boot in which the AK once quoted.
+func checkFreshQuote(at *attested, first *Attestation, r *Response, qualifier []byte, pol *Policy) error {
+	if r.Quote == nil {
+		if pol != nil && pol.needsQuote() {
+			return attestor.Deny(ReasonFreshQuoteRequired,
+				"the Cluster's TPM boot policy reads PCRs, and the answer carries no fresh quote of them (evidence %s): upgrade the node's kubelet-authenticator", VersionV3)
+		}
+		return nil
+	}
+	sel, err := checkQuote(at, &Attestation{Quote: r.Quote, QuoteSignature: r.QuoteSignature, PCRs: r.PCRs}, [][]byte{qualifier})
+	if err != nil {
+		if d, ok := attestor.AsDenial(err); ok && d.Reason == ReasonStaleBinding {
+			return attestor.Deny(ReasonFreshQuoteMismatch, "the fresh quote is not qualified by the answered challenge (a quote saved from another answer)")
+		}
+		return err
+	}
+	if !maps.EqualFunc(sel, at.sel, slices.Equal) {
+		return attestor.Deny(ReasonFreshQuoteMismatch, "the fresh quote selects PCRs %v, the first round's quote %v", sel, at.sel)
+	}
+	if pol == nil {
+		return nil
+	}
+	var state *BootState
+	var noState string
+	if len(first.EventLog) > 0 {
+		state, err = ReplayEventLog(first.EventLog, r.PCRs)
+		switch {
+		case errors.Is(err, errNoCommonBank):
+			noState, err = err.Error(), nil
+		case err != nil:
+			return attestor.Deny(ReasonEventLogMismatch, "the PCRs quoted in the answer are not those the first round's event log leads to (the machine booted again, or extended them since): %v", err)
+		}
+	}
+	return pol.evaluate(VersionV3, r.PCRs, sel, state, noState)
 }

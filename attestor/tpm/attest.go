@@ -547,12 +547,19 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	if err != nil {
 		return nil, fmt.Errorf("unable to activate the challenge credential (challenge not made for this TPM's EK and AK?): %w", err)
 	}
+	resp := &Response{CSRName: ch.CSRName, Proof: proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID)}
+	if version == VersionV3 {
+		// The fresh quote: the PCRs of the boot answering this challenge,
+		// by the same AK over the same selection as the first round.
+		q, err := s.quote(ak, freshQualifier(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID), a.pcrs)
+		if err != nil {
+			return nil, fmt.Errorf("unable to quote the PCRs for the answer: %w", err)
+		}
+		resp.Quote, resp.QuoteSignature, resp.PCRs = q.quoted, q.signature, q.values
+	}
 	ev, err := json.Marshal(Evidence{
-		Version: version,
-		Response: &Response{
-			CSRName: ch.CSRName,
-			Proof:   proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID),
-		},
+		Version:  version,
+		Response: resp,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("unable to encode the evidence: %w", err)

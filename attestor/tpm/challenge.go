@@ -87,6 +87,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 			return nil, err
 		}
 	}
+	at.sel = sel
 	return at, nil
 }
 

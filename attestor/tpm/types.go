@@ -170,6 +170,15 @@ type Response struct {
 	CSRName string `json:"csrName"`
 	// Proof is HMAC-SHA256(secret, DER(SPKI of the CSR key) || CSR #1 UID).
 	Proof []byte `json:"proof"`
+
+	// v3 only: the fresh quote. A TPM2_Quote by CSR #1's AK over CSR #1's
+	// PCR selection, taken after ActivateCredential, with qualifyingData
+	// = freshQualifier(secret, SPKI, CSR #1 UID): the PCR values of the
+	// boot that answered this challenge. Required where the Cluster's
+	// boot policy reads PCRs.
+	Quote          []byte     `json:"quote,omitempty"`
+	QuoteSignature []byte     `json:"quoteSignature,omitempty"`
+	PCRs           []PCRValue `json:"pcrs,omitempty"`
 }
 
 // Challenge is the challenge document the signer returns in
@@ -264,6 +273,9 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 		if len(r.Proof) != sha256.Size {
 			return nil, fmt.Errorf("response proof is %d bytes, want %d", len(r.Proof), sha256.Size)
 		}
+		if err := checkFreshQuoteShape(ev.Version, r); err != nil {
+			return nil, err
+		}
 	}
 	return &ev, nil
 }
@@ -308,15 +320,38 @@ func checkAttestationShape(version string, a *Attestation) error {
 		}
 		return nil
 	}
-	if len(a.PCRs) > maxPCRValues {
-		return fmt.Errorf("attestation has %d PCR values, more than %d", len(a.PCRs), maxPCRValues)
+	return checkPCRValues(a.PCRs)
+}
+
+// checkFreshQuoteShape requires a response's fresh quote to be whole
+// (quote and signature together, within bounds) and only in v3.
+func checkFreshQuoteShape(version string, r *Response) error {
+	if r.Quote == nil && r.QuoteSignature == nil && r.PCRs == nil {
+		return nil
+	}
+	switch {
+	case version != VersionV3:
+		return fmt.Errorf("a %s response carries the v3 fresh quote", version)
+	case len(r.Quote) == 0 || len(r.QuoteSignature) == 0:
+		return errors.New("the response's fresh quote needs quote and quoteSignature")
+	case len(r.Quote) > maxField || len(r.QuoteSignature) > maxField:
+		return fmt.Errorf("the response's fresh quote is more than %d bytes", maxField)
+	}
+	return checkPCRValues(r.PCRs)
+}
+
+// checkPCRValues bounds PCR values: known banks, indices in range, the
+// bank's digest size, no PCR twice.
+func checkPCRValues(pcrs []PCRValue) error {
+	if len(pcrs) > maxPCRValues {
+		return fmt.Errorf("%d PCR values, more than %d", len(pcrs), maxPCRValues)
 	}
 	type pcr struct {
 		bank  string
 		index int
 	}
 	seen := map[pcr]bool{}
-	for _, p := range a.PCRs {
+	for _, p := range pcrs {
 		alg, ok := pcrBanks[p.Bank]
 		if !ok {
 			return fmt.Errorf("PCR value of unknown bank %q (want sha1, sha256, sha384 or sha512)", p.Bank)
@@ -406,6 +441,22 @@ func proof(secret, spki []byte, csrUID string) []byte {
 	m.Write([]byte(csrUID))
 	return m.Sum(nil)
 }
+
+// freshQualifier is the qualifying data of the fresh quote of a response:
+// HMAC-SHA256(secret, label || DER(SPKI) || csr1.UID). Only the TPM that
+// activated the credential knows it, and only after the challenge; it is
+// never the secret, which every reader of the CSR would then know.
+func freshQualifier(secret, spki []byte, csrUID string) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(freshQuoteLabel))
+	m.Write(spki)
+	m.Write([]byte(csrUID))
+	return m.Sum(nil)
+}
+
+// freshQuoteLabel separates the fresh quote's qualifying data from the
+// proof.
+const freshQuoteLabel = "kubelet-authenticator/tpm/v3 fresh quote\x00"
 
 // secretLabel separates the challenge-secret derivation from any other use
 // of the controller key.

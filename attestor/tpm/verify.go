@@ -68,6 +68,14 @@ const (
 	// ReasonBadProof: the answer does not prove credential activation by
 	// the TPM holding the challenged EK and AK.
 	ReasonBadProof = "BadProof"
+	// ReasonFreshQuoteRequired: the Cluster's boot policy reads PCRs and
+	// the answer carries no fresh quote (evidence v3), so the boot state
+	// proven would be that of whichever boot made the first round's quote.
+	ReasonFreshQuoteRequired = "FreshQuoteRequired"
+	// ReasonFreshQuoteMismatch: the answer's fresh quote is not by the
+	// first round's AK, not over its selection, or not qualified by the
+	// answered challenge.
+	ReasonFreshQuoteMismatch = "FreshQuoteMismatch"
 )
 
 // Reasons the signer decides for a TPM challenge (the verifier does not):
@@ -222,6 +230,8 @@ type attested struct {
 	ekHash   [sha256.Size]byte
 	akKey    crypto.PublicKey
 	akName   []byte
+	// sel is the quote's selection by bank (quoting versions).
+	sel map[string][]int
 }
 
 // checkKeys verifies the keys of a first-round attestation: the EK is

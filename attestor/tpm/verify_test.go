@@ -556,7 +556,7 @@ func TestVerifyAnswerDenials(t *testing.T) {
 	// answer files CSR #2 with the proof a TPM holding the EK would give.
 	answer := func(t *testing.T, en *env, key *ecdsa.PrivateKey, csr1 string) *filed {
 		csrDER, csr := csrFor(t, key, testNode, testProviderID)
-		secret := deriveSecret(testHMACKey, "", en.first.uid, soft.akName(t), sha256.Sum256(ekSPKI), en.first.challenge.Expires)
+		secret := deriveSecret(testHMACKey, testClusterUID, en.first.uid, soft.akName(t), sha256.Sum256(ekSPKI), en.first.challenge.Expires)
 		ev := evidenceOf(t, VersionV2, nil, &Response{CSRName: csr1, Proof: proof(secret, csr.RawSubjectPublicKeyInfo, en.first.uid)})
 		return en.e.file(t, "csr-2", csrDER, ev, nil)
 	}
