@@ -1,7 +1,6 @@
 package capi
 
 import (
-	"encoding/pem"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,23 +43,6 @@ func (e *RefusedCAError) Error() string {
 }
 
 func (e *RefusedCAError) Unwrap() error { return e.Err }
-
-// caBundle returns the DER certificates of a `<cluster>-ca` Secret's
-// tls.crt, in order: the signing certificate first, then the others of the
-// bundle (a CA rotation), each of which evidence of binding v2 may name.
-func caBundle(certPEM []byte) [][]byte {
-	var out [][]byte
-	for rest := certPEM; ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			return out
-		}
-		if b.Type == "CERTIFICATE" {
-			out = append(out, b.Bytes)
-		}
-	}
-}
 
 // refuseCA stops cluster's controller, if one runs, and says why: in the
 // log and in an Event on the Cluster.

@@ -18,8 +18,9 @@ import (
 // TestReadCARefusesAMismatchedKey: a `<cluster>-ca` Secret whose key is not
 // its certificate's (a tenant publishing another cluster's CA certificate
 // with a key of its own) is refused as a *RefusedCAError, which the
-// reconciler turns into CARefused before it reads anything else; a
-// matching one yields its whole bundle, the signing certificate first.
+// reconciler turns into CARefused before it reads anything else; of a
+// matching one only the signing certificate names the cluster: another
+// cluster's CA certificate appended to tls.crt does not.
 func TestReadCARefusesAMismatchedKey(t *testing.T) {
 	victimCert, _, err := issue.NewCA("victim", time.Now(), time.Hour)
 	if err != nil {
@@ -42,14 +43,14 @@ func TestReadCARefusesAMismatchedKey(t *testing.T) {
 		t.Fatalf("ReadCA of another CA's certificate with an own key = %v, want a *RefusedCAError", err)
 	}
 
-	// A rotation: the new CA signs, the previous one is still trusted.
-	rotated := append(append([]byte(nil), ownCert...), victimCert...)
-	c = fake.NewClientBuilder().WithObjects(secret(rotated, ownKey)).Build()
+	// The victim's CA appended after the tenant's own.
+	appended := append(append([]byte(nil), ownCert...), victimCert...)
+	c = fake.NewClientBuilder().WithObjects(secret(appended, ownKey)).Build()
 	ca, err := ReadCA(context.Background(), c, nn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ca.Bundle) != 2 || !bytes.Equal(ca.Bundle[0], ca.CA.Cert.Raw) {
-		t.Fatalf("bundle of %d certificates, signing one first: %v", len(ca.Bundle), len(ca.Bundle) > 0 && bytes.Equal(ca.Bundle[0], ca.CA.Cert.Raw))
+	if len(ca.Bundle) != 1 || !bytes.Equal(ca.Bundle[0], ca.CA.Cert.Raw) {
+		t.Fatalf("the cluster is named by %d certificates (the signing one: %t), want the signing one only", len(ca.Bundle), len(ca.Bundle) > 0 && bytes.Equal(ca.Bundle[0], ca.CA.Cert.Raw))
 	}
 }

@@ -157,8 +157,11 @@ func ReadKubeconfig(ctx context.Context, r client.Reader, cluster types.Namespac
 type ClusterCA struct {
 	// CA signs the cluster's kubelet client certificates.
 	CA *issue.CA
-	// Bundle are the DER certificates of tls.crt, the signing one first:
-	// the CAs evidence of binding v2 may name.
+	// Bundle are the CAs evidence of binding v2 may name: only the
+	// signing certificate, the one whose key the controller holds. Other
+	// certificates in tls.crt are not: the Secret is tenant input, and a
+	// tenant who appended another cluster's CA certificate would make
+	// evidence copied from that cluster verify in its own.
 	Bundle [][]byte
 	// PEM is what the CA was loaded from (certificate and key).
 	PEM []byte
@@ -176,7 +179,7 @@ func ReadCA(ctx context.Context, r client.Reader, cluster types.NamespacedName) 
 	if err != nil {
 		return nil, &RefusedCAError{Secret: s.Name, Err: err}
 	}
-	return &ClusterCA{CA: ca, Bundle: caBundle(certPEM), PEM: append(append([]byte(nil), certPEM...), keyPEM...)}, nil
+	return &ClusterCA{CA: ca, Bundle: [][]byte{ca.Cert.Raw}, PEM: append(append([]byte(nil), certPEM...), keyPEM...)}, nil
 }
 
 func readSecret(ctx context.Context, r client.Reader, ns, name string) (*corev1.Secret, error) {
