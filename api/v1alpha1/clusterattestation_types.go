@@ -60,6 +60,15 @@ type ClusterAttestationSpec struct {
 	//
 	// +optional
 	ApproveKubeletServing bool `json:"approveKubeletServing,omitempty"`
+
+	// RequireClusterBinding, when true, accepts only evidence that commits
+	// to the workload cluster's CA (binding v2: TPM evidence v3, cloud
+	// evidence v2); a node that files older evidence is told the versions
+	// to use and files anew. False accepts older evidence too, for nodes
+	// not yet upgraded.
+	//
+	// +optional
+	RequireClusterBinding bool `json:"requireClusterBinding,omitempty"`
 }
 
 // PolicyDocument is one provider's policy, as its verifier reads it.

@@ -236,8 +236,11 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 					ClientOnly: []string{insecure.Name},
 					Client:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
 				}),
-				Authorized:    o.AuthorizedAttestors,
-				Policies:      policies,
+				Authorized: o.AuthorizedAttestors,
+				Policies:   policies,
+				// The cluster is the one this signer runs in: its CA
+				// names it, and no other cluster shares its challenge key.
+				ClusterCAs:    [][]byte{ca.Cert.Raw},
 				Machines:      matcher,
 				Identities:    identities,
 				ChallengeKeys: challengeKeys,

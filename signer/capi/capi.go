@@ -53,19 +53,34 @@ func ReadKubeconfig(ctx context.Context, r client.Reader, cluster types.Namespac
 	return v, nil
 }
 
-// ReadCA reads the workload cluster's CA from its `<cluster>-ca` Secret and
-// returns it with the PEM bytes it was loaded from.
-func ReadCA(ctx context.Context, r client.Reader, cluster types.NamespacedName) (*issue.CA, []byte, error) {
+// ClusterCA is a workload cluster's CA as read from its `<cluster>-ca`
+// Secret.
+type ClusterCA struct {
+	// CA signs the cluster's kubelet client certificates.
+	CA *issue.CA
+	// Bundle are the CAs evidence of binding v2 may name: only the
+	// signing certificate, the one whose key the controller holds. Other
+	// certificates in tls.crt are not: the Secret is tenant input, and a
+	// tenant who appended another cluster's CA certificate would make
+	// evidence copied from that cluster verify in its own.
+	Bundle [][]byte
+	// PEM is what the CA was loaded from (certificate and key).
+	PEM []byte
+}
+
+// ReadCA reads the workload cluster's CA from its `<cluster>-ca` Secret. A
+// Secret whose certificate and key are not one CA is a *RefusedCAError.
+func ReadCA(ctx context.Context, r client.Reader, cluster types.NamespacedName) (*ClusterCA, error) {
 	s, err := readSecret(ctx, r, cluster.Namespace, cluster.Name+CASecretSuffix)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	certPEM, keyPEM := s.Data[issue.SecretCertKey], s.Data[issue.SecretKeyKey]
 	ca, err := issue.LoadCA(certPEM, keyPEM)
 	if err != nil {
-		return nil, nil, fmt.Errorf("secret %s/%s: %w", s.Namespace, s.Name, err)
+		return nil, &RefusedCAError{Secret: s.Name, Err: err}
 	}
-	return ca, append(append([]byte(nil), certPEM...), keyPEM...), nil
+	return &ClusterCA{CA: ca, Bundle: [][]byte{ca.Cert.Raw}, PEM: append(append([]byte(nil), certPEM...), keyPEM...)}, nil
 }
 
 func readSecret(ctx context.Context, r client.Reader, ns, name string) (*corev1.Secret, error) {

@@ -36,6 +36,7 @@ const (
 var policySwitches = []policySwitch{
 	{"lockdown", AnnotationLockdown, func(s *v1alpha1.ClusterAttestationSpec) *bool { return &s.Lockdown }},
 	{"approveKubeletServing", AnnotationApproveKubeletServing, func(s *v1alpha1.ClusterAttestationSpec) *bool { return &s.ApproveKubeletServing }},
+	{"requireClusterBinding", AnnotationRequireClusterBinding, func(s *v1alpha1.ClusterAttestationSpec) *bool { return &s.RequireClusterBinding }},
 }
 
 type policySwitch struct {

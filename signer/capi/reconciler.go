@@ -324,7 +324,19 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		period = DefaultRecheckPeriod
 	}
 	var next time.Time // when the serving CAs change next
-	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	// The CA first: a Secret whose certificate its key does not prove
+	// could name another cluster's CA, which evidence is bound to.
+	ca, err := ReadCA(ctx, r.APIReader, req.NamespacedName)
+	if refused := (*RefusedCAError)(nil); errors.As(err, &refused) {
+		r.refuseCA(logger, &cluster, refused)
+		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonCARefused,
+			message: refused.Error()})
+		return reconcile.Result{RequeueAfter: period}, nil
+	}
+	var kubeconfig []byte
+	if err == nil {
+		kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	}
 	if err == nil {
 		// The kubeconfig is tenant input: checked before anything is
 		// read or connected to on its behalf.
@@ -337,12 +349,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			return reconcile.Result{RequeueAfter: period}, nil
 		}
 		if err == nil {
-			var ca *issue.CA
-			var caPEM []byte
-			ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
-			if err == nil {
-				next, err = r.ensure(ctx, logger, &cluster, policy, policyErrs, kubeconfig, cfg, ca, caPEM)
-			}
+			next, err = r.ensure(ctx, logger, &cluster, policy, policyErrs, kubeconfig, cfg, ca)
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -363,7 +370,8 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 // ensure runs a controller for cluster with this configuration, replacing
 // one with another. It returns when the serving CAs change next.
 func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy ClusterPolicy, policyErrs field.ErrorList,
-	kubeconfig []byte, cfg *rest.Config, ca *issue.CA, caPEM []byte) (time.Time, error) {
+	kubeconfig []byte, cfg *rest.Config, cca *ClusterCA) (time.Time, error) {
+	ca := cca.CA
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	authorized := policy.AuthorizedAttestors
 	servingCAs, err := r.ensureServingCA(ctx, cluster)
@@ -372,7 +380,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	}
 	next := servingCAs.NextChange
 	policyErrors := r.checkPolicy(logger, cluster, &policy, policyErrs)
-	hash, err := workloadInputs{Kubeconfig: kubeconfig, CA: caPEM, ServingCAs: servingCAs.Fingerprint(), Policy: policy.ClusterAttestationSpec}.hash()
+	hash, err := workloadInputs{Kubeconfig: kubeconfig, CA: cca.PEM, ClusterUID: string(cluster.UID), ServingCAs: servingCAs.Fingerprint(), Policy: policy.ClusterAttestationSpec}.hash()
 	if err != nil {
 		return next, err
 	}
@@ -452,12 +460,15 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Cluster: nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
-			Profiles:      profiles,
-			Authorized:    authorized,
-			Policies:      policy.Documents(),
-			Machines:      machines,
-			Identities:    r.Identities,
-			ChallengeKeys: r.ChallengeKeys,
+			Profiles:              profiles,
+			Authorized:            authorized,
+			Policies:              policy.Documents(),
+			ClusterUID:            string(cluster.UID),
+			ClusterCAs:            cca.Bundle,
+			RequireClusterBinding: policy.RequireClusterBinding,
+			Machines:              machines,
+			Identities:            r.Identities,
+			ChallengeKeys:         r.ChallengeKeys,
 		},
 		Metrics:           r.Metrics,
 		Events:            r.decisionEvents(cluster, st),
@@ -551,6 +562,7 @@ func (r *ClusterReconciler) readPolicy(ctx context.Context, cluster *clusterv1.C
 type workloadInputs struct {
 	Kubeconfig []byte
 	CA         []byte
+	ClusterUID string
 	ServingCAs string
 	Policy     v1alpha1.ClusterAttestationSpec
 }
