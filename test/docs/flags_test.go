@@ -30,13 +30,15 @@ var (
 
 // commandFlags returns the flags of c as a reader types them: --name and,
 // where there is one, -shorthand, mapped to the flag's name. help is left
-// out: every command has it.
+// out (every command has it), and so are the flags of test builds (build
+// tag testattestors), whose usage says "test builds only": the docs
+// describe the released binaries.
 func commandFlags(c *cobra.Command) map[string]string {
 	c.InitDefaultHelpFlag()
 	c.InitDefaultVersionFlag()
 	out := map[string]string{}
 	c.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" {
+		if f.Name == "help" || strings.Contains(f.Usage, "test builds only") {
 			return
 		}
 		out["--"+f.Name] = f.Name
