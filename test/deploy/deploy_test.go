@@ -33,7 +33,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -471,7 +470,7 @@ func TestRBACIsSufficient(t *testing.T) {
 		return found
 	}
 
-	bootstrap := bootstrapClient(t, wl)
+	bootstrap := wl.BootstrapClient(t)
 	sign := func(node string) {
 		t.Helper()
 		pid := "test:///" + node
@@ -644,21 +643,6 @@ func buildController(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
 	return out
-}
-
-// bootstrapClient returns a client of wl that authenticates with a new
-// bootstrap token, as a joining node does.
-func bootstrapClient(t *testing.T, wl *harness.ControlPlane) kubernetes.Interface {
-	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(t, wl.CreateBootstrapToken(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 func readFile(t *testing.T, path string) string {

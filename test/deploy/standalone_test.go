@@ -80,7 +80,7 @@ func TestStandaloneManifests(t *testing.T) {
 	log := filepath.Join(dir, "controller.log")
 	harness.StartProcess(t, "controller", log, bin, args...)
 
-	bootstrap := bootstrapClient(t, wl)
+	bootstrap := wl.BootstrapClient(t)
 	decided := func(name string) *certificatesv1.CertificateSigningRequest {
 		t.Helper()
 		var got *certificatesv1.CertificateSigningRequest

@@ -599,6 +599,21 @@ func (cp *ControlPlane) BootstrapKubeconfig(tb testing.TB, token string) string 
 	return path
 }
 
+// BootstrapClient returns a client that authenticates with a new bootstrap
+// token, as a joining node does.
+func (cp *ControlPlane) BootstrapClient(tb testing.TB) kubernetes.Interface {
+	tb.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.BootstrapKubeconfig(tb, cp.CreateBootstrapToken(tb)))
+	if err != nil {
+		tb.Fatalf("unable to load bootstrap kubeconfig: %v", err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatalf("unable to create bootstrap client: %v", err)
+	}
+	return c
+}
+
 // WhoAmI returns the user kube-apiserver authenticates client as (a SelfSubjectReview).
 func WhoAmI(ctx context.Context, client kubernetes.Interface) (authenticationv1.UserInfo, error) {
 	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})

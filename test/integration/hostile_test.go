@@ -8,19 +8,15 @@ import (
 	"testing"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/bounds"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -108,7 +104,7 @@ func TestHostileWorkloadAPIServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bootstrap := bootstrapClient(t, wl)
+	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 
 	runSigner(t, mgmt, func(o *app.Options) {
 		o.WorkloadRequestTimeout = 3 * time.Second
@@ -116,7 +112,7 @@ func TestHostileWorkloadAPIServer(t *testing.T) {
 		o.WorkloadMaxCachedCSRBytes = hostileCacheBudget
 	})
 	// Idle: serving the healthy cluster, which has joined a node.
-	hostileJoin(t, mgmt, wl, bootstrap, "idle-node")
+	e.joinMachine(t, "idle-node")
 	idle := idleHeap()
 	heap := sampleHeap(ctx, idle+hostileHeapBound)
 	t.Logf("idle heap %d MiB", idle>>20)
@@ -146,7 +142,7 @@ func TestHostileWorkloadAPIServer(t *testing.T) {
 			t.Fatalf("the heap passed %d MiB over its idle figure (%d MiB) after %d joins", hostileHeapBound>>20, idle>>20, i)
 		default:
 		}
-		hostileJoin(t, mgmt, wl, bootstrap, fmt.Sprintf("node-%d", i))
+		e.joinMachine(t, fmt.Sprintf("node-%d", i))
 	}
 	took := time.Since(start)
 	t.Logf("healthy cluster: %d joins in %s under attack (%.1f/s)", joins, took.Round(time.Millisecond), float64(joins)/took.Seconds())
@@ -214,37 +210,10 @@ func TestHostileWorkloadAPIServer(t *testing.T) {
 		})
 	}
 	// And the healthy cluster still joins after all that.
-	hostileJoin(t, mgmt, wl, bootstrap, "node-last")
+	e.joinMachine(t, "node-last")
 	peak := heap.Peak()
 	t.Logf("heap: idle %d MiB, peak %d MiB under attack (bound: idle + %d MiB)", idle>>20, peak>>20, hostileHeapBound>>20)
 	if peak > idle+hostileHeapBound {
 		t.Errorf("the heap peaked at %d MiB, more than %d MiB over its idle %d MiB", peak>>20, hostileHeapBound>>20, idle>>20)
 	}
-}
-
-// hostileJoin joins node to the healthy cluster: a Machine, a CSR, and
-// its certificate.
-func hostileJoin(t *testing.T, mgmt *harness.Management, wl *harness.ControlPlane, bootstrap kubernetes.Interface, node string) {
-	t.Helper()
-	ctx := context.Background()
-	providerID := "test:///" + node
-	mgmt.CreateMachine(t, signerNS, signerCluster, node, providerID, true)
-	req, _ := signertest.Request{NodeName: node, ProviderID: providerID}.Build(t)
-	csr := signertest.CSR(node, req)
-	csr.Spec.Username, csr.Spec.Groups = "", nil
-	if _, err := bootstrap.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
-		got, err := wl.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == certificatesv1.CertificateDenied || c.Type == certificatesv1.CertificateFailed {
-				return false, fmt.Errorf("CSR %s %s: %s: %s", node, c.Type, c.Reason, c.Message)
-			}
-		}
-		return len(got.Status.Certificate) > 0, nil
-	})
 }

@@ -49,6 +49,15 @@ func (e *signerEnv) join(t *testing.T, csrName, node, providerID string) *kubele
 	return e.kubeletClient(t, node, cert, key.(*ecdsa.PrivateKey))
 }
 
+// joinMachine creates a ready Machine for node in the test Cluster and joins
+// node as its Machine (see join).
+func (e *signerEnv) joinMachine(t *testing.T, node string) *kubelet {
+	t.Helper()
+	providerID := "test:///" + node
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, node, providerID, true)
+	return e.join(t, node, node, providerID)
+}
+
 func (e *signerEnv) kubeletClient(t *testing.T, node string, cert *x509.Certificate, key *ecdsa.PrivateKey) *kubelet {
 	t.Helper()
 	keyDER, err := x509.MarshalECPrivateKey(key)

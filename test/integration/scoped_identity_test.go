@@ -8,11 +8,9 @@ import (
 	"testing"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,7 +18,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
-	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -67,10 +64,10 @@ func TestScopedWorkloadIdentity(t *testing.T) {
 	runSigner(t, mgmt, func(o *app.Options) {
 		o.TokenLifetime, o.TokenRenewBefore = scoped.MinTokenLifetime, scoped.MinTokenLifetime-5*time.Second
 	})
-	bootstrap := bootstrapClient(t, wl)
+	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 	cluster := signerNS + "/" + signerCluster
 
-	join(t, mgmt, wl, bootstrap, "worker-0")
+	e.joinMachine(t, "worker-0")
 	firstSA, err := wl.Client.CoreV1().ServiceAccounts(sa.Namespace).Get(ctx, sa.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the controller's ServiceAccount is not installed: %v", err)
@@ -114,7 +111,7 @@ func TestScopedWorkloadIdentity(t *testing.T) {
 	if err != nil || again.UID == firstSA.UID {
 		t.Fatalf("the ServiceAccount was not installed again: %v", err)
 	}
-	join(t, mgmt, wl, bootstrap, "worker-1")
+	e.joinMachine(t, "worker-1")
 
 	// The audit log: who did what.
 	allowed := map[string]bool{} // the install: resource/namespace/name
@@ -192,31 +189,4 @@ func TestScopedWorkloadIdentity(t *testing.T) {
 	if v, ok := gauge(t, "kubelet_authenticator_signer_workload_cluster_connected", cluster); !ok || v != 0 {
 		t.Errorf("workload_cluster_connected = %v (%t), want 0 while the identity is not installed", v, ok)
 	}
-}
-
-// join files an insecure CSR for a new Machine's node as the bootstrap
-// token holder and waits until it is issued.
-func join(t *testing.T, mgmt *harness.Management, wl *harness.ControlPlane, bootstrap kubernetes.Interface, node string) {
-	t.Helper()
-	ctx := context.Background()
-	providerID := fmt.Sprintf("test:///%s", node)
-	mgmt.CreateMachine(t, signerNS, signerCluster, node, providerID, true)
-	req, _ := signertest.Request{NodeName: node, ProviderID: providerID}.Build(t)
-	csr := signertest.CSR(node, req)
-	csr.Spec.Username, csr.Spec.Groups = "", nil
-	if _, err := bootstrap.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	harness.WaitFor(t, 90*time.Second, func() (bool, error) {
-		got, err := wl.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == certificatesv1.CertificateDenied || c.Type == certificatesv1.CertificateFailed {
-				return false, fmt.Errorf("CSR %s %s: %s: %s", node, c.Type, c.Reason, c.Message)
-			}
-		}
-		return len(got.Status.Certificate) > 0, nil
-	})
 }

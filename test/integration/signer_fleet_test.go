@@ -36,7 +36,7 @@ func TestSignerManyClusters(t *testing.T) {
 			capi.AnnotationEnabled:             "true",
 			capi.AnnotationAuthorizedAttestors: "insecure",
 		})
-		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrapClient(t, wl)}
+		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 	}
 	t.Logf("4 control planes ready in %s", time.Since(start).Round(time.Millisecond))
 	runSigner(t, mgmt, func(o *app.Options) { o.ProbePeriod = time.Second })

@@ -29,7 +29,7 @@ func TestSignerFlood(t *testing.T) {
 			capi.AnnotationEnabled:             "true",
 			capi.AnnotationAuthorizedAttestors: "insecure",
 		})
-		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrapClient(t, wl)}
+		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 	}
 	runSigner(t, mgmt, nil)
 

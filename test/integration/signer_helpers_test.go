@@ -10,8 +10,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2/ktesting"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -66,22 +64,6 @@ func runOptions(t *testing.T, o interface {
 			t.Error("controller did not stop within 30s")
 		}
 	})
-}
-
-// bootstrapClient returns a client of wl authenticated by a new bootstrap
-// token.
-func bootstrapClient(t *testing.T, wl *harness.ControlPlane) kubernetes.Interface {
-	t.Helper()
-	token := wl.CreateBootstrapToken(t)
-	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(t, token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // gauge returns the value of the metric name with label cluster=cluster in

@@ -89,7 +89,7 @@ func TestSignerLockdown(t *testing.T) {
 	})
 	kubeadmAutoApprove(t, wl.Client)
 	wl.StartControllerManager(t, "csrapproving", "csrsigning")
-	bootstrap := bootstrapClient(t, wl)
+	bootstrap := wl.BootstrapClient(t)
 	// A control-plane node kubeadm joined: its kubelet holds a client
 	// certificate for its own name, and renews it itself.
 	cpCert, cpKey := wl.IssueClientCert(t, "system:node:control-plane-0", "system:nodes")

@@ -102,7 +102,7 @@ func TestSignerServing(t *testing.T) {
 		return c
 	}
 	node1, node2 := nodeClient("worker-1"), nodeClient("worker-2")
-	bootstrap := bootstrapClient(t, wl)
+	bootstrap := wl.BootstrapClient(t)
 	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
 	create := func(c kubernetes.Interface, csr *certificatesv1.CertificateSigningRequest) {
 		t.Helper()

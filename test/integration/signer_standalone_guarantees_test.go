@@ -59,7 +59,7 @@ func TestSignerStandaloneGuarantees(t *testing.T) {
 	o.NullVersions = []string{"v1"}
 	o.RevocationPeriod = time.Second
 	runOptions(t, o)
-	e := &signerEnv{wl: wl, bootstrap: bootstrapClient(t, wl)}
+	e := &signerEnv{wl: wl, bootstrap: wl.BootstrapClient(t)}
 
 	// Join once: an insecure node registers once; after its Node exists a
 	// bootstrap-token holder cannot get a fresh identity for it, and the

@@ -54,7 +54,7 @@ func TestSignerStandalone(t *testing.T) {
 	o.AuthorizedAttestors = []string{"insecure"}
 	runOptions(t, o)
 
-	e := &signerEnv{wl: wl, bootstrap: bootstrapClient(t, wl)}
+	e := &signerEnv{wl: wl, bootstrap: wl.BootstrapClient(t)}
 	build := func(node, pid string) []byte {
 		b, _ := signertest.Request{NodeName: node, ProviderID: pid}.Build(t)
 		return b

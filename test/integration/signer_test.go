@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -51,16 +50,7 @@ func startSigner(t *testing.T) *signerEnv {
 
 	runSigner(t, mgmt, nil)
 
-	token := wl.CreateBootstrapToken(t)
-	cfg, err := clientcmd.BuildConfigFromFlags("", wl.BootstrapKubeconfig(t, token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bootstrap, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
+	return &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 }
 
 // file creates a CSR as the bootstrap token user.

@@ -103,7 +103,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 		capi.AnnotationAuthorizedAttestors: "insecure",
 	})
 	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
-	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrapClient(t, wl)}
+	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 
 	// A Cluster opted in whose Secrets Cluster API has not written yet:
 	// its ClusterAttestation says what the controller waits for.

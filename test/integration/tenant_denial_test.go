@@ -50,7 +50,7 @@ func TestDenialNamesNoOtherTenant(t *testing.T) {
 		csr := signertest.CSR(node, req)
 		csr.Spec.SignerName = attestor.ClientSignerName(null.Name)
 		csr.Spec.Username, csr.Spec.Groups = "", nil
-		if _, err := bootstrapClient(t, wl).CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+		if _, err := wl.BootstrapClient(t).CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
