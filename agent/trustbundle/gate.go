@@ -38,11 +38,18 @@ func (r rejection) String(name string, maxBundles int, maxBytes int64) string {
 	return fmt.Sprintf("ClusterTrustBundle %s is over the limit of %d objects (agent.maxTrustBundles)", name, maxBundles)
 }
 
+// maxRejectedNames bounds how many kept-out objects a gate remembers by
+// name. The API server may hold any number of them; past this many, the
+// gate only counts them (gateState.unnamed), which is enough to refuse the
+// selection, and lists again when an object it cannot place is deleted.
+const maxRejectedNames = 256
+
 // gateState is what a projection's watch cache holds (admitted names) and
-// what was kept out of it.
+// what was kept out of it: by name, and past maxRejectedNames as a count.
 type gateState struct {
 	admitted map[string]bool
 	rejected map[string]rejection
+	unnamed  int
 }
 
 func newGateState() *gateState {
@@ -82,9 +89,13 @@ func newGate(maxBundles int, maxBytes int64, admit func(*clusterTrustBundle) boo
 func (g *gate) Rejections() map[string]string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make(map[string]string, len(g.cur.rejected))
+	out := make(map[string]string, len(g.cur.rejected)+1)
 	for n, r := range g.cur.rejected {
 		out[n] = r.String(n, g.maxBundles, g.maxBytes)
+	}
+	if g.cur.unnamed > 0 {
+		// Not a valid object name, so it cannot collide with one.
+		out["/unnamed"] = fmt.Sprintf("%d more ClusterTrustBundles over agent.maxTrustBundleBytes or agent.maxTrustBundles", g.cur.unnamed)
 	}
 	return out
 }
@@ -105,6 +116,14 @@ func (g *gate) check(st *gateState, o *clusterTrustBundle) string {
 func (g *gate) place(st *gateState, o *clusterTrustBundle) (admitted, changed bool) {
 	if reason := g.check(st, o); reason != "" {
 		old, had := st.rejected[o.Name]
+		if !had && len(st.rejected) >= maxRejectedNames {
+			// Counted, not remembered: the count only grows until the next
+			// list recomputes it.
+			st.unnamed++
+			delete(st.admitted, o.Name)
+			g.rejected(reason)
+			return false, st.unnamed == 1
+		}
 		r := rejection{reason: reason, size: len(o.Spec.TrustBundle), resourceVersion: o.ResourceVersion}
 		st.rejected[o.Name] = r
 		delete(st.admitted, o.Name)
@@ -129,7 +148,7 @@ func (g *gate) begin() {
 // commit makes the new state current: the store is replaced with it.
 func (g *gate) commit() {
 	g.mu.Lock()
-	changed := g.next != nil && !maps.Equal(g.next.rejected, g.cur.rejected)
+	changed := g.next != nil && (!maps.Equal(g.next.rejected, g.cur.rejected) || g.next.unnamed != g.cur.unnamed)
 	if g.next != nil {
 		g.cur, g.next = g.next, nil
 	}
@@ -220,8 +239,11 @@ func (g *gate) filterEvent(e watch.Event, initial bool) (out []watch.Event, reli
 		delete(st.rejected, o.Name)
 		delete(st.admitted, o.Name)
 		out = append(out, e)
-		relist = g.maxBundles > 0 && len(st.admitted) < g.maxBundles &&
+		tooMany := g.maxBundles > 0 && len(st.admitted) < g.maxBundles &&
 			slices.ContainsFunc(slices.Collect(maps.Values(st.rejected)), func(r rejection) bool { return r.reason == RejectedTooMany })
+		// With objects kept out unnamed, only a list can tell what remains
+		// kept out, and whether one of them now fits.
+		relist = tooMany || st.unnamed > 0
 	default:
 		out = append(out, e)
 	}

@@ -1,6 +1,7 @@
 package trustbundle
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -82,4 +83,38 @@ func eventTypes(ts []watch.EventType) []string {
 		out[i] = string(t)
 	}
 	return out
+}
+
+// TestGateRemembersBoundedNames: however many objects are kept out, the
+// gate remembers at most maxRejectedNames of them by name, still refuses
+// the selection for the rest, and lists again on a deletion to learn what
+// remains.
+func TestGateRemembersBoundedNames(t *testing.T) {
+	g := newGate(1, 100, func(*clusterTrustBundle) bool { return true }, func(string) {}, func() {})
+	const n = 4 * maxRejectedNames
+	items := []clusterTrustBundle{*ctb("ok", "1", 10)}
+	for i := range n {
+		items = append(items, *ctb(fmt.Sprintf("big-%d", i), fmt.Sprint(i+2), 101))
+	}
+	if kept := g.filterList(items, true, true); len(kept) != 1 || kept[0].Name != "ok" {
+		t.Fatalf("kept %d objects, want only ok", len(kept))
+	}
+	if named := len(g.cur.rejected); named != maxRejectedNames {
+		t.Fatalf("%d rejections remembered by name, want %d", named, maxRejectedNames)
+	}
+	r := g.Rejections()
+	if len(r) != maxRejectedNames+1 || !strings.Contains(r["/unnamed"], fmt.Sprintf("%d more", n-maxRejectedNames)) {
+		t.Fatalf("%d rejections, unnamed %q", len(r), r["/unnamed"])
+	}
+	// Any deletion while some are unnamed asks for a list.
+	if _, relist := g.filterEvent(watch.Event{Type: watch.Deleted, Object: ctb("big-3", "9999", 101)}, false); !relist {
+		t.Error("a deletion with unnamed rejections did not ask for a list")
+	}
+	// The list that follows finds them gone and forgets the count.
+	if kept := g.filterList([]clusterTrustBundle{*ctb("ok", "1", 10)}, true, true); len(kept) != 1 {
+		t.Fatalf("kept %d", len(kept))
+	}
+	if r := g.Rejections(); len(r) != 0 {
+		t.Fatalf("%d rejections remain after a clean list", len(r))
+	}
 }
