@@ -120,13 +120,13 @@ gcp:
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = o.verifiersFrom(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), sections)
+	_, _, err = o.verifiersFrom(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), sections)
 	if err == nil || !strings.Contains(err.Error(), "aws attestor: sts.tls") || !strings.Contains(err.Error(), "capi-system/sts-ca") {
 		t.Fatalf("missing ConfigMap: %v", err)
 	}
 
 	c := fake.NewClientBuilder().WithObjects(cm("capi-system", "sts-ca", a.STSCAPEM), cm("other", "jwks-ca", g.JWKSCAPEM)).Build()
-	table, err := o.verifiersFrom(ctx, c, sections)
+	table, _, err := o.verifiersFrom(ctx, c, sections)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ gcp:
 	if sections, err = o.attestorConfigSections(); err != nil {
 		t.Fatal(err)
 	}
-	table, err = o.verifiersFrom(ctx, c, sections)
+	table, _, err = o.verifiersFrom(ctx, c, sections)
 	if err != nil {
 		t.Fatal(err)
 	}
