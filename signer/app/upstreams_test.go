@@ -21,9 +21,9 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor/providers"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
+	"sigs.k8s.io/kubelet-authenticator/test/connectproxy"
 	awsemu "sigs.k8s.io/kubelet-authenticator/test/emulators/aws"
 	gcpemu "sigs.k8s.io/kubelet-authenticator/test/emulators/gcp"
-	"sigs.k8s.io/kubelet-authenticator/test/connectproxy"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
