@@ -387,17 +387,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestJWKSCARotationWithoutRestart (issue 13.7): the JWKS's CA bundle,
-// given as a file, is read again when it changes: after the upstream
-// rotates its CA and the file is updated, the next verification that must
-// fetch the JWKS succeeds with the same verifier.
+// TestJWKSCARotationWithoutRestart (issue 13.7): the verifier's JWKS client
+// follows its tlsconfig.Upstream: after the upstream rotates its CA, the
+// file is updated and the configuration set again (as the controller does
+// when it polls), the next verification that must fetch the JWKS succeeds
+// with the same verifier.
 func TestJWKSCARotationWithoutRestart(t *testing.T) {
 	f := newFixture(t)
 	caFile := filepath.Join(t.TempDir(), "jwks-ca.pem")
 	if err := os.WriteFile(caFile, f.emu.JWKSCAPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f.cfg.JWKS.TLS = &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{File: caFile}}
+	tlsCfg := &tlsconfig.Config{TrustedCA: &tlsconfig.CABundle{File: caFile}}
+	upstream, err := tlsconfig.NewUpstream(tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.JWKS.TLS = tlsCfg.WithUpstream(upstream)
 	v := f.verifier(t)
 	ctx := context.Background()
 	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
@@ -411,8 +417,10 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 	later := time.Now().Add(time.Minute)
 	v.now = func() time.Time { return later }
 	f.binding = attestortest.NewBinding(t)
-	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
-	_, err := v.Verify(ctx, f.request(f.attest(t)))
+	if _, err := upstream.Set(tlsCfg); err != nil {
+		t.Fatal(err)
+	}
+	_, err = v.Verify(ctx, f.request(f.attest(t)))
 	if err == nil {
 		t.Fatal("the rotated JWKS server was trusted before the bundle changed")
 	}
@@ -423,7 +431,9 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 	if err := os.WriteFile(caFile, newCA, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(tlsconfig.ReloadInterval + 100*time.Millisecond)
+	if changed, err := upstream.Set(tlsCfg); !changed || err != nil {
+		t.Fatalf("Set after the CA file changed = %v, %v", changed, err)
+	}
 	later = later.Add(time.Minute)
 	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
 		t.Fatalf("after the CA bundle file changed: %v", err)

@@ -33,16 +33,27 @@ type NodeEnv struct {
 
 // VerifierEnv is what the controller lends a verifier half.
 type VerifierEnv struct {
-	// ResolveTLS returns outbound TLS settings with their ConfigMap CA
-	// bundle, if any, read in. Nil leaves the settings as they are.
-	ResolveTLS func(*tlsconfig.Config) (*tlsconfig.Config, error)
+	// ResolveTLS returns the outbound settings of one upstream, named by
+	// where they sit in the controller's AttestorConfig ("aws.sts.tls"),
+	// with their ConfigMap CA bundle, if any, read in, and, in the
+	// controller, bound to a tlsconfig.Upstream it keeps current. Nil
+	// leaves the settings as they are.
+	ResolveTLS func(section string, t *tlsconfig.Config) (*tlsconfig.Config, error)
 }
 
-func (e VerifierEnv) resolveTLS(t *tlsconfig.Config) (*tlsconfig.Config, error) {
+// The sections of the controller's AttestorConfig that configure an
+// upstream.
+const (
+	AWSSTSTLS       = "aws.sts.tls"
+	AzureIssuersTLS = "azure.issuers.tls"
+	GCPJWKSTLS      = "gcp.jwks.tls"
+)
+
+func (e VerifierEnv) resolveTLS(section string, t *tlsconfig.Config) (*tlsconfig.Config, error) {
 	if e.ResolveTLS == nil {
 		return t, nil
 	}
-	return e.ResolveTLS(t)
+	return e.ResolveTLS(section, t)
 }
 
 // Descriptor describes one provider.
@@ -203,19 +214,25 @@ func tpmVerifier(c tpm.VerifierConfig, _ VerifierEnv) (attestor.Verifier, error)
 
 func awsVerifier(c aws.VerifierConfig, env VerifierEnv) (attestor.Verifier, error) {
 	var err error
-	if c.STS.TLS, err = env.resolveTLS(c.STS.TLS); err != nil {
+	if c.STS.TLS, err = env.resolveTLS(AWSSTSTLS, c.STS.TLS); err != nil {
 		return nil, fmt.Errorf("sts.tls: %w", err)
 	}
 	return aws.NewVerifier(c)
 }
 
-func azureVerifier(c azure.VerifierConfig, _ VerifierEnv) (attestor.Verifier, error) {
+func azureVerifier(c azure.VerifierConfig, env VerifierEnv) (attestor.Verifier, error) {
+	if !c.Issuers.Disabled {
+		var err error
+		if c.Issuers.TLS, err = env.resolveTLS(AzureIssuersTLS, c.Issuers.TLS); err != nil {
+			return nil, fmt.Errorf("issuers.tls: %w", err)
+		}
+	}
 	return azure.NewVerifier(c)
 }
 
 func gcpVerifier(c gcp.VerifierConfig, env VerifierEnv) (attestor.Verifier, error) {
 	var err error
-	if c.JWKS.TLS, err = env.resolveTLS(c.JWKS.TLS); err != nil {
+	if c.JWKS.TLS, err = env.resolveTLS(GCPJWKSTLS, c.JWKS.TLS); err != nil {
 		return nil, fmt.Errorf("jwks.tls: %w", err)
 	}
 	return gcp.NewVerifier(c)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/kubelet-authenticator/test/connectproxy"
 )
 
 func TestProfiles(t *testing.T) {
@@ -208,17 +211,23 @@ func TestSystemRootsChild(t *testing.T) {
 	}
 }
 
-// TestTrustedCAFileReloaded (issue 13.7): when an upstream rotates its CA
-// and the bundle file is updated, the next request trusts the new CA
-// without a new client; an unreadable or empty bundle keeps the last good
-// one.
-func TestTrustedCAFileReloaded(t *testing.T) {
-	var mu sync.Mutex
-	cert := selfSigned(t)
+// rotatingServer is an HTTPS server on 127.0.0.1 whose certificate the
+// test swaps.
+type rotatingServer struct {
+	URL  string
+	Host string // host:port
+
+	mu   sync.Mutex
+	cert tls.Certificate
+}
+
+func newRotatingServer(t *testing.T) *rotatingServer {
+	t.Helper()
+	s := &rotatingServer{cert: selfSigned(t)}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		c := cert
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		c := s.cert
 		return &c, nil
 	}})
 	if err != nil {
@@ -227,53 +236,257 @@ func TestTrustedCAFileReloaded(t *testing.T) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	url := "https://" + ln.Addr().String()
+	s.Host = ln.Addr().String()
+	s.URL = "https://" + s.Host
+	return s
+}
 
-	file := filepath.Join(t.TempDir(), "ca.pem")
-	writeCA := func(c tls.Certificate) {
-		t.Helper()
-		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600); err != nil {
-			t.Fatal(err)
-		}
+// rotate gives the server a new self-signed certificate and returns it.
+func (s *rotatingServer) rotate(t *testing.T) tls.Certificate {
+	c := selfSigned(t)
+	s.mu.Lock()
+	s.cert = c
+	s.mu.Unlock()
+	return c
+}
+
+func (s *rotatingServer) certificate() tls.Certificate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cert
+}
+
+func writeCA(t *testing.T, file string, c tls.Certificate) {
+	t.Helper()
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	writeCA(cert)
-	client, err := (&Config{TrustedCA: &CABundle{File: file}}).HTTPClient(5 * time.Second)
+}
+
+func get(client *http.Client, url string) error {
+	resp, err := client.Get(url)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err
+}
+
+// TestTrustedCAFileReloaded (issue 13.7): when an upstream rotates its CA
+// and the bundle file is updated, setting the Config again makes the same
+// client trust the new CA; an unreadable or empty bundle keeps the last good
+// one.
+func TestTrustedCAFileReloaded(t *testing.T) {
+	srv := newRotatingServer(t)
+	file := filepath.Join(t.TempDir(), "ca.pem")
+	writeCA(t, file, srv.certificate())
+	cfg := &Config{TrustedCA: &CABundle{File: file}}
+	u, err := NewUpstream(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func() error {
-		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err
+	client, err := cfg.WithUpstream(u).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := get(); err != nil {
+	if err := get(client, srv.URL); err != nil {
 		t.Fatalf("before rotation: %v", err)
 	}
+	if changed, err := u.Set(cfg); changed || err != nil {
+		t.Fatalf("Set with an unchanged file = %v, %v; want no change", changed, err)
+	}
 
-	rotated := selfSigned(t)
-	mu.Lock()
-	cert = rotated
-	mu.Unlock()
+	rotated := srv.rotate(t)
 	client.CloseIdleConnections()
-	if err := get(); err == nil {
+	if err := get(client, srv.URL); err == nil {
 		t.Fatal("the rotated server was trusted before the bundle changed")
 	}
-	writeCA(rotated)
-	time.Sleep(ReloadInterval + 100*time.Millisecond)
-	if err := get(); err != nil {
+	writeCA(t, file, rotated)
+	if changed, err := u.Set(cfg); !changed || err != nil {
+		t.Fatalf("Set after the file changed = %v, %v; want a change", changed, err)
+	}
+	if err := get(client, srv.URL); err != nil {
 		t.Fatalf("after the bundle file changed: %v", err)
 	}
 
-	// A bundle that is briefly broken (a half-written file) keeps the last
-	// good one.
+	// A bundle that is briefly broken (a half-written file) or gone keeps
+	// the last good one.
 	if err := os.WriteFile(file, []byte("not PEM"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(ReloadInterval + 100*time.Millisecond)
+	if _, err := u.Set(cfg); err == nil || !strings.Contains(err.Error(), "no PEM certificates") {
+		t.Fatalf("Set with a broken bundle = %v", err)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Set(cfg); err == nil {
+		t.Fatal("Set with a missing bundle succeeded")
+	}
 	client.CloseIdleConnections()
-	if err := get(); err != nil {
+	if err := get(client, srv.URL); err != nil {
 		t.Fatalf("a broken bundle replaced the last good one: %v", err)
+	}
+}
+
+func TestProxyValidation(t *testing.T) {
+	for _, tc := range []struct {
+		proxy string
+		want  string // "" when valid
+	}{
+		{"", ""},
+		{"none", ""},
+		{"http://proxy.example:3128", ""},
+		{"https://proxy.example", ""},
+		{"http://user:s3cret@proxy.example:3128/", ""},
+		{"http://[::1]:3128", ""},
+		{"socks5://user:s3cret@proxy.example:1080", `scheme "socks5"`},
+		{"None", `scheme ""`},
+		{"proxy.example:3128", `scheme "proxy.example"`},
+		{"http://user:s3cret@proxy.example:3128/path?q=1", "only scheme, host and port"},
+		{"http://user:s3cret@:3128", "names no host"},
+		{"http://user:s3cret@proxy.example:99999", "not 1-65535"},
+		{"http://:s3cret@proxy.example:3128", "empty user name"},
+		{"http://user:s3cret@proxy example:3128", "not a URL"},
+		{"http://user:s3cret%zz@proxy.example", "not a URL"},
+	} {
+		t.Run(tc.proxy, func(t *testing.T) {
+			err := (&Config{Proxy: tc.proxy}).Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want it to mention %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("Validate repeats the proxy password: %v", err)
+			}
+		})
+	}
+	if got := (&Config{Proxy: "http://user:s3cret@proxy.example:3128"}).ProxyString(); got != "http://REDACTED@proxy.example:3128" {
+		t.Errorf("ProxyString = %q", got)
+	}
+	for c, want := range map[*Config]string{nil: "environment", {}: "environment", {Proxy: "none"}: "none"} {
+		if got := c.ProxyString(); got != want {
+			t.Errorf("ProxyString(%+v) = %q, want %q", c, got, want)
+		}
+	}
+}
+
+// TestProxyPerUpstream: each upstream's connections go through the proxy
+// its own Config names, tunnelled with CONNECT and still verified end to end
+// against that upstream's trustedCA; "none" goes direct.
+func TestProxyPerUpstream(t *testing.T) {
+	a, b, direct := newRotatingServer(t), newRotatingServer(t), newRotatingServer(t)
+	pa, pb := connectproxy.Start(t), connectproxy.Start(t, connectproxy.WithBasicAuth("ka", "s3cret"))
+	dir := t.TempDir()
+	client := func(srv *rotatingServer, proxy string) *http.Client {
+		t.Helper()
+		file := filepath.Join(dir, strings.ReplaceAll(srv.Host, ":", "_")+".pem")
+		writeCA(t, file, srv.certificate())
+		c, err := (&Config{TrustedCA: &CABundle{File: file}, Proxy: proxy}).HTTPClient(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	withCreds := *pb.URL
+	withCreds.User = url.UserPassword("ka", "s3cret")
+	ca, cb, cd := client(a, pa.URL.String()), client(b, withCreds.String()), client(direct, ProxyNone)
+	for _, r := range []struct {
+		c   *http.Client
+		url string
+	}{{ca, a.URL}, {cb, b.URL}, {cd, direct.URL}} {
+		if err := get(r.c, r.url); err != nil {
+			t.Fatalf("%s: %v", r.url, err)
+		}
+	}
+	if pa.Tunnels(a.Host) != 1 || pa.Total() != 1 {
+		t.Errorf("proxy A opened %d tunnels to A, %d in all; want 1 and 1", pa.Tunnels(a.Host), pa.Total())
+	}
+	if pb.Tunnels(b.Host) != 1 || pb.Total() != 1 {
+		t.Errorf("proxy B opened %d tunnels to B, %d in all; want 1 and 1", pb.Tunnels(b.Host), pb.Total())
+	}
+
+	// The tunnel carries TLS end to end: through the proxy, a server whose
+	// certificate is not the upstream's trustedCA is refused.
+	a.rotate(t)
+	ca.CloseIdleConnections()
+	if err := get(ca, a.URL); err == nil {
+		t.Fatal("through the proxy, a server outside trustedCA was trusted")
+	}
+	if pa.Tunnels(a.Host) != 2 {
+		t.Errorf("proxy A opened %d tunnels to A, want 2", pa.Tunnels(a.Host))
+	}
+
+	// Wrong proxy credentials fail, and the error does not repeat them.
+	wrong := *pb.URL
+	wrong.User = url.UserPassword("ka", "wr0ng-s3cret")
+	cw := client(b, wrong.String())
+	err := get(cw, b.URL)
+	if err == nil {
+		t.Fatal("the proxy accepted wrong credentials")
+	}
+	if strings.Contains(err.Error(), "wr0ng") {
+		t.Fatalf("the error repeats the proxy password: %v", err)
+	}
+}
+
+// TestUpstreamSwitchesProxy: setting a new Config on an Upstream moves the
+// same client's new connections to the new proxy and trust anchors; an
+// invalid Config keeps the last good one working.
+func TestUpstreamSwitchesProxy(t *testing.T) {
+	srv := newRotatingServer(t)
+	p1, p2 := connectproxy.Start(t), connectproxy.Start(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "ca.pem")
+	writeCA(t, file, srv.certificate())
+	first := &Config{TrustedCA: &CABundle{File: file}, Proxy: p1.URL.String()}
+	u, err := NewUpstream(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := first.WithUpstream(u).HTTPClient(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := get(client, srv.URL); err != nil {
+		t.Fatal(err)
+	}
+
+	rotated := srv.rotate(t)
+	file2 := filepath.Join(dir, "ca2.pem")
+	writeCA(t, file2, rotated)
+	second := &Config{TrustedCA: &CABundle{File: file2}, Proxy: p2.URL.String(), SecurityProfile: &SecurityProfile{Type: ProfileModern}}
+	if changed, err := u.Set(second); !changed || err != nil {
+		t.Fatalf("Set = %v, %v", changed, err)
+	}
+	if err := get(client, srv.URL); err != nil {
+		t.Fatalf("after the switch: %v", err)
+	}
+	if p1.Total() != 1 || p2.Tunnels(srv.Host) != 1 {
+		t.Errorf("tunnels: first proxy %d, second %d; want 1 and 1", p1.Total(), p2.Tunnels(srv.Host))
+	}
+
+	for _, bad := range []*Config{
+		{Proxy: "socks5://127.0.0.1:1"},
+		{TrustedCA: &CABundle{File: filepath.Join(dir, "missing.pem")}},
+		{SecurityProfile: &SecurityProfile{Type: "Paranoid"}},
+	} {
+		if _, err := u.Set(bad); err == nil {
+			t.Fatalf("Set(%+v) succeeded", bad)
+		}
+	}
+	client.CloseIdleConnections()
+	if err := get(client, srv.URL); err != nil {
+		t.Fatalf("an invalid Config replaced the last good one: %v", err)
+	}
+	if p2.Tunnels(srv.Host) != 2 || p1.Total() != 1 {
+		t.Errorf("tunnels: first proxy %d, second %d; want 1 and 2", p1.Total(), p2.Tunnels(srv.Host))
+	}
+	if got := u.Config().Proxy; got != p2.URL.String() {
+		t.Errorf("Config().Proxy = %q", got)
 	}
 }

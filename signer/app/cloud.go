@@ -2,11 +2,15 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
@@ -78,9 +82,6 @@ func (c *AttestorConfig) Validate() error {
 		if len(c.AWS.AllowedRoles) == 0 {
 			errs = append(errs, errors.New("aws.allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. nodes.cluster-api-provider-aws.sigs.k8s.io for Cluster API Provider AWS"))
 		}
-		if err := c.AWS.STS.TLS.Validate(); err != nil {
-			errs = append(errs, prefixed("aws.sts.tls", err)...)
-		}
 	}
 	if c.Azure != nil {
 		if len(c.Azure.Subscriptions) == 0 {
@@ -91,11 +92,47 @@ func (c *AttestorConfig) Validate() error {
 		if len(c.GCP.Projects) == 0 {
 			errs = append(errs, errors.New("gcp.projects: at least one project ID is required"))
 		}
-		if err := c.GCP.JWKS.TLS.Validate(); err != nil {
-			errs = append(errs, prefixed("gcp.jwks.tls", err)...)
+	}
+	for _, section := range slices.Sorted(maps.Keys(c.tlsFields())) {
+		if err := (*c.tlsFields()[section]).Validate(); err != nil {
+			errs = append(errs, prefixed(section, err)...)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// tlsFields returns the outbound settings of every upstream of the
+// providers c has a section for, by section name (providers.AWSSTSTLS...):
+// where to read them, and where to clear them.
+func (c *AttestorConfig) tlsFields() map[string]**tlsconfig.Config {
+	out := map[string]**tlsconfig.Config{}
+	if c.AWS != nil {
+		out[providers.AWSSTSTLS] = &c.AWS.STS.TLS
+	}
+	if c.Azure != nil {
+		out[providers.AzureIssuersTLS] = &c.Azure.Issuers.TLS
+	}
+	if c.GCP != nil {
+		out[providers.GCPJWKSTLS] = &c.GCP.JWKS.TLS
+	}
+	return out
+}
+
+// withoutTLS returns c without its tls blocks, serialized: what a change
+// of which needs a restart.
+func (c *AttestorConfig) withoutTLS() ([]byte, error) {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	var cp AttestorConfig
+	if err := json.Unmarshal(data, &cp); err != nil {
+		return nil, err
+	}
+	for _, f := range cp.tlsFields() {
+		*f = nil
+	}
+	return json.Marshal(&cp)
 }
 
 // cloudOptions is the --attestor-config flag and what it loaded.
@@ -103,18 +140,29 @@ type cloudOptions struct {
 	// AttestorConfigFile is the path of an AttestorConfig; empty serves no
 	// cloud attestor.
 	AttestorConfigFile string
+	// UpstreamReloadInterval is how often the outbound settings of the
+	// cloud attestors' upstreams are read again (upstreams.go); 0 never.
+	UpstreamReloadInterval time.Duration
 
 	attestorConfig *AttestorConfig
 }
 
+// DefaultUpstreamReloadInterval is --upstream-reload-interval's default.
+const DefaultUpstreamReloadInterval = 10 * time.Second
+
 func (o *cloudOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.AttestorConfigFile, "attestor-config", o.AttestorConfigFile,
 		"YAML file (kind "+AttestorConfigKind+") configuring the cloud attestors: aws, azure and gcp sections, each with its allowlist, trusted roots and outbound TLS. A provider without a section is not served.")
+	fs.DurationVar(&o.UpstreamReloadInterval, "upstream-reload-interval", o.UpstreamReloadInterval,
+		"How often the tls blocks of --attestor-config (proxy, securityProfile, trustedCA) and the trustedCA files and ConfigMaps they name are read again; a change applies to new connections without a restart, an invalid one keeps the last good settings. 0 reads them only at start.")
 }
 
 // validate loads the file and reports its problems, prefixed with the flag.
 func (o *cloudOptions) validate() []error {
 	o.attestorConfig = nil
+	if o.UpstreamReloadInterval < 0 || (o.UpstreamReloadInterval > 0 && o.UpstreamReloadInterval < time.Second) {
+		return []error{fmt.Errorf("--upstream-reload-interval %s must be 0 or at least 1s", o.UpstreamReloadInterval)}
+	}
 	if o.AttestorConfigFile == "" {
 		return nil
 	}
@@ -159,7 +207,7 @@ func (o *Options) attestorConfigSections() (map[string]any, error) {
 }
 
 // resolveTLS returns a copy of t whose ConfigMap CA bundle, if any, is read
-// into TrustedCA.PEM.
+// into TrustedCA.PEM (a trustedCA file is read by tlsconfig.Upstream.Set).
 func (o *Options) resolveTLS(ctx context.Context, c client.Client, t *tlsconfig.Config) (*tlsconfig.Config, error) {
 	if t == nil || t.TrustedCA == nil || t.TrustedCA.ConfigMap == nil {
 		return t, nil

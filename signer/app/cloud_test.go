@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,15 +122,20 @@ gcp:
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = o.verifiersFrom(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), sections)
+	_, _, err = o.verifiersFrom(ctx, fake.NewClientBuilder().WithObjects(cm("other", "jwks-ca", g.JWKSCAPEM)).Build(), sections)
 	if err == nil || !strings.Contains(err.Error(), "aws attestor: sts.tls") || !strings.Contains(err.Error(), "capi-system/sts-ca") {
 		t.Fatalf("missing ConfigMap: %v", err)
 	}
 
 	c := fake.NewClientBuilder().WithObjects(cm("capi-system", "sts-ca", a.STSCAPEM), cm("other", "jwks-ca", g.JWKSCAPEM)).Build()
-	table, err := o.verifiersFrom(ctx, c, sections)
+	table, live, err := o.verifiersFrom(ctx, c, sections)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every upstream a verifier reaches is one the reload finds in the
+	// file (upstreams.go), under the same name.
+	if got, want := slices.Sorted(maps.Keys(live.live)), slices.Sorted(maps.Keys(o.attestorConfig.tlsFields())); !slices.Equal(got, want) {
+		t.Errorf("live upstreams %v, tls blocks of the file %v", got, want)
 	}
 	if _, ok := table[aws.Name].(*aws.Verifier); !ok {
 		t.Error("no aws verifier")
@@ -148,7 +155,7 @@ gcp:
 	if sections, err = o.attestorConfigSections(); err != nil {
 		t.Fatal(err)
 	}
-	table, err = o.verifiersFrom(ctx, c, sections)
+	table, _, err = o.verifiersFrom(ctx, c, sections)
 	if err != nil {
 		t.Fatal(err)
 	}

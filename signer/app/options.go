@@ -81,19 +81,29 @@ func (o *Options) Verifiers(ctx context.Context, c client.Client) (map[string]at
 	for name, cfg := range o.testVerifierConfigs() { // null, in test builds only (testattestors_*.go)
 		configs[name] = cfg
 	}
-	table, err := o.verifiersFrom(ctx, c, configs)
+	table, live, err := o.verifiersFrom(ctx, c, configs)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := o.keepUpstreamsCurrent(ctx, c, live); err != nil { // upstreams.go
 		return nil, nil, err
 	}
 	return table, key, nil
 }
 
 // verifiersFrom builds the verifier of every provider in the table that
-// needs no configuration or has one in configs. ConfigMap CA bundles of
-// outbound TLS settings are read through c, from the controller's
-// namespace unless the reference names one.
-func (o *Options) verifiersFrom(ctx context.Context, c client.Client, configs map[string]any) (map[string]attestor.Verifier, error) {
-	env := providers.VerifierEnv{ResolveTLS: func(t *tlsconfig.Config) (*tlsconfig.Config, error) { return o.resolveTLS(ctx, c, t) }}
+// needs no configuration or has one in configs, and returns the upstreams
+// their clients follow. ConfigMap CA bundles of outbound TLS settings are
+// read through c, from the controller's namespace unless the reference
+// names one.
+func (o *Options) verifiersFrom(ctx context.Context, c client.Client, configs map[string]any) (map[string]attestor.Verifier, *upstreams, error) {
+	live, err := o.newUpstreams()
+	if err != nil {
+		return nil, nil, err
+	}
+	env := providers.VerifierEnv{ResolveTLS: func(section string, t *tlsconfig.Config) (*tlsconfig.Config, error) {
+		return live.add(section, func() (*tlsconfig.Config, error) { return o.resolveTLS(ctx, c, t) })
+	}}
 	table := map[string]attestor.Verifier{}
 	var errs []error
 	for _, d := range providers.All() {
@@ -108,7 +118,7 @@ func (o *Options) verifiersFrom(ctx context.Context, c client.Client, configs ma
 		}
 		table[d.Name] = v
 	}
-	return table, errors.Join(errs...)
+	return table, live, errors.Join(errs...)
 }
 
 // Options are the controller's settings.
@@ -185,6 +195,7 @@ func NewOptions() *Options {
 		ClusterRecheckPeriod:         5 * time.Minute,
 		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL, KeyRotationInterval: challengekey.DefaultRotationInterval},
 		boundsOptions:                defaultBoundsOptions(),
+		cloudOptions:                 cloudOptions{UpstreamReloadInterval: DefaultUpstreamReloadInterval},
 	}
 }
 
