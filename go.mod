@@ -3,6 +3,7 @@ module sigs.k8s.io/kubelet-authenticator
 go 1.26.0
 
 require (
+	github.com/KimMachineGun/automemlimit v1.0.1
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/go-jose/go-jose/v4 v4.1.8
 	github.com/go-json-experiment/json v1.27.2
@@ -38,7 +39,6 @@ require (
 
 require (
 	cel.dev/expr v0.25.1 // indirect
-	github.com/KimMachineGun/automemlimit v1.0.1 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
