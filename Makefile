@@ -101,7 +101,7 @@ test-unit: ## Run the tests that need no control plane
 demo: ## Start a management and a workload cluster and show a node attest, get its certificate and talk as itself (ATTESTOR=tpm|aws|azure|gcp|insecure, default tpm)
 	@bin_dir="$(k8s_only_bin)"; test -x "$$bin_dir/kube-apiserver" || { echo "no Kubernetes binaries"; exit 1; }; \
 	mkdir -p $(BIN) && $(GO) test -c -tags '$(TEST_TAGS)' -o $(BIN)/demo ./test/demo && \
-	KA_K8S_BIN="$$bin_dir" KA_DEMO=1 KA_DEMO_ATTESTOR='$(ATTESTOR)' $(BIN)/demo -test.run '^TestDemo$$' -test.timeout 10m
+	KA_K8S_BIN="$$bin_dir" KA_DEMO=1 KA_DEMO_ATTESTOR='$(ATTESTOR)' $(BIN)/demo -test.run '^TestDemo$$' -test.timeout 30m
 
 .PHONY: bench
 bench: ## Benchmarks: exec plugin cached path against the floor; the limiter behind kubelet bootstrap's 400 ms; cold path of every attestor against kubelet's TLS bootstrap, spaced and back to back, interleaved
