@@ -31,14 +31,10 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// ReasonUnsupportedEvidenceVersion is the denial reason after which the node
-// re-files in a version the signer supports.
-const ReasonUnsupportedEvidenceVersion = attestor.ReasonUnsupportedEvidenceVersion
-
 // Denial reasons of a challenge that was not answered in time (a node
 // that was down, slow or cut off between the two rounds), after which the
 // node files anew, with a new key, once in the same call.
-var challengeLostReasons = []string{"ChallengeExpired"}
+var challengeLostReasons = []string{attestor.ReasonChallengeExpired}
 
 // Source obtains credentials.
 type Source struct {
@@ -83,7 +79,7 @@ func (s *Source) Cached() (*cache.Credential, bool) {
 // forThisNode reports whether cred was issued for the configured node name
 // (the configuration may have changed since).
 func (s *Source) forThisNode(cred *cache.Credential) bool {
-	return cred.Leaf.Subject.CommonName == "system:node:"+s.Config.NodeName
+	return cred.Leaf.Subject.CommonName == attestor.NodeUserPrefix+s.Config.NodeName
 }
 
 // Get returns a credential kubelet can use now, and the time until which it
@@ -288,7 +284,7 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version, ClusterCA: clusterCA}
 		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, r, req)
 		var denied *csr.DeniedError
-		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
+		if errors.As(err, &denied) && denied.Reason == attestor.ReasonUnsupportedEvidenceVersion { // re-file in a version the signer supports
 			tried[version] = true
 			next, supported, ok := s.nextVersion(ctx, client, denied.Name, tried)
 			if ok {

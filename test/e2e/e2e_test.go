@@ -72,7 +72,7 @@ func nodeCSRs(t *testing.T, env *scenario.Env, node string) []certificatesv1.Cer
 	var out []certificatesv1.CertificateSigningRequest
 	for _, c := range list.Items {
 		r, err := attestor.ParseRequest(c.Spec.Request)
-		if err == nil && r.CSR.Subject.CommonName == "system:node:"+node {
+		if err == nil && r.CSR.Subject.CommonName == attestor.NodeUserPrefix+node {
 			out = append(out, c)
 		}
 	}
@@ -104,7 +104,7 @@ func TestEndToEnd(t *testing.T) {
 		if c.Spec.SignerName != attestor.ClientSignerName("insecure") {
 			t.Fatalf("signer %q", c.Spec.SignerName)
 		}
-		if !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+		if !strings.HasPrefix(c.Spec.Username, attestor.BootstrapUserPrefix) {
 			t.Fatalf("CSR filed by %q, want the bootstrap token", c.Spec.Username)
 		}
 		// The issued certificate chains to the cluster CA and carries the
