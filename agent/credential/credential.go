@@ -19,6 +19,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -615,11 +616,10 @@ func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([
 	if apiVersion == "" {
 		apiVersion = "client.authentication.k8s.io/v1"
 	}
-	out, err := json.Marshal(execCredential{
-		APIVersion: apiVersion,
-		Kind:       "ExecCredential",
-		Status: execCredentialStatus{
-			ExpirationTimestamp:   expires.UTC().Format(time.RFC3339),
+	out, err := json.Marshal(clientauthv1.ExecCredential{
+		TypeMeta: metav1.TypeMeta{APIVersion: apiVersion, Kind: "ExecCredential"},
+		Status: &clientauthv1.ExecCredentialStatus{
+			ExpirationTimestamp:   &metav1.Time{Time: expires},
 			ClientCertificateData: string(certPEM),
 			ClientKeyData:         string(keyPEM),
 		},
@@ -628,18 +628,4 @@ func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([
 		return nil, err
 	}
 	return append(out, '\n'), nil
-}
-
-// execCredential is what the plugin prints: the status part of
-// client.authentication.k8s.io ExecCredential, the same in v1 and v1beta1.
-type execCredential struct {
-	APIVersion string               `json:"apiVersion"`
-	Kind       string               `json:"kind"`
-	Status     execCredentialStatus `json:"status"`
-}
-
-type execCredentialStatus struct {
-	ExpirationTimestamp   string `json:"expirationTimestamp"`
-	ClientCertificateData string `json:"clientCertificateData"`
-	ClientKeyData         string `json:"clientKeyData"`
 }
