@@ -290,3 +290,14 @@ func Encode(version string, doc any) (*Attestation, error) {
 	}
 	return &Attestation{Evidence: b, Version: version}, nil
 }
+
+// The identities of the CSR's subject and of its requester, as
+// kube-apiserver names them: a node's client certificate says
+// CN=NodeUserPrefix+<node name>, O=NodesGroup; a bootstrap token
+// authenticates as BootstrapUserPrefix+<token id> in BootstrappersGroup.
+const (
+	NodeUserPrefix      = "system:node:"
+	NodesGroup          = "system:nodes"
+	BootstrapUserPrefix = "system:bootstrap:"
+	BootstrappersGroup  = "system:bootstrappers"
+)

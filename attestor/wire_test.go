@@ -20,7 +20,7 @@ func testCSR(t testing.TB, exts ...pkix.Extension) []byte {
 		t.Fatal(err)
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject:         pkix.Name{CommonName: "system:node:n1", Organization: []string{"system:nodes"}},
+		Subject:         pkix.Name{CommonName: "system:node:n1", Organization: []string{NodesGroup}},
 		ExtraExtensions: exts,
 	}, key)
 	if err != nil {

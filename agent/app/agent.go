@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	goflag "flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -19,6 +20,7 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
@@ -122,49 +124,15 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 	if err != nil {
 		return err
 	}
-	m := metrics.New()
-	a := &agent{metrics: m, log: logger, started: time.Now()}
+	a := &agent{metrics: metrics.New(), log: logger, started: time.Now()}
 
+	// The metrics server and the watchdog outlive reloads and stop last.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	srvCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
-	// Socket activation (kubelet-authenticator-metrics.socket) wins over
-	// agent.metricsBindAddress: systemd bound the address before any
-	// local user could. The environment is read once, before any reload.
-	activated, err := activation.Listeners()
-	if err != nil {
-		logger.Error(err, "unable to use the sockets systemd passed; falling back to agent.metricsBindAddress")
-	}
-	activated = slices.DeleteFunc(activated, func(l net.Listener) bool { return l == nil })
-	if addr := cfg.Agent.MetricsBindAddress; len(activated) > 0 || addr != "0" {
-		if len(activated) > 0 && o.flags.Changed("metrics-bind-address") {
-			logger.Info("serving on the sockets systemd passed; --metrics-bind-address is not used", "metricsBindAddress", addr)
-		}
-		srv := &metrics.Server{
-			Handler:     m.Handler(a.healthz),
-			Activated:   activated,
-			BindAddress: addr,
-			OnState:     a.listenerState,
-		}
-		wg.Go(func() { srv.Run(srvCtx) })
-	}
-	if interval, err := sddaemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
-		wg.Go(func() {
-			t := time.NewTicker(interval / 2)
-			defer t.Stop()
-			for {
-				select {
-				case <-srvCtx.Done():
-					return
-				case <-t.C:
-					if a.healthz() == nil {
-						notify("WATCHDOG=1")
-					}
-				}
-			}
-		})
-	}
+	activated := a.serveMetrics(srvCtx, &wg, o, cfg)
+	a.watchdog(srvCtx, &wg)
 
 	for {
 		genCtx, cancel := context.WithCancel(ctx)
@@ -173,30 +141,93 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 			defer close(done)
 			a.run(genCtx, cfg, att)
 		}()
-	wait:
-		select {
-		case <-ctx.Done():
+		newCfg, newAtt, reload := a.nextConfig(ctx, o, hup, cfg, activated)
+		if !reload {
 			notify("STOPPING=1")
 			logger.Info("stopping")
 			cancel()
 			<-done
 			logger.Info("stopped")
 			return nil
-		case <-hup:
-			newCfg, newAtt, err := o.load()
-			if err != nil {
-				logger.Error(err, "not reloading: the new configuration is invalid; keeping the running one")
-				goto wait
-			}
-			if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress && len(activated) == 0 {
-				logger.Info("agent.metricsBindAddress changes take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
-			}
-			notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
-			logger.Info("reloading configuration")
-			cancel()
-			<-done
-			cfg, att = newCfg, newAtt
 		}
+		notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+		logger.Info("reloading configuration")
+		cancel()
+		<-done
+		cfg, att = newCfg, newAtt
+	}
+}
+
+// serveMetrics starts the metrics and health server, on the sockets
+// systemd passed (kubelet-authenticator-metrics.socket) or else on
+// agent.metricsBindAddress, and returns the sockets systemd passed.
+// Socket activation wins: systemd bound the address before any local user
+// could. The environment is read once, before any reload.
+func (a *agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup, o *agentOptions, cfg *config.NodeConfig) []net.Listener {
+	activated, err := activation.Listeners()
+	if err != nil {
+		a.log.Error(err, "unable to use the sockets systemd passed; falling back to agent.metricsBindAddress")
+	}
+	activated = slices.DeleteFunc(activated, func(l net.Listener) bool { return l == nil })
+	addr := cfg.Agent.MetricsBindAddress
+	if len(activated) == 0 && addr == "0" {
+		return activated
+	}
+	if len(activated) > 0 && o.flags.Changed("metrics-bind-address") {
+		a.log.Info("serving on the sockets systemd passed; --metrics-bind-address is not used", "metricsBindAddress", addr)
+	}
+	srv := &metrics.Server{
+		Handler:     a.metrics.Handler(a.healthz),
+		Activated:   activated,
+		BindAddress: addr,
+		OnState:     a.listenerState,
+	}
+	wg.Go(func() { srv.Run(ctx) })
+	return activated
+}
+
+// watchdog pings systemd's watchdog at half its interval while the agent
+// is healthy, when the unit asks for one (WatchdogSec=).
+func (a *agent) watchdog(ctx context.Context, wg *sync.WaitGroup) {
+	interval, err := sddaemon.SdWatchdogEnabled(false)
+	if err != nil || interval <= 0 {
+		return
+	}
+	wg.Go(func() {
+		t := time.NewTicker(interval / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if a.healthz() == nil {
+					notify("WATCHDOG=1")
+				}
+			}
+		}
+	})
+}
+
+// nextConfig waits for SIGHUP and a valid configuration to reload (true),
+// or for ctx to end (false). An invalid configuration is logged and the
+// running one kept.
+func (a *agent) nextConfig(ctx context.Context, o *agentOptions, hup <-chan os.Signal, cfg *config.NodeConfig, activated []net.Listener) (*config.NodeConfig, attestor.Attestor, bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, nil, false
+		case <-hup:
+		}
+		newCfg, newAtt, err := o.load()
+		if err != nil {
+			a.log.Error(err, "not reloading: the new configuration is invalid; keeping the running one")
+			continue
+		}
+		if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress && len(activated) == 0 {
+			a.log.Info("agent.metricsBindAddress changes take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
+		}
+		return newCfg, newAtt, true
 	}
 }
 
@@ -311,7 +342,6 @@ func (a *agent) sdStatus(cert string) {
 }
 
 func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.Attestor) {
-	log := a.log
 	rec := status.NewRecorder(cfg.CacheDir)
 	a.mu.Lock()
 	a.recorder, a.bundles, a.serving = rec, map[string]trustbundle.Status{}, ""
@@ -331,26 +361,72 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			a.record(func(s *status.State) { s.Attestation = status.NewResult(time.Now().Add(-d), d, err) })
 		}),
 		Logf: func(format string, args ...any) {
-			log.Info(fmt.Sprintf(format, args...), "component", "credential")
+			a.log.Info(fmt.Sprintf(format, args...), "component", "credential")
 		},
 	}
 	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-	certLine := "no client certificate yet"
-	var certMu sync.Mutex
-	setCertLine := func(s string) {
-		certMu.Lock()
-		certLine = s
-		certMu.Unlock()
-		a.sdStatus(s)
-	}
-	getCertLine := func() string {
-		certMu.Lock()
-		defer certMu.Unlock()
-		return certLine
-	}
+	line := &certLine{text: "no client certificate yet", onSet: a.sdStatus}
 	haveCert := make(chan struct{})
+	ren := a.clientRenewal(cfg, src, dialer, line, haveCert)
+	a.mu.Lock()
+	a.renewal, a.beatLimit = ren, 2*daemon.Heartbeat+cfg.RequestTimeout.Duration
+	a.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := ren.Run(ctx); err != nil {
+			a.log.Error(err, "renewal loop stopped")
+		}
+	})
+	// Serving certificates and trust bundles are asked for with the client
+	// certificate: they start once there is one.
+	afterCert := func(f func()) {
+		wg.Go(func() {
+			select {
+			case <-ctx.Done():
+			case <-haveCert:
+				f()
+			}
+		})
+	}
+	if cfg.Serving.Enabled {
+		afterCert(func() { a.runServing(ctx, cfg, src) })
+	}
+	if len(cfg.TrustBundles) > 0 {
+		afterCert(func() { a.projectTrustBundles(ctx, cfg, dialer, line) })
+	}
+	wg.Wait()
+}
+
+// certLine is the one-line state of the client certificate that systemd's
+// STATUS= and the trust bundles' status show.
+type certLine struct {
+	mu    sync.Mutex
+	text  string
+	onSet func(string)
+}
+
+func (l *certLine) set(s string) {
+	l.mu.Lock()
+	l.text = s
+	l.mu.Unlock()
+	l.onSet(s)
+}
+
+func (l *certLine) get() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.text
+}
+
+// clientRenewal is the client certificate's renewal loop: it closes
+// haveCert once there is a certificate, closes every connection after a
+// renewal so that new ones present the new certificate, and tells systemd
+// the agent is ready once it holds a usable certificate.
+func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, dialer *connrotation.Dialer, line *certLine, haveCert chan struct{}) *daemon.Renewal {
 	var haveCertOnce sync.Once
-	ren := &daemon.Renewal{
+	renewalState := func(s *status.State) *status.RenewalState { return &s.Renewal }
+	return &daemon.Renewal{
 		Renewer:      src,
 		Load:         cache.Dir{Path: cfg.CacheDir}.Load,
 		NodeName:     cfg.NodeName,
@@ -360,26 +436,21 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		OnSchedule: func(cert *x509.Certificate, next time.Time) {
 			if cert != nil {
 				haveCertOnce.Do(func() { close(haveCert) })
-				setCertLine(fmt.Sprintf("certificate valid until %s, renewal at %s", cert.NotAfter.UTC().Format(time.RFC3339), next.UTC().Format(time.RFC3339)))
+				line.set(fmt.Sprintf("certificate valid until %s, renewal at %s", cert.NotAfter.UTC().Format(time.RFC3339), next.UTC().Format(time.RFC3339)))
 			}
-			a.record(func(s *status.State) { s.Renewal.NextAttempt = next })
+			a.record(func(s *status.State) { renewalState(s).NextAttempt = next })
 		},
 		OnAttempt: func(at daemon.Attempt) {
-			res := status.NewResult(at.Start, at.Duration, at.Err)
+			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
-				log.Error(at.Err, "client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
-				a.record(func(s *status.State) {
-					s.Renewal.Last, s.Renewal.ConsecutiveFailures, s.Renewal.NextAttempt = res, at.ConsecutiveFailures, at.NextAttempt
-				})
-				setCertLine(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
+				a.log.Error(at.Err, "client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				line.set(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
 			// New connections present the new certificate at once.
 			dialer.CloseAll()
-			log.Info("renewed the client certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339), "took", at.Duration.Round(time.Millisecond))
-			a.record(func(s *status.State) {
-				s.Renewal.Last, s.Renewal.LastSuccess, s.Renewal.ConsecutiveFailures = res, at.Start, 0
-			})
+			a.log.Info("renewed the client certificate", "serial", at.Certificate.SerialNumber.Text(16),
+				"notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339), "took", at.Duration.Round(time.Millisecond))
 		},
 		// Until it holds a usable certificate the agent is starting: each
 		// wake-up of a live loop extends systemd's start timeout by as much
@@ -392,67 +463,60 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		},
 		OnReady: func() {
 			notify("READY=1")
-			a.sdStatus(getCertLine())
-			log.Info("ready")
+			a.sdStatus(line.get())
+			a.log.Info("ready")
 		},
 	}
-	a.mu.Lock()
-	a.renewal, a.beatLimit = ren, 2*daemon.Heartbeat+cfg.RequestTimeout.Duration
-	a.mu.Unlock()
+}
 
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := ren.Run(ctx); err != nil {
-			log.Error(err, "renewal loop stopped")
+// recordAttempt records a renewal attempt's result in the loop's state
+// (which returns it from the whole state).
+func (a *agent) recordAttempt(which func(*status.State) *status.RenewalState, at daemon.Attempt) {
+	res := status.NewResult(at.Start, at.Duration, at.Err)
+	a.record(func(s *status.State) {
+		r := which(s)
+		r.Last = res
+		if at.Err != nil {
+			r.ConsecutiveFailures, r.NextAttempt = at.ConsecutiveFailures, at.NextAttempt
+			return
 		}
+		r.LastSuccess, r.ConsecutiveFailures = at.Start, 0
 	})
-	if cfg.Serving.Enabled {
-		wg.Go(func() {
-			select {
-			case <-ctx.Done():
-				return
-			case <-haveCert:
-			}
-			a.runServing(ctx, cfg, src)
-		})
+}
+
+// projectTrustBundles keeps the configured trust bundle projections
+// current, as the node, once it can build the node's client
+// configuration (retried with backoff up to agent.renewalRetryMax).
+func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig, dialer *connrotation.Dialer, line *certLine) {
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: max(time.Second, cfg.Agent.RenewalRetryMax.Duration), Steps: math.MaxInt32}
+	var restCfg *rest.Config
+	for {
+		var err error
+		if restCfg, err = nodeRESTConfig(cfg, dialer); err == nil {
+			break
+		}
+		retry := backoff.Step()
+		a.log.Error(err, "unable to project trust bundles yet", "retryIn", retry)
+		for _, pr := range cfg.TrustBundles {
+			a.metrics.Stale(pr.Key(), true)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
 	}
-	if len(cfg.TrustBundles) > 0 {
-		wg.Go(func() {
-			select {
-			case <-ctx.Done():
-				return
-			case <-haveCert:
-			}
-			var restCfg *rest.Config
-			for wait := time.Second; ; wait = max(time.Second, min(2*wait, cfg.Agent.RenewalRetryMax.Duration)) {
-				var err error
-				if restCfg, err = nodeRESTConfig(cfg, dialer); err == nil {
-					break
-				}
-				log.Error(err, "unable to project trust bundles yet", "retryIn", wait)
-				for _, pr := range cfg.TrustBundles {
-					a.metrics.Stale(pr.Key(), true)
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
-			}
-			mgr := &trustbundle.Manager{
-				Config:      restCfg,
-				Projections: cfg.TrustBundles,
-				MaxBundles:  cfg.Agent.MaxTrustBundles,
-				MaxBytes:    cfg.Agent.MaxTrustBundleBytes,
-				Metrics:     a.metrics,
-				OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, getCertLine()) },
-			}
-			if err := mgr.Run(ctx); err != nil {
-				log.Error(err, "trust bundle projection stopped")
-			}
-		})
+	mgr := &trustbundle.Manager{
+		Config:      restCfg,
+		Projections: cfg.TrustBundles,
+		MaxBundles:  cfg.Agent.MaxTrustBundles,
+		MaxBytes:    cfg.Agent.MaxTrustBundleBytes,
+		Metrics:     a.metrics,
+		OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, line.get()) },
 	}
-	wg.Wait()
+	if err := mgr.Run(ctx); err != nil {
+		a.log.Error(err, "trust bundle projection stopped")
+	}
 }
 
 // runServing keeps kubelet's serving certificate (serving.enabled) with the
@@ -472,6 +536,7 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 	} else {
 		log.Info("keeping kubelet's serving certificate", "dnsNames", dnsNames, "ipAddresses", ips)
 	}
+	renewalState := func(s *status.State) *status.RenewalState { return &s.ServingRenewal }
 	ren := &daemon.Renewal{
 		Renewer:      mgr,
 		Load:         mgr.Load,
@@ -487,23 +552,17 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 			if cert != nil {
 				setLine(fmt.Sprintf("serving certificate valid until %s", cert.NotAfter.UTC().Format(time.RFC3339)))
 			}
-			a.record(func(s *status.State) { s.ServingRenewal.NextAttempt = next })
+			a.record(func(s *status.State) { renewalState(s).NextAttempt = next })
 		},
 		OnAttempt: func(at daemon.Attempt) {
-			res := status.NewResult(at.Start, at.Duration, at.Err)
+			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
 				log.Error(at.Err, "serving certificate renewal failed; kubelet keeps serving the installed one", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
 				setLine(fmt.Sprintf("serving renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
-				a.record(func(s *status.State) {
-					s.ServingRenewal.Last, s.ServingRenewal.ConsecutiveFailures, s.ServingRenewal.NextAttempt = res, at.ConsecutiveFailures, at.NextAttempt
-				})
 				return
 			}
 			log.Info("installed a new kubelet serving certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
 				"dnsNames", at.Certificate.DNSNames, "ipAddresses", at.Certificate.IPAddresses, "took", at.Duration.Round(time.Millisecond))
-			a.record(func(s *status.State) {
-				s.ServingRenewal.Last, s.ServingRenewal.LastSuccess, s.ServingRenewal.ConsecutiveFailures = res, at.Start, 0
-			})
 		},
 	}
 	if err := ren.Run(ctx); err != nil {

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/kube"
 	"sigs.k8s.io/kubelet-authenticator/agent/status"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // freshNode writes a node config for the insecure attestor whose cache
@@ -41,7 +42,7 @@ func freshNode(t *testing.T, extra string) (cfgPath, cacheDir string) {
 	cacheDir = filepath.Join(dir, "cache")
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "system:node:n1", Organization: []string{"system:nodes"}},
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "system:node:n1", Organization: []string{attestor.NodesGroup}},
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour)}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/gofrs/flock"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 const (
@@ -103,7 +104,7 @@ func (d Dir) Load() (*Credential, error) {
 	if err != nil {
 		return nil, err
 	}
-	if "system:node:"+h.Node != cred.Leaf.Subject.CommonName {
+	if attestor.NodeUserPrefix+h.Node != cred.Leaf.Subject.CommonName {
 		return nil, fmt.Errorf("cached credential header names node %q but the certificate %q", h.Node, cred.Leaf.Subject.CommonName)
 	}
 	return cred, nil
@@ -162,7 +163,7 @@ func (d Dir) Store(certPEM, keyPEM []byte) error {
 	if err != nil {
 		return fmt.Errorf("refusing to store credential: %w", err)
 	}
-	node, ok := strings.CutPrefix(cred.Leaf.Subject.CommonName, "system:node:")
+	node, ok := strings.CutPrefix(cred.Leaf.Subject.CommonName, attestor.NodeUserPrefix)
 	if !ok || node == "" || strings.ContainsAny(node, " \t\n") {
 		return fmt.Errorf("refusing to store credential for %q: not a node certificate", cred.Leaf.Subject.CommonName)
 	}

@@ -19,6 +19,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -31,14 +32,10 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// ReasonUnsupportedEvidenceVersion is the denial reason after which the node
-// re-files in a version the signer supports.
-const ReasonUnsupportedEvidenceVersion = attestor.ReasonUnsupportedEvidenceVersion
-
 // Denial reasons of a challenge that was not answered in time (a node
 // that was down, slow or cut off between the two rounds), after which the
 // node files anew, with a new key, once in the same call.
-var challengeLostReasons = []string{"ChallengeExpired"}
+var challengeLostReasons = []string{attestor.ReasonChallengeExpired}
 
 // Source obtains credentials.
 type Source struct {
@@ -83,7 +80,7 @@ func (s *Source) Cached() (*cache.Credential, bool) {
 // forThisNode reports whether cred was issued for the configured node name
 // (the configuration may have changed since).
 func (s *Source) forThisNode(cred *cache.Credential) bool {
-	return cred.Leaf.Subject.CommonName == "system:node:"+s.Config.NodeName
+	return cred.Leaf.Subject.CommonName == attestor.NodeUserPrefix+s.Config.NodeName
 }
 
 // Get returns a credential kubelet can use now, and the time until which it
@@ -288,7 +285,7 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version, ClusterCA: clusterCA}
 		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, r, req)
 		var denied *csr.DeniedError
-		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
+		if errors.As(err, &denied) && denied.Reason == attestor.ReasonUnsupportedEvidenceVersion { // re-file in a version the signer supports
 			tried[version] = true
 			next, supported, ok := s.nextVersion(ctx, client, denied.Name, tried)
 			if ok {
@@ -328,6 +325,8 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	provider := cfg.Attestor
 	start := time.Now()
 	since := func() time.Duration { return time.Since(start).Round(100 * time.Microsecond) }
+	j := &filing{client: client, pkcs10: pkcs10, provider: provider, expiration: expiration, r: r}
+
 	// The CSR's name follows from the key and the evidence version (the
 	// requested one, else the attestor's newest): the watch on it opens,
 	// and with it the connection to the API server, while the attestor
@@ -340,41 +339,34 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	ahead := client.WatchAhead(ctx, name)
-	defer ahead.Stop()
-	att, err := s.Attestor.Attest(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("attestation failed: %w", err)
-	}
-	s.logf("attested with %s in %s", provider, since())
-	if att.Version != version {
-		version = att.Version
-		if name, err = csr.Name(r.SignerName, cfg.NodeName, key, version, "1"); err != nil {
-			return nil, err
-		}
-	}
-	request, err := attestor.EncodeRequest(pkcs10, provider, att.Evidence)
-	if err != nil {
-		return nil, err
-	}
-	ahead.Connected(ctx)
-	obj, err := client.Create(ctx, csr.ObjectWithUsages(name, r.SignerName, r.Usages, request, expiration, att.Annotations))
-	if err != nil {
-		return nil, err
-	}
-	s.logf("filed certificate signing request %s (signer %s, evidence %s %s) at +%s", name, r.SignerName, provider, version, since())
 	responder, _ := s.Attestor.(attestor.Responder)
 	var challenge *attestor.Challenge
-	obj, err = client.WaitAhead(ctx, ahead, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
-		cert, err := csr.Outcome(o)
-		if err != nil || cert != nil {
-			return true, err
-		}
-		if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
-			challenge = &attestor.Challenge{CSRName: o.Name, CSRUID: string(o.UID), Data: []byte(ch)}
-			return true, nil
-		}
-		return false, nil
+	obj, err := j.round(ctx, round{
+		name: name,
+		produce: func() (*attestor.Attestation, string, error) {
+			att, err := s.Attestor.Attest(ctx, req)
+			if err != nil {
+				return nil, "", fmt.Errorf("attestation failed: %w", err)
+			}
+			s.logf("attested with %s in %s", provider, since())
+			if att.Version != version {
+				version = att.Version
+				if name, err = csr.Name(r.SignerName, cfg.NodeName, key, version, "1"); err != nil {
+					return nil, "", err
+				}
+			}
+			return att, name, nil
+		},
+		filed: func() {
+			s.logf("filed certificate signing request %s (signer %s, evidence %s %s) at +%s", name, r.SignerName, provider, version, since())
+		},
+		done: func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+			if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
+				challenge = &attestor.Challenge{CSRName: o.Name, CSRUID: string(o.UID), Data: []byte(ch)}
+				return true, nil
+			}
+			return false, nil
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -384,7 +376,6 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 		return csr.Outcome(obj)
 	}
 	s.logf("challenged on %s at +%s", name, since())
-	ahead.Stop()
 
 	// Second round: answer the challenge in a new CSR over the same key,
 	// watched from before the answer is worked out.
@@ -392,31 +383,80 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 	if err != nil {
 		return nil, err
 	}
-	ahead2 := client.WatchAhead(ctx, name2)
-	defer ahead2.Stop()
-	answer, err := responder.Respond(ctx, req, challenge)
-	if err != nil {
-		return nil, fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
-	}
-	s.logf("answered the challenge at +%s", since())
-	request2, err := attestor.EncodeRequest(pkcs10, provider, answer.Evidence)
-	if err != nil {
-		return nil, err
-	}
-	obj2, err := client.Create(ctx, csr.ObjectWithUsages(name2, r.SignerName, r.Usages, request2, expiration, answer.Annotations))
-	if err != nil {
-		return nil, err
-	}
-	s.logf("answered the challenge on %s with certificate signing request %s at +%s", name, name2, since())
-	obj, err = client.WaitAhead(ctx, ahead2, obj2, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
-		cert, err := csr.Outcome(o)
-		return err != nil || cert != nil, err
+	obj, err = j.round(ctx, round{
+		name: name2,
+		produce: func() (*attestor.Attestation, string, error) {
+			answer, err := responder.Respond(ctx, req, challenge)
+			if err != nil {
+				return nil, "", fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
+			}
+			s.logf("answered the challenge at +%s", since())
+			return answer, name2, nil
+		},
+		filed: func() {
+			s.logf("answered the challenge on %s with certificate signing request %s at +%s", name, name2, since())
+		},
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.logf("%s decided at +%s", name2, since())
 	return csr.Outcome(obj)
+}
+
+// filing is what every round of one join shares.
+type filing struct {
+	client     *csr.Client
+	pkcs10     []byte
+	provider   string
+	expiration *int32
+	r          *Request
+}
+
+// round is one CSR of a join.
+type round struct {
+	// name is the CSR's name as known before its evidence is: its watch
+	// opens while produce works.
+	name string
+	// produce makes the evidence and returns the CSR's name, which the
+	// evidence's version may have changed.
+	produce func() (*attestor.Attestation, string, error)
+	// filed is called once the CSR exists.
+	filed func()
+	// done says, besides an outcome (a certificate, a denial), when to
+	// stop waiting; nil waits for the outcome.
+	done func(*certificatesv1.CertificateSigningRequest) (bool, error)
+}
+
+// round files one CSR and waits until it has an outcome or rd.done says
+// to stop.
+func (j *filing) round(ctx context.Context, rd round) (*certificatesv1.CertificateSigningRequest, error) {
+	ahead := j.client.WatchAhead(ctx, rd.name)
+	defer ahead.Stop()
+	att, name, err := rd.produce()
+	if err != nil {
+		return nil, err
+	}
+	request, err := attestor.EncodeRequest(j.pkcs10, j.provider, att.Evidence)
+	if err != nil {
+		return nil, err
+	}
+	ahead.Connected(ctx)
+	obj, err := j.client.Create(ctx, csr.ObjectWithUsages(name, j.r.SignerName, j.r.Usages, request, j.expiration, att.Annotations))
+	if err != nil {
+		return nil, err
+	}
+	rd.filed()
+	return j.client.WaitAhead(ctx, ahead, obj, func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
+		cert, err := csr.Outcome(o)
+		if err != nil || cert != nil {
+			return true, err
+		}
+		if rd.done != nil {
+			return rd.done(o)
+		}
+		return false, nil
+	})
 }
 
 // nextVersion picks the newest evidence version both the attestor and the
@@ -619,11 +659,10 @@ func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([
 	if apiVersion == "" {
 		apiVersion = "client.authentication.k8s.io/v1"
 	}
-	out, err := json.Marshal(execCredential{
-		APIVersion: apiVersion,
-		Kind:       "ExecCredential",
-		Status: execCredentialStatus{
-			ExpirationTimestamp:   expires.UTC().Format(time.RFC3339),
+	out, err := json.Marshal(clientauthv1.ExecCredential{
+		TypeMeta: metav1.TypeMeta{APIVersion: apiVersion, Kind: "ExecCredential"},
+		Status: &clientauthv1.ExecCredentialStatus{
+			ExpirationTimestamp:   &metav1.Time{Time: expires},
 			ClientCertificateData: string(certPEM),
 			ClientKeyData:         string(keyPEM),
 		},
@@ -632,18 +671,4 @@ func MarshalPEM(apiVersion string, certPEM, keyPEM []byte, expires time.Time) ([
 		return nil, err
 	}
 	return append(out, '\n'), nil
-}
-
-// execCredential is what the plugin prints: the status part of
-// client.authentication.k8s.io ExecCredential, the same in v1 and v1beta1.
-type execCredential struct {
-	APIVersion string               `json:"apiVersion"`
-	Kind       string               `json:"kind"`
-	Status     execCredentialStatus `json:"status"`
-}
-
-type execCredentialStatus struct {
-	ExpirationTimestamp   string `json:"expirationTimestamp"`
-	ClientCertificateData string `json:"clientCertificateData"`
-	ClientKeyData         string `json:"clientKeyData"`
 }

@@ -244,7 +244,7 @@ func TestVersionNegotiation(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !slices.Contains(supported, ev.Version) {
-			return decision{deny: ReasonUnsupportedEvidenceVersion, annotations: map[string]string{attestor.AnnotationSupportedVersions: strings.Join(supported, ",")}}
+			return decision{deny: attestor.ReasonUnsupportedEvidenceVersion, annotations: map[string]string{attestor.AnnotationSupportedVersions: strings.Join(supported, ",")}}
 		}
 		return decision{sign: true}
 	})
@@ -253,7 +253,7 @@ func TestVersionNegotiation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cred.Leaf.Subject.CommonName != "system:node:"+testNode {
+	if cred.Leaf.Subject.CommonName != attestor.NodeUserPrefix+testNode {
 		t.Fatalf("certificate for %q", cred.Leaf.Subject.CommonName)
 	}
 	if want := []string{"", "v2"}; !slices.Equal(a.asked, want) {
@@ -360,7 +360,7 @@ func TestFailedRenewalKeepsCertificate(t *testing.T) {
 			}
 			now := time.Now()
 			certPEM := signFor(t, cp, &x509.CertificateRequest{
-				Subject:   pkix.Name{CommonName: "system:node:" + testNode, Organization: []string{"system:nodes"}},
+				Subject:   pkix.Name{CommonName: attestor.NodeUserPrefix + testNode, Organization: []string{attestor.NodesGroup}},
 				PublicKey: key.Public(),
 			}, now.Add(-9*time.Hour), now.Add(time.Hour))
 			der, _ := x509.MarshalPKCS8PrivateKey(key)

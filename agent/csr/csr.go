@@ -87,8 +87,8 @@ func request(key *ecdsa.PrivateKey, nodeName, providerID string, dnsNames []stri
 	}
 	tmpl := &x509.CertificateRequest{
 		Subject: pkix.Name{
-			CommonName:   "system:node:" + nodeName,
-			Organization: []string{"system:nodes"},
+			CommonName:   attestor.NodeUserPrefix + nodeName,
+			Organization: []string{attestor.NodesGroup},
 		},
 		DNSNames:        dnsNames,
 		IPAddresses:     ips,

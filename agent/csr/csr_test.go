@@ -31,7 +31,7 @@ func TestServingRequestPassesTheSignersRules(t *testing.T) {
 	}
 	signer := attestor.ServingSignerName("tpm")
 	obj := ObjectWithUsages("x", signer, ServingUsages, request, nil, nil)
-	obj.Spec.Username, obj.Spec.Groups = "system:node:n1", []string{"system:nodes", "system:authenticated"}
+	obj.Spec.Username, obj.Spec.Groups = "system:node:n1", []string{attestor.NodesGroup, "system:authenticated"}
 	got, err := checks.Check(obj, checks.Rules{Kind: checks.Serving, Attested: true, Provider: "tpm"})
 	if err != nil {
 		t.Fatalf("the signer's serving rules refuse the agent's request: %v", err)
@@ -56,7 +56,7 @@ func TestServingRequestPassesTheSignersRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	cobj := Object("y", attestor.ClientSignerName("tpm"), creq, nil, nil)
-	cobj.Spec.Username, cobj.Spec.Groups = "system:node:n1", []string{"system:nodes"}
+	cobj.Spec.Username, cobj.Spec.Groups = "system:node:n1", []string{attestor.NodesGroup}
 	if _, err := checks.Check(cobj, checks.Rules{Kind: checks.Client, Attested: true, Provider: "tpm"}); err != nil {
 		t.Fatalf("the signer's client rules refuse the agent's client request: %v", err)
 	}

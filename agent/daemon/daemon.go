@@ -25,6 +25,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // Heartbeat is the longest the loop sleeps without looking at the cache
@@ -160,7 +161,7 @@ func (r *Renewal) Run(ctx context.Context) error {
 		r.beat.Store(now.UnixNano())
 		cred, err := r.Load()
 		var cert *x509.Certificate
-		if err == nil && cred.Leaf.Subject.CommonName == "system:node:"+r.NodeName {
+		if err == nil && cred.Leaf.Subject.CommonName == attestor.NodeUserPrefix+r.NodeName {
 			cert = cred.Leaf
 		}
 		if cert != nil && r.Metrics.CertificateExpiration != nil {

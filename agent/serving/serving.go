@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
 	"sigs.k8s.io/kubelet-authenticator/agent/rotation"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // PendingKeyFile, in the cache directory, keeps the key of a serving CSR in
@@ -119,7 +120,7 @@ func Load(path, nodeName string) (*cache.Credential, error) {
 }
 
 func check(c *x509.Certificate, nodeName string) error {
-	if c.Subject.CommonName != "system:node:"+nodeName {
+	if c.Subject.CommonName != attestor.NodeUserPrefix+nodeName {
 		return fmt.Errorf("it is for %q, not system:node:%s", c.Subject.CommonName, nodeName)
 	}
 	if !slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
@@ -173,7 +174,7 @@ func (m *Manager) Renew(ctx context.Context) (*cache.Credential, time.Time, erro
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("no client certificate to request the serving certificate with: %w", err)
 	}
-	if client.Leaf.Subject.CommonName != "system:node:"+cfg.NodeName || !rotation.Usable(client.Leaf, m.now()) {
+	if client.Leaf.Subject.CommonName != attestor.NodeUserPrefix+cfg.NodeName || !rotation.Usable(client.Leaf, m.now()) {
 		return nil, time.Time{}, fmt.Errorf("the client certificate (%s, valid until %s) is not usable for node %s; the serving certificate is requested by the node itself",
 			client.Leaf.Subject.CommonName, client.Leaf.NotAfter.UTC().Format(time.RFC3339), cfg.NodeName)
 	}

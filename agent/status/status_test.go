@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -25,7 +26,7 @@ func TestCollect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{"system:nodes"}})
+	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{attestor.NodesGroup}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestCollectServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{"system:nodes"},
+	certPEM, keyPEM, err := ca.Issue(harness.CertSpec{CommonName: "system:node:n1", Organization: []string{attestor.NodesGroup},
 		DNSNames: []string{"n1"}, IPs: []net.IP{net.ParseIP("10.0.0.5")}, Server: true})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -36,7 +37,7 @@ func TestProjectionAgainstAPIServer(t *testing.T) {
 	ctx := context.Background()
 	ctbs := cp.Client.CertificatesV1beta1().ClusterTrustBundles()
 
-	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:node-1", "system:nodes")
+	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:node-1", attestor.NodesGroup)
 	nodeCfg := cp.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 
 	gvr, err := Discover(ctx, nodeCfg)
@@ -241,7 +242,7 @@ func TestOversizedBundlesNeverCached(t *testing.T) {
 	cp := harness.StartControlPlane(t, "ctbcap")
 	ctx := context.Background()
 	ctbs := cp.Client.CertificatesV1beta1().ClusterTrustBundles()
-	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:node-1", "system:nodes")
+	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:node-1", attestor.NodesGroup)
 	nodeCfg := cp.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 	gvr, err := Discover(ctx, nodeCfg)
 	if err != nil {

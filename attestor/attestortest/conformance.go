@@ -321,7 +321,7 @@ func (s *suite) refile(tb testing.TB, evidence attestor.Evidence, key crypto.Sig
 		tb.Fatal(err)
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject:         pkix.Name{CommonName: "system:node:" + s.p.NodeName, Organization: []string{"system:nodes"}},
+		Subject:         pkix.Name{CommonName: attestor.NodeUserPrefix + s.p.NodeName, Organization: []string{attestor.NodesGroup}},
 		ExtraExtensions: []pkix.Extension{ext},
 	}, key)
 	if err != nil {

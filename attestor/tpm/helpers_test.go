@@ -54,7 +54,7 @@ func csrFor(t testing.TB, key *ecdsa.PrivateKey, node, providerID string) ([]byt
 		t.Fatal(err)
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject:         pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+		Subject:         pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup}},
 		ExtraExtensions: []pkix.Extension{ext},
 	}, key)
 	if err != nil {
@@ -131,7 +131,7 @@ func (e *engine) request(f *filed) *attestor.VerifyRequest {
 		Version:            f.parsed.Version,
 		Binding:            attestor.Binding(f.parsed.CSR.RawSubjectPublicKeyInfo),
 		CSR:                f.parsed.CSR,
-		NodeName:           strings.TrimPrefix(f.parsed.CSR.Subject.CommonName, "system:node:"),
+		NodeName:           strings.TrimPrefix(f.parsed.CSR.Subject.CommonName, attestor.NodeUserPrefix),
 		ProviderID:         pid,
 		UID:                f.uid,
 		Annotations:        f.annotations,

@@ -30,12 +30,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// Identity prefixes and groups of the requesters the signer accepts.
 const (
-	NodeUserPrefix       = "system:node:"
-	NodesGroup           = "system:nodes"
-	BootstrapUserPrefix  = "system:bootstrap:"
-	BootstrappersGroup   = "system:bootstrappers"
 	MinRSABits           = 2048
 	MaxRSABits           = 8192
 	maxProviderIDLength  = 512 // Machine spec.providerID's limit
@@ -120,21 +115,21 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	// node itself. Which node is compared with the subject below.
 	requesterNode, renewal := "", false
 	switch {
-	case r.Kind == Client && strings.HasPrefix(spec.Username, BootstrapUserPrefix):
-		id := strings.TrimPrefix(spec.Username, BootstrapUserPrefix)
-		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, BootstrappersGroup) {
-			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, BootstrappersGroup))
+	case r.Kind == Client && strings.HasPrefix(spec.Username, attestor.BootstrapUserPrefix):
+		id := strings.TrimPrefix(spec.Username, attestor.BootstrapUserPrefix)
+		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, attestor.BootstrappersGroup) {
+			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, attestor.BootstrappersGroup))
 		}
-	case strings.HasPrefix(spec.Username, NodeUserPrefix):
-		requesterNode = strings.TrimPrefix(spec.Username, NodeUserPrefix)
+	case strings.HasPrefix(spec.Username, attestor.NodeUserPrefix):
+		requesterNode = strings.TrimPrefix(spec.Username, attestor.NodeUserPrefix)
 		renewal = true
-		if !slices.Contains(spec.Groups, NodesGroup) {
-			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, NodesGroup))
+		if !slices.Contains(spec.Groups, attestor.NodesGroup) {
+			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, attestor.NodesGroup))
 		}
 	case r.Kind == Client:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, BootstrapUserPrefix, NodeUserPrefix))
+		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, attestor.BootstrapUserPrefix, attestor.NodeUserPrefix))
 	default:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, NodeUserPrefix))
+		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, attestor.NodeUserPrefix))
 	}
 
 	// The annotations the signer reads are bounded as spec.request is: the
@@ -340,7 +335,7 @@ func RequestedNodeName(request []byte) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	return strings.CutPrefix(x.Subject.CommonName, NodeUserPrefix)
+	return strings.CutPrefix(x.Subject.CommonName, attestor.NodeUserPrefix)
 }
 
 // parsePlain parses spec.request of a kubernetes.io signer: one PKCS#10
@@ -366,16 +361,16 @@ func parsePlain(b []byte) (*x509.CertificateRequest, error) {
 func checkSubject(x *x509.CertificateRequest) (string, []*attestor.DenyError) {
 	var fails []*attestor.DenyError
 	cn := x.Subject.CommonName
-	name, ok := strings.CutPrefix(cn, NodeUserPrefix)
+	name, ok := strings.CutPrefix(cn, attestor.NodeUserPrefix)
 	if !ok {
-		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject CN %q must be %s<node name>", cn, NodeUserPrefix))
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject CN %q must be %s<node name>", cn, attestor.NodeUserPrefix))
 		name = ""
 	} else if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "node name %q in the subject CN is not a valid node name: %s", name, strings.Join(errs, "; ")))
 		name = ""
 	}
-	if !slices.Equal(x.Subject.Organization, []string{NodesGroup}) {
-		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject O %q must be exactly [%q]", x.Subject.Organization, NodesGroup))
+	if !slices.Equal(x.Subject.Organization, []string{attestor.NodesGroup}) {
+		fails = append(fails, failf(attestor.ReasonSubjectMismatch, "subject O %q must be exactly [%q]", x.Subject.Organization, attestor.NodesGroup))
 	}
 	// Every attribute of the subject, whatever Go's parser knows about:
 	// exactly one CN and one O.

@@ -79,8 +79,8 @@ func TestCheck(t *testing.T) {
 	}{
 		{name: "good bootstrap", req: good},
 		{name: "good renewal", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
-			c.Spec.Username = "system:node:" + node
-			c.Spec.Groups = []string{"system:nodes", "system:authenticated"}
+			c.Spec.Username = attestor.NodeUserPrefix + node
+			c.Spec.Groups = []string{attestor.NodesGroup, "system:authenticated"}
 		}},
 		{name: "good RSA with key encipherment", req: signertest.Request{NodeName: node, ProviderID: pid, Key: bigRSA},
 			mutate: func(c *certificatesv1.CertificateSigningRequest) {
@@ -104,24 +104,24 @@ func TestCheck(t *testing.T) {
 		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 		{name: "node renewing another node", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
 			c.Spec.Username = "system:node:control-plane-0"
-			c.Spec.Groups = []string{"system:nodes"}
+			c.Spec.Groups = []string{attestor.NodesGroup}
 		}, reasons: []string{attestor.ReasonRequesterMismatch}},
 		{name: "node outside system:nodes", req: good, mutate: func(c *certificatesv1.CertificateSigningRequest) {
-			c.Spec.Username = "system:node:" + node
+			c.Spec.Username = attestor.NodeUserPrefix + node
 			c.Spec.Groups = []string{"system:authenticated"}
 		}, reasons: []string{attestor.ReasonRequesterNotAllowed}},
 
-		{name: "CN without system:node prefix", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: node, Organization: []string{"system:nodes"}}},
+		{name: "CN without system:node prefix", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: node, Organization: []string{attestor.NodesGroup}}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
 		{name: "CN with an invalid node name", req: signertest.Request{NodeName: "Worker_0", ProviderID: pid},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
-		{name: "O missing", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node}},
+		{name: "O missing", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: attestor.NodeUserPrefix + node}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
-		{name: "extra O system:masters", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes", "system:masters"}}},
+		{name: "extra O system:masters", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup, "system:masters"}}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
-		{name: "OU in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}, OrganizationalUnit: []string{"x"}}},
+		{name: "OU in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup}, OrganizationalUnit: []string{"x"}}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
-		{name: "unknown attribute in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"},
+		{name: "unknown attribute in subject", req: signertest.Request{ProviderID: pid, Subject: &pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup},
 			ExtraNames: []pkix.AttributeTypeAndValue{{Type: asn1.ObjectIdentifier{0, 9, 2342, 19200300, 100, 1, 1}, Value: "uid"}}}},
 			reasons: []string{attestor.ReasonSubjectMismatch}},
 

@@ -20,7 +20,7 @@ func FuzzCheck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, request []byte, username, usage string) {
 		csr := signertest.CSR("fuzz", request)
 		csr.Spec.Username = username
-		csr.Spec.Groups = []string{"system:bootstrappers", "system:nodes"}
+		csr.Spec.Groups = []string{attestor.BootstrappersGroup, attestor.NodesGroup}
 		csr.Spec.Usages = append(csr.Spec.Usages, certificatesv1.KeyUsage(usage))
 		got, err := Check(csr, Rules{Kind: Client, Attested: true, Provider: "insecure"})
 		if err != nil {

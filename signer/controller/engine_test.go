@@ -206,12 +206,12 @@ func (r *rig) fileWith(name string, req signertest.Request, ev challengeEvidence
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			SignerName: r.signer,
 			Username:   "system:bootstrap:abcdef",
-			Groups:     []string{"system:bootstrappers", "system:authenticated"},
+			Groups:     []string{attestor.BootstrappersGroup, "system:authenticated"},
 			Usages:     signertest.ClientUsages,
 		},
 	}
 	if r.kind == "serving" {
-		csr.Spec.Username, csr.Spec.Groups = "system:node:node-1", []string{"system:nodes", "system:authenticated"}
+		csr.Spec.Username, csr.Spec.Groups = "system:node:node-1", []string{attestor.NodesGroup, "system:authenticated"}
 		csr.Spec.Usages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
 		req.DNSNames = []string{"node-1.example"}
 	}
@@ -442,7 +442,7 @@ func TestServingRules(t *testing.T) {
 	t.Run("bootstrap requester", func(t *testing.T) {
 		r := newRig(t, true)
 		r.fileWith("serving", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid}, func(c *certificatesv1.CertificateSigningRequest) {
-			c.Spec.Username, c.Spec.Groups = "system:bootstrap:abcdef", []string{"system:bootstrappers"}
+			c.Spec.Username, c.Spec.Groups = "system:bootstrap:abcdef", []string{attestor.BootstrappersGroup}
 		})
 		if _, err := r.sync("serving"); err != nil {
 			t.Fatal(err)
@@ -515,7 +515,7 @@ func TestInsecureJoinsOnce(t *testing.T) {
 				t.Errorf("bootstrap token for a joined node: %s, want Denied/%s", got, attestor.ReasonNodeAlreadyJoined)
 			}
 			r.fileWith("renewal", req, challengeEvidence{Version: "v1", ProviderID: pid}, func(c *certificatesv1.CertificateSigningRequest) {
-				c.Spec.Username, c.Spec.Groups = "system:node:node-1", []string{"system:nodes"}
+				c.Spec.Username, c.Spec.Groups = "system:node:node-1", []string{attestor.NodesGroup}
 			})
 			if _, err := r.sync("renewal"); err != nil {
 				t.Fatal(err)
@@ -862,7 +862,7 @@ func TestPendingBoundInCluster(t *testing.T) {
 		at := metav1.NewTime(base.Add(time.Duration(i) * time.Second))
 		r.fileWith(name, signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid},
 			func(c *certificatesv1.CertificateSigningRequest) {
-				c.Spec.Username = "system:bootstrap:" + strings.Repeat(name, 6) // three requesters
+				c.Spec.Username = attestor.BootstrapUserPrefix + strings.Repeat(name, 6) // three requesters
 				c.CreationTimestamp = at
 			})
 		r.cached(filed...)

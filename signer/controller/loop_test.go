@@ -57,7 +57,7 @@ func TestForgetUnread(t *testing.T) {
 			},
 			Spec: certificatesv1.CertificateSigningRequestSpec{
 				SignerName: attestor.ClientSignerName("fake"), Username: "system:bootstrap:abcdef", UID: "user-uid",
-				Groups: []string{"system:bootstrappers"}, Usages: signertest.ClientUsages, Request: req,
+				Groups: []string{attestor.BootstrappersGroup}, Usages: signertest.ClientUsages, Request: req,
 			},
 		}
 		hugeMetadata(csr)

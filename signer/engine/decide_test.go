@@ -264,8 +264,8 @@ func servingRequest(r *signertest.Request) { r.DNSNames = []string{testNode} }
 // fromNode makes the request the node's own (serving certificates are
 // asked for by the node's identity only).
 func fromNode(c *certificatesv1.CertificateSigningRequest) {
-	c.Spec.Username = "system:node:" + testNode
-	c.Spec.Groups = []string{"system:nodes", "system:authenticated"}
+	c.Spec.Username = attestor.NodeUserPrefix + testNode
+	c.Spec.Groups = []string{attestor.NodesGroup, "system:authenticated"}
 }
 
 // kubeletServingPEM keeps only the PKCS#10 block of spec.request: kubelet's

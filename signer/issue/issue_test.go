@@ -111,7 +111,7 @@ func csrFor(t *testing.T, providerID string) *x509.CertificateRequest {
 	}
 	bc, _ := asn1.Marshal(struct{ IsCA bool }{true})
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject:  pkix.Name{CommonName: "system:node:worker-0", Organization: []string{"system:nodes"}},
+		Subject:  pkix.Name{CommonName: "system:node:worker-0", Organization: []string{attestor.NodesGroup}},
 		DNSNames: []string{"evil.example"},
 		ExtraExtensions: []pkix.Extension{ext,
 			{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Critical: true, Value: bc},
@@ -156,7 +156,7 @@ func TestSign(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("issued certificate does not chain to the CA: %v", err)
 	}
-	if cert.Subject.CommonName != "system:node:worker-0" || len(cert.Subject.Organization) != 1 || cert.Subject.Organization[0] != "system:nodes" {
+	if cert.Subject.CommonName != "system:node:worker-0" || len(cert.Subject.Organization) != 1 || cert.Subject.Organization[0] != attestor.NodesGroup {
 		t.Errorf("subject = %v", cert.Subject)
 	}
 	if cert.IsCA || !cert.BasicConstraintsValid {

@@ -36,6 +36,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // Names of what lockdown disarms and keeps.
@@ -71,10 +73,10 @@ func Offending(b *rbacv1.ClusterRoleBinding) bool {
 	return slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
 		switch s.Kind {
 		case rbacv1.GroupKind:
-			return s.Name == "system:nodes" || s.Name == "system:bootstrappers" || strings.HasPrefix(s.Name, "system:bootstrappers:") ||
+			return s.Name == attestor.NodesGroup || s.Name == attestor.BootstrappersGroup || strings.HasPrefix(s.Name, "system:bootstrappers:") ||
 				s.Name == "system:authenticated" || s.Name == "system:unauthenticated"
 		case rbacv1.UserKind:
-			return strings.HasPrefix(s.Name, "system:node:") || strings.HasPrefix(s.Name, "system:bootstrap:")
+			return strings.HasPrefix(s.Name, attestor.NodeUserPrefix) || strings.HasPrefix(s.Name, attestor.BootstrapUserPrefix)
 		}
 		return false
 	})

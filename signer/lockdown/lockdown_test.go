@@ -9,6 +9,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 func binding(name, role string, subjects ...rbacv1.Subject) *rbacv1.ClusterRoleBinding {
@@ -39,8 +41,8 @@ func TestEnforceAndRestore(t *testing.T) {
 	bootstrappers := group("system:bootstrappers:kubeadm:default-node-token")
 	client := fake.NewClientset(
 		binding(KubeadmAutoApproveBootstrap, NodeClientRole, bootstrappers),
-		binding(KubeadmAutoApproveRotation, SelfNodeClientRole, group("system:nodes")),
-		binding("custom-autoapprove", NodeClientRole, group("system:bootstrappers")),
+		binding(KubeadmAutoApproveRotation, SelfNodeClientRole, group(attestor.NodesGroup)),
+		binding("custom-autoapprove", NodeClientRole, group(attestor.BootstrappersGroup)),
 		binding("anyone-autoapprove", NodeClientRole, group("system:authenticated")),
 		binding("node-user-renewal", SelfNodeClientRole, rbacv1.Subject{Kind: rbacv1.UserKind, Name: "system:node:worker-0"}),
 		binding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", bootstrappers),
@@ -100,7 +102,7 @@ func TestEnforceAndRestore(t *testing.T) {
 func TestRestoreOnlyWhatEnforceDisarms(t *testing.T) {
 	ctx := context.Background()
 	planted := binding("planted", "cluster-admin")
-	planted.Annotations = map[string]string{AnnotationSubjects: `[{"kind":"Group","name":"system:bootstrappers"}]`}
+	planted.Annotations = map[string]string{AnnotationSubjects: `[{"kind":"Group","name":attestor.BootstrappersGroup}]`}
 	broken := binding("a-broken", NodeClientRole)
 	broken.Annotations = map[string]string{AnnotationSubjects: `not json`}
 	client := fake.NewClientset(planted, broken, binding(KubeadmAutoApproveBootstrap, NodeClientRole, group("system:bootstrappers:kubeadm:default-node-token")))

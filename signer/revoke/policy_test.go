@@ -17,6 +17,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -29,7 +30,7 @@ type node struct {
 
 func newNode(t *testing.T, cp *harness.ControlPlane, name string) *node {
 	t.Helper()
-	certPEM, keyPEM := cp.IssueClientCert(t, "system:node:"+name, "system:nodes")
+	certPEM, keyPEM := cp.IssueClientCert(t, attestor.NodeUserPrefix+name, attestor.NodesGroup)
 	b, _ := pem.Decode(certPEM)
 	cert, err := x509.ParseCertificate(b.Bytes)
 	if err != nil {

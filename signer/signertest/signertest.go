@@ -60,7 +60,7 @@ func (r Request) Build(t testing.TB) ([]byte, crypto.Signer) {
 		}
 		key = k
 	}
-	subject := pkix.Name{CommonName: "system:node:" + r.NodeName, Organization: []string{"system:nodes"}}
+	subject := pkix.Name{CommonName: attestor.NodeUserPrefix + r.NodeName, Organization: []string{attestor.NodesGroup}}
 	if r.Subject != nil {
 		subject = *r.Subject
 	}
@@ -112,7 +112,7 @@ func CSR(name string, request []byte) *certificatesv1.CertificateSigningRequest 
 			SignerName: attestor.ClientSignerName(insecure.Name),
 			Usages:     append([]certificatesv1.KeyUsage(nil), ClientUsages...),
 			Username:   "system:bootstrap:abcdef",
-			Groups:     []string{"system:bootstrappers", "system:bootstrappers:kubeadm:default-node-token", "system:authenticated"},
+			Groups:     []string{attestor.BootstrappersGroup, "system:bootstrappers:kubeadm:default-node-token", "system:authenticated"},
 		},
 	}
 }

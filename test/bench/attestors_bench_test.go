@@ -314,7 +314,7 @@ func coldSideOf(csr *certificatesv1.CertificateSigningRequest) string {
 	if err != nil {
 		return ""
 	}
-	node := strings.TrimPrefix(req.Subject.CommonName, "system:node:")
+	node := strings.TrimPrefix(req.Subject.CommonName, attestor.NodeUserPrefix)
 	if strings.HasPrefix(node, "kcm-cold-") {
 		return kubeletSide
 	}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -104,7 +105,7 @@ func kubeletJoin(ctx context.Context, cfg *rest.Config, client kubernetes.Interf
 		return err
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: "system:node:" + nodeName, Organization: []string{"system:nodes"}},
+		Subject: pkix.Name{CommonName: attestor.NodeUserPrefix + nodeName, Organization: []string{attestor.NodesGroup}},
 	}, key)
 	if err != nil {
 		return err

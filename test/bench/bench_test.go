@@ -42,6 +42,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 type sample struct {
@@ -156,7 +157,7 @@ func writeCachedCredential(b *testing.B, dir string) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "system:node:node-1", Organization: []string{"system:nodes"}},
+		Subject:      pkix.Name{CommonName: "system:node:node-1", Organization: []string{attestor.NodesGroup}},
 		NotBefore:    time.Now().Add(-time.Minute),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},

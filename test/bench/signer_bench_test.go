@@ -32,6 +32,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -410,7 +411,7 @@ func signerFileApprovedCSRs(b *testing.B, admin kubernetes.Interface) []string {
 			b.Fatal(err)
 		}
 		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-			Subject: pkix.Name{CommonName: "system:node:" + signerMachineName(i), Organization: []string{"system:nodes"}},
+			Subject: pkix.Name{CommonName: attestor.NodeUserPrefix + signerMachineName(i), Organization: []string{attestor.NodesGroup}},
 		}, key)
 		if err != nil {
 			b.Fatal(err)

@@ -139,7 +139,7 @@ func firstEvidenceSize(b *testing.B, env *scenario.Env, node string) int {
 	size := 0
 	for _, c := range list.Items {
 		r, err := attestor.ParseRequest(c.Spec.Request)
-		if err != nil || r.CSR.Subject.CommonName != "system:node:"+node {
+		if err != nil || r.CSR.Subject.CommonName != attestor.NodeUserPrefix+node {
 			continue
 		}
 		if ev, err := tpm.DecodeEvidence(r.Evidence); err == nil && ev.Attestation != nil {

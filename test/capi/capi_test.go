@@ -384,7 +384,7 @@ func (f *fleet) waitRunning(t *testing.T, md *clusterv1.MachineDeployment, attes
 		if !ok {
 			t.Fatalf("Machine %s is Running but no certificate was seen issued for its node", m.Name)
 		}
-		if c.Spec.SignerName != attestor.ClientSignerName(attestorName) || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+		if c.Spec.SignerName != attestor.ClientSignerName(attestorName) || !strings.HasPrefix(c.Spec.Username, attestor.BootstrapUserPrefix) {
 			t.Fatalf("node %s got its first certificate from signer %q on a CSR by %q", m.Name, c.Spec.SignerName, c.Spec.Username)
 		}
 	}

@@ -141,7 +141,7 @@ func (f *fleet) observeCSRs(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		name := strings.TrimPrefix(r.CSR.Subject.CommonName, "system:node:")
+		name := strings.TrimPrefix(r.CSR.Subject.CommonName, attestor.NodeUserPrefix)
 		if _, seen := f.issued[name]; !seen {
 			f.issued[name] = now
 			f.firstCSR[name] = c
@@ -164,7 +164,7 @@ func (f *fleet) boot(t *testing.T, v vm) {
 	f.nodes[v.Name] = n
 	f.mu.Unlock()
 	if v.ControlPlane {
-		certPEM, keyPEM := f.wl.IssueClientCert(t, "system:node:"+v.Name, "system:nodes")
+		certPEM, keyPEM := f.wl.IssueClientCert(t, attestor.NodeUserPrefix+v.Name, attestor.NodesGroup)
 		kubeconfig := filepath.Join(root, "kubelet.conf")
 		if err := os.WriteFile(kubeconfig, f.wl.KubeconfigFor("", clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}), 0o600); err != nil {
 			t.Fatal(err)

@@ -188,7 +188,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("kubectl auth whoami: %v\n%s", who.Err, who.Stderr)
 	}
 	user := strings.TrimSpace(who.Stdout)
-	if user != "system:node:"+n.Name {
+	if user != attestor.NodeUserPrefix+n.Name {
 		t.Fatalf("API server sees %q", user)
 	}
 	fmt.Fprintf(os.Stdout, "authenticated as %s\n", user)
@@ -222,7 +222,7 @@ func nodeCSRs(ctx context.Context, t *testing.T, env *scenario.Env, node string)
 	for i := range list.Items {
 		c := &list.Items[i]
 		req, err := attestor.ParseRequest(c.Spec.Request)
-		if err != nil || req.CSR.Subject.CommonName != "system:node:"+node {
+		if err != nil || req.CSR.Subject.CommonName != attestor.NodeUserPrefix+node {
 			continue
 		}
 		csrs, reqs = append(csrs, c), append(reqs, req)

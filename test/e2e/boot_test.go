@@ -146,7 +146,7 @@ func TestBootState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		due, err := env.Workload.CA.Sign(harness.CertSpec{CommonName: "system:node:" + sb.Name, Organization: []string{"system:nodes"},
+		due, err := env.Workload.CA.Sign(harness.CertSpec{CommonName: attestor.NodeUserPrefix + sb.Name, Organization: []string{attestor.NodesGroup},
 			NotAfter: time.Now().Add(30 * time.Minute)}, cached.Key.Public())
 		if err != nil {
 			t.Fatal(err)

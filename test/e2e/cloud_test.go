@@ -258,7 +258,7 @@ func (f *cloudFleet) attests(t *testing.T, n *scenario.Node, provider, providerI
 	if r.Err != nil {
 		t.Fatalf("kubectl auth whoami: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, cloudTail(f.env.ControllerLog(), 40))
 	}
-	if got := strings.TrimSpace(r.Stdout); got != "system:node:"+n.Name {
+	if got := strings.TrimSpace(r.Stdout); got != attestor.NodeUserPrefix+n.Name {
 		t.Fatalf("API server sees %q, want system:node:%s", got, n.Name)
 	}
 	t.Logf("%s: cold issuance through kubectl auth whoami: %s", provider, time.Since(start).Round(time.Millisecond))

@@ -19,6 +19,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
@@ -65,7 +66,7 @@ func TestWayBackWhenEverythingExpired(t *testing.T) {
 		_, err := harness.WhoAmI(ctx, bootstrapClient)
 		return apierrors.IsUnauthorized(err), nil
 	})
-	expired, err := env.Workload.CA.Sign(harness.CertSpec{CommonName: "system:node:far", Organization: []string{"system:nodes"}, NotAfter: time.Now().Add(-time.Minute)}, first.Key.Public())
+	expired, err := env.Workload.CA.Sign(harness.CertSpec{CommonName: "system:node:far", Organization: []string{attestor.NodesGroup}, NotAfter: time.Now().Add(-time.Minute)}, first.Key.Public())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,15 +29,9 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
-type execCredential struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Status     struct {
-		ExpirationTimestamp   time.Time `json:"expirationTimestamp"`
-		ClientCertificateData string    `json:"clientCertificateData"`
-		ClientKeyData         string    `json:"clientKeyData"`
-	} `json:"status"`
-}
+// execCredential is what the exec plugin prints, read as client-go reads
+// it, but strictly: no field client-go does not know.
+type execCredential = clientauthv1.ExecCredential
 
 func parseExecCredential(t *testing.T, r scenario.Result) (*execCredential, *x509.Certificate) {
 	t.Helper()
@@ -51,6 +46,9 @@ func parseExecCredential(t *testing.T, r scenario.Result) (*execCredential, *x50
 	}
 	if ec.APIVersion != "client.authentication.k8s.io/v1" || ec.Kind != "ExecCredential" {
 		t.Fatalf("unexpected ExecCredential header %q %q", ec.APIVersion, ec.Kind)
+	}
+	if ec.Status == nil || ec.Status.ExpirationTimestamp == nil {
+		t.Fatalf("ExecCredential without a status or its expiration:\n%s", r.Stdout)
 	}
 	blk, _ := pem.Decode([]byte(ec.Status.ClientCertificateData))
 	if blk == nil {
@@ -72,7 +70,7 @@ func nodeCSRs(t *testing.T, env *scenario.Env, node string) []certificatesv1.Cer
 	var out []certificatesv1.CertificateSigningRequest
 	for _, c := range list.Items {
 		r, err := attestor.ParseRequest(c.Spec.Request)
-		if err == nil && r.CSR.Subject.CommonName == "system:node:"+node {
+		if err == nil && r.CSR.Subject.CommonName == attestor.NodeUserPrefix+node {
 			out = append(out, c)
 		}
 	}
@@ -104,7 +102,7 @@ func TestEndToEnd(t *testing.T) {
 		if c.Spec.SignerName != attestor.ClientSignerName("insecure") {
 			t.Fatalf("signer %q", c.Spec.SignerName)
 		}
-		if !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+		if !strings.HasPrefix(c.Spec.Username, attestor.BootstrapUserPrefix) {
 			t.Fatalf("CSR filed by %q, want the bootstrap token", c.Spec.Username)
 		}
 		// The issued certificate chains to the cluster CA and carries the
@@ -136,7 +134,7 @@ func TestEndToEnd(t *testing.T) {
 		if !cert.Equal(cred.Leaf) {
 			t.Fatal("cached call returned a different certificate")
 		}
-		if !ec.Status.ExpirationTimestamp.Before(cert.NotAfter) || !ec.Status.ExpirationTimestamp.After(time.Now()) {
+		if !ec.Status.ExpirationTimestamp.Time.Before(cert.NotAfter) || !ec.Status.ExpirationTimestamp.Time.After(time.Now()) {
 			t.Fatalf("expirationTimestamp %v not inside the certificate's validity (until %v)", ec.Status.ExpirationTimestamp, cert.NotAfter)
 		}
 		if got := len(nodeCSRs(t, env, "node-1")); got != 1 {

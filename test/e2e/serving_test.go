@@ -180,7 +180,7 @@ agent:
 			t.Errorf("serving CSRs: %d issued, %d closed %s; want one each", issued, answered, attestor.ReasonChallengeAnswered)
 		}
 		for _, c := range filed {
-			if c.Spec.Username != "system:node:"+name {
+			if c.Spec.Username != attestor.NodeUserPrefix+name {
 				t.Errorf("serving CSR %s filed by %q, want the node", c.Name, c.Spec.Username)
 			}
 			if !slices.Equal(c.Spec.Usages, []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}) {
@@ -221,7 +221,7 @@ agent:
 		}
 		// The cluster CA, which kube-apiserver trusts for clients, is not
 		// the serving CA; same node, same addresses.
-		certPEM, keyPEM, err := env.Workload.CA.Issue(harness.CertSpec{CommonName: "system:node:" + name, Organization: []string{"system:nodes"},
+		certPEM, keyPEM, err := env.Workload.CA.Issue(harness.CertSpec{CommonName: attestor.NodeUserPrefix + name, Organization: []string{attestor.NodesGroup},
 			DNSNames: []string{name}, IPs: []net.IP{hostIP}, Server: true})
 		if err != nil {
 			t.Fatal(err)

@@ -65,7 +65,7 @@ func TestVersionSkew(t *testing.T) {
 		n := nullNode(t, env, "skew-newer-node", "v2", "v1")
 		r := n.Credential(ctx, "--verbose")
 		_, cert := parseExecCredential(t, r)
-		if cert.Subject.CommonName != "system:node:"+n.Name {
+		if cert.Subject.CommonName != attestor.NodeUserPrefix+n.Name {
 			t.Fatalf("certificate for %q", cert.Subject.CommonName)
 		}
 		if !strings.Contains(r.Stderr, `re-filing with "v1"`) {
@@ -91,7 +91,7 @@ func TestVersionSkew(t *testing.T) {
 		t.Logf("v2 denied, v1 issued, in one credential call of %s", r.Took.Round(time.Millisecond))
 		// kubectl, through the same plugin, finds the certificate cached.
 		w := n.Kubectl(ctx, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
-		if w.Err != nil || strings.TrimSpace(w.Stdout) != "system:node:"+n.Name {
+		if w.Err != nil || strings.TrimSpace(w.Stdout) != attestor.NodeUserPrefix+n.Name {
 			t.Fatalf("kubectl auth whoami: %q, %v\n%s", w.Stdout, w.Err, w.Stderr)
 		}
 		if got := len(nodeCSRs(t, env, n.Name)); got != 2 {

@@ -114,7 +114,7 @@ func whoami(ctx context.Context, t *testing.T, env *scenario.Env, n *scenario.No
 	if r.Err != nil {
 		t.Fatalf("kubectl auth whoami: %v\n%s\ncontroller log:\n%s", r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 60))
 	}
-	if got := strings.TrimSpace(r.Stdout); got != "system:node:"+n.Name {
+	if got := strings.TrimSpace(r.Stdout); got != attestor.NodeUserPrefix+n.Name {
 		t.Fatalf("API server sees %q, want system:node:%s", got, n.Name)
 	}
 }

@@ -26,6 +26,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // Timeouts of the harness. The machines tests run on are small and shared.
@@ -572,7 +574,7 @@ func (cp *ControlPlane) CreateBootstrapToken(tb testing.TB) string {
 	if err != nil {
 		tb.Fatalf("unable to create bootstrap token client: %v", err)
 	}
-	want := "system:bootstrap:" + id
+	want := attestor.BootstrapUserPrefix + id
 	WaitFor(tb, 30*time.Second, func() (bool, error) {
 		user, err := WhoAmI(ctx, client)
 		if err != nil {

@@ -29,6 +29,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // TestManagementAndWorkload starts a management and a workload control plane
@@ -80,10 +82,10 @@ func TestManagementAndWorkload(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if user.Username != "system:bootstrap:"+id {
+		if user.Username != attestor.BootstrapUserPrefix+id {
 			t.Errorf("token authenticates as %q, want system:bootstrap:%s", user.Username, id)
 		}
-		for _, g := range []string{"system:bootstrappers", "system:bootstrappers:kubeadm:default-node-token"} {
+		for _, g := range []string{attestor.BootstrappersGroup, "system:bootstrappers:kubeadm:default-node-token"} {
 			if !slices.Contains(user.Groups, g) {
 				t.Errorf("token user groups %v lack %s", user.Groups, g)
 			}
@@ -206,7 +208,7 @@ func TestManagementAndWorkload(t *testing.T) {
 	})
 
 	t.Run("node authorization and NodeRestriction", func(t *testing.T) {
-		certPEM, keyPEM := wl.IssueClientCert(t, "system:node:node-a", "system:nodes")
+		certPEM, keyPEM := wl.IssueClientCert(t, "system:node:node-a", attestor.NodesGroup)
 		client, err := kubernetes.NewForConfig(wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}))
 		if err != nil {
 			t.Fatal(err)

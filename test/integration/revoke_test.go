@@ -247,7 +247,7 @@ func TestRevokeDeletedMachine(t *testing.T) {
 		return err == nil || apierrors.IsAlreadyExists(err), nil
 	})
 	csr := e.waitDecided(t, "a-1-renewal")
-	if d := condition(csr, certificatesv1.CertificateDenied); d == nil || d.Reason != attestor.ReasonMachineNotFound || csr.Spec.Username != "system:node:"+node {
+	if d := condition(csr, certificatesv1.CertificateDenied); d == nil || d.Reason != attestor.ReasonMachineNotFound || csr.Spec.Username != attestor.NodeUserPrefix+node {
 		t.Fatalf("renewal by %s: %+v; want denied %s", csr.Spec.Username, csr.Status.Conditions, attestor.ReasonMachineNotFound)
 	} else {
 		t.Logf("renewal by %s denied by the engine: %s: %s", csr.Spec.Username, d.Reason, d.Message)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
@@ -39,7 +40,7 @@ func kubeadmAutoApprove(t *testing.T, c kubernetes.Interface) {
 		{
 			ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveRotation},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.SelfNodeClientRole},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:nodes"}},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: attestor.NodesGroup}},
 		},
 	} {
 		if _, err := c.RbacV1().ClusterRoleBindings().Create(context.Background(), b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -57,7 +58,7 @@ func plainBootstrap(t *testing.T, c kubernetes.Interface, node string, wait time
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}, nil, nil)
+	der, err := certutil.MakeCSR(key, &pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func TestSignerLockdown(t *testing.T) {
 	bootstrap := wl.BootstrapClient(t)
 	// A control-plane node kubeadm joined: its kubelet holds a client
 	// certificate for its own name, and renews it itself.
-	cpCert, cpKey := wl.IssueClientCert(t, "system:node:control-plane-0", "system:nodes")
+	cpCert, cpKey := wl.IssueClientCert(t, "system:node:control-plane-0", attestor.NodesGroup)
 	controlPlane, err := kubernetes.NewForConfig(wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: cpCert, ClientKeyData: cpKey}))
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func TestSignerLockdown(t *testing.T) {
 	if v, ok := gauge(t, "kubelet_authenticator_signer_lockdown_bindings_removed", signerNS+"/"+signerCluster); !ok || v < 2 {
 		t.Errorf("lockdown_bindings_removed = %v (present %t), want at least 2", v, ok)
 	}
-	if got := subjects(lockdown.KubeadmAutoApproveRotation); len(got) != 1 || got[0].Name != "system:nodes" {
+	if got := subjects(lockdown.KubeadmAutoApproveRotation); len(got) != 1 || got[0].Name != attestor.NodesGroup {
 		t.Errorf("the renewal binding's subjects: %v, want system:nodes kept", got)
 	}
 

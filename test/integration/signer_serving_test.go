@@ -40,7 +40,7 @@ func servingCSRPEM(t *testing.T, cn string, dns []string, ips []net.IP, emails [
 		t.Fatal(err)
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject:  pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
+		Subject:  pkix.Name{CommonName: cn, Organization: []string{attestor.NodesGroup}},
 		DNSNames: dns, IPAddresses: ips, EmailAddresses: emails,
 	}, key)
 	if err != nil {
@@ -87,14 +87,14 @@ func TestSignerServing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	nodeCert, nodeKey := wl.IssueClientCert(t, "system:node:worker-0", "system:nodes")
+	nodeCert, nodeKey := wl.IssueClientCert(t, "system:node:worker-0", attestor.NodesGroup)
 	node, err := kubernetes.NewForConfig(wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: nodeCert, ClientKeyData: nodeKey}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	mgmt.CreateMachine(t, signerNS, signerCluster, "worker-1", "test:///1", true, "worker-1")
 	nodeClient := func(name string) kubernetes.Interface {
-		certPEM, keyPEM := wl.IssueClientCert(t, "system:node:"+name, "system:nodes")
+		certPEM, keyPEM := wl.IssueClientCert(t, attestor.NodeUserPrefix+name, attestor.NodesGroup)
 		c, err := kubernetes.NewForConfig(wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}))
 		if err != nil {
 			t.Fatal(err)

@@ -137,7 +137,7 @@ func (e *signerEnv) expectIssued(t *testing.T, name, node, providerID string, ma
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("certificate does not chain to the workload cluster CA: %v", err)
 	}
-	if cert.Subject.CommonName != "system:node:"+node || len(cert.Subject.Organization) != 1 || cert.Subject.Organization[0] != "system:nodes" {
+	if cert.Subject.CommonName != attestor.NodeUserPrefix+node || len(cert.Subject.Organization) != 1 || cert.Subject.Organization[0] != attestor.NodesGroup {
 		t.Errorf("subject = %s", cert.Subject)
 	}
 	if len(cert.DNSNames)+len(cert.IPAddresses)+len(cert.URIs)+len(cert.EmailAddresses) > 0 || cert.IsCA {

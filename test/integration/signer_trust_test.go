@@ -71,7 +71,7 @@ func TestSignerServingCARotation(t *testing.T) {
 	if err := mgmt.Client.Status().Update(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM := wl.IssueClientCert(t, "system:node:worker-0", "system:nodes")
+	certPEM, keyPEM := wl.IssueClientCert(t, "system:node:worker-0", attestor.NodesGroup)
 	nodeCfg := wl.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 	node, err := kubernetes.NewForConfig(nodeCfg)
 	if err != nil {
