@@ -27,8 +27,6 @@ import (
 // person reading the CSR's Denied condition knows what to fix;
 // docs/troubleshooting.md says what to do about each.
 const (
-	// ReasonMalformedEvidence: the evidence cannot be read.
-	ReasonMalformedEvidence = attestor.ReasonMalformedEvidence
 	// ReasonUntrustedEKCertificate: nothing the signer trusts vouches for
 	// the EK (no certificate chaining to the manufacturer CA pool, and no
 	// infrastructure-reported EK).
@@ -76,15 +74,6 @@ const (
 	// first round's AK, not over its selection, or not qualified by the
 	// answered challenge.
 	ReasonFreshQuoteMismatch = "FreshQuoteMismatch"
-)
-
-// Reasons the signer decides for a TPM challenge (the verifier does not):
-// the attestor package's, named here for callers that know them as the TPM
-// attestor's.
-const (
-	ReasonChallengeExpired  = attestor.ReasonChallengeExpired
-	ReasonChallengeUsed     = attestor.ReasonChallengeUsed
-	ReasonRequesterMismatch = attestor.ReasonRequesterMismatch
 )
 
 // DefaultChallengeTTL is how long a challenge is accepted when the
@@ -209,11 +198,11 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	if d, ok := attestor.AsDenial(err); ok {
 		return nil, d // the evidence decoder's own reason
 	} else if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
 	}
 	switch {
 	case ev.Attestation != nil && in.Answered != nil:
-		return nil, attestor.Deny(ReasonMalformedEvidence, "first-round evidence does not answer a challenge")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "first-round evidence does not answer a challenge")
 	case ev.Attestation != nil:
 		return v.challenge(in, ev, pol)
 	case in.Answered == nil:
@@ -243,7 +232,7 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	// The EK.
 	ekPub, err := decodePublic(a.EKPublic)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to decode the EK public area: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to decode the EK public area: %v", err)
 	}
 	if err := checkEKAttributes(ekPub); err != nil {
 		return nil, attestor.Deny(ReasonEKAttributes, "%v", err)
@@ -299,7 +288,7 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	// The AK.
 	akPub, err := decodePublic(a.AKPublic)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to decode the AK public area: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to decode the AK public area: %v", err)
 	}
 	if err := checkAKAttributes(akPub); err != nil {
 		return nil, attestor.Deny(ReasonAKAttributes, "%v", err)

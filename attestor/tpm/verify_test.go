@@ -346,7 +346,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 				soft2.akPub.ObjectAttributes.Decrypt = true
 				*a = *soft2.firstRound(t, versionOf(a), csrKey)
 			}},
-		{name: "trailing bytes in a TPM structure", versions: both, reason: ReasonMalformedEvidence,
+		{name: "trailing bytes in a TPM structure", versions: both, reason: attestor.ReasonMalformedEvidence,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.AKPublic = append(a.AKPublic, 0) }},
 
 		// v1: TPM2_Certify of the CSR key.
@@ -452,7 +452,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 					info.Attested = tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, q)
 				})
 			}},
-		{name: "a v1 field in v2 evidence", versions: v2, reason: ReasonMalformedEvidence,
+		{name: "a v1 field in v2 evidence", versions: v2, reason: attestor.ReasonMalformedEvidence,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				a.CertifiedKey = soft.attest(t, csrKey).CertifiedKey
 			}},
@@ -642,14 +642,14 @@ func TestVerifyAnswerDenials(t *testing.T) {
 		en := setup(t, VersionV2)
 		f := answer(t, en, en.key, "csr-2")
 		_, err := en.e.verify(t, f)
-		wantReason(t, err, ReasonMalformedEvidence)
+		wantReason(t, err, attestor.ReasonMalformedEvidence)
 	})
 	t.Run("first-round evidence handed over as an answer", func(t *testing.T) {
 		en := setup(t, VersionV2)
 		req := en.e.request(en.first)
 		req.Answered = en.first.round()
 		_, err := en.e.v.Verify(context.Background(), req)
-		wantReason(t, err, ReasonMalformedEvidence)
+		wantReason(t, err, attestor.ReasonMalformedEvidence)
 	})
 }
 
