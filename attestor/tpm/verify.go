@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -104,8 +105,8 @@ type VerifierConfig struct {
 	// ChallengeTTL is how long a challenge is accepted; DefaultChallengeTTL
 	// when zero.
 	ChallengeTTL time.Duration
-	// Now is the clock; time.Now when nil.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 	// Rand is the randomness for MakeCredential; crypto/rand when nil.
 	Rand io.Reader
 }
@@ -142,7 +143,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		intermediates: cfg.Intermediates,
 		keys:          cfg.Keys,
 		ttl:           cfg.ChallengeTTL,
-		now:           cfg.Now,
+		now:           nowOf(cfg.Clock),
 		rand:          cfg.Rand,
 	}
 	if v.keys == nil {
@@ -150,9 +151,6 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	}
 	if v.ttl == 0 {
 		v.ttl = DefaultChallengeTTL
-	}
-	if v.now == nil {
-		v.now = time.Now
 	}
 	if v.rand == nil {
 		v.rand = rand.Reader
@@ -435,4 +433,12 @@ func sameEK(b64 string, ek crypto.PublicKey) error {
 func publicKeysEqual(a, b crypto.PublicKey) bool {
 	ak, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && b != nil && ak.Equal(b)
+}
+
+// nowOf returns c's Now, or the real clock's when c is nil.
+func nowOf(c clock.PassiveClock) func() time.Time {
+	if c == nil {
+		return time.Now
+	}
+	return c.Now
 }

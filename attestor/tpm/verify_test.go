@@ -18,6 +18,8 @@ import (
 	"testing/iotest"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/google/go-tpm/tpm2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -305,7 +307,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 		{name: "no manufacturer pool", versions: v2, reason: ReasonUntrustedEKCertificate,
 			cfg: func(c *VerifierConfig) { c.Roots, c.Intermediates = nil, nil }},
 		{name: "expired certificate", versions: v2, reason: ReasonUntrustedEKCertificate,
-			cfg: func(c *VerifierConfig) { c.Now = func() time.Time { return testNow.AddDate(20, 0, 0) } }},
+			cfg: func(c *VerifierConfig) { c.Clock = clocktesting.NewFakePassiveClock(testNow.AddDate(20, 0, 0)) }},
 		{name: "certificate for another key", versions: both, reason: ReasonEKCertificateMismatch,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.EKCertificate, _ = soft.ca.IssueEKCertificate(&otherKey.PublicKey)
