@@ -23,6 +23,7 @@ import (
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -44,16 +45,16 @@ type Source struct {
 	// Cluster is the cluster the credential is for, from
 	// KUBERNETES_EXEC_INFO; nil when not provided.
 	Cluster *clientauthv1.Cluster
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 	// Logf receives progress lines (the exec plugin sends them to stderr);
 	// nil discards them.
 	Logf func(format string, args ...any)
 }
 
 func (s *Source) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
+	if s.Clock != nil {
+		return s.Clock.Now()
 	}
 	return time.Now()
 }

@@ -29,6 +29,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 	"sigs.k8s.io/kubelet-authenticator/agent/credential"
@@ -58,13 +60,13 @@ type Manager struct {
 	// configured; nil means DefaultRouteAddress (the interface with the
 	// default route, as kubelet picks its InternalIP without --node-ip).
 	HostAddress func() (net.IP, error)
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 func (m *Manager) now() time.Time {
-	if m.Now != nil {
-		return m.Now()
+	if m.Clock != nil {
+		return m.Clock.Now()
 	}
 	return time.Now()
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
 )
@@ -93,8 +94,8 @@ type Projector struct {
 	// Metrics and OnStatus, when set, are told about every change.
 	Metrics  Metrics
 	OnStatus func(Status)
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 	// CommandTimeout bounds the post-update command; 0 means
 	// DefaultCommandTimeout.
 	CommandTimeout time.Duration
@@ -121,8 +122,8 @@ type Projector struct {
 }
 
 func (p *Projector) now() time.Time {
-	if p.Now != nil {
-		return p.Now()
+	if p.Clock != nil {
+		return p.Clock.Now()
 	}
 	return time.Now()
 }

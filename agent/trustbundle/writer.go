@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Names inside a projection directory, as kubelet's AtomicWriter uses them.
@@ -44,8 +46,8 @@ const (
 type Writer struct {
 	// Dir is the directory; File the file name in it.
 	Dir, File string
-	// Now names the timestamped directories; nil means time.Now.
-	Now func() time.Time
+	// Clock names the timestamped directories; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // NewWriter returns a Writer for path.
@@ -88,11 +90,11 @@ func (w *Writer) Write(data []byte) (bool, error) {
 	if err := repairDirMode(w.Dir); err != nil {
 		return false, err
 	}
-	now := time.Now
-	if w.Now != nil {
-		now = w.Now
+	now := time.Now()
+	if w.Clock != nil {
+		now = w.Clock.Now()
 	}
-	ts, err := os.MkdirTemp(w.Dir, now().UTC().Format(tsLayout))
+	ts, err := os.MkdirTemp(w.Dir, now.UTC().Format(tsLayout))
 	if err != nil {
 		return false, fmt.Errorf("unable to create a data directory in %s: %w", w.Dir, err)
 	}

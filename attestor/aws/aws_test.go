@@ -263,7 +263,7 @@ func TestDenials(t *testing.T) {
 			setup: func(t *testing.T, f *fixture) { f.cfg.Accounts = []string{"999988887777"} },
 		},
 		{
-			name: "provider ID not matching the document", reason: ReasonProviderIDMismatch,
+			name: "provider ID not matching the document", reason: attestor.ReasonAttestedProviderIDMismatch,
 			edit: func(t *testing.T, f *fixture, _ *Verifier, ev attestor.Evidence, in *attestor.VerifyRequest) attestor.Evidence {
 				in.ProviderID = "aws:///" + f.emu.Instance.AvailabilityZone + "/i-0aaaaaaaaaaaaaaa0"
 				return ev

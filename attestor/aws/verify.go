@@ -30,19 +30,17 @@ import (
 
 // Denial reasons of the AWS verifier.
 const (
-	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
-	ReasonUntrustedSigner    = "UntrustedSigner"
-	ReasonInvalidSignature   = "InvalidSignature"
-	ReasonDocumentMismatch   = "DocumentMismatch"
-	ReasonRegionMismatch     = "RegionMismatch"
-	ReasonAccountNotAllowed  = "AccountNotAllowed"
-	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
-	ReasonSTSHostNotAllowed  = "STSHostNotAllowed"
-	ReasonPresignInvalid     = "PresignInvalid"
-	ReasonPresignExpired     = "PresignExpired"
-	ReasonBindingMismatch    = "BindingMismatch"
-	ReasonSTSRejected        = "STSRejected"
-	ReasonCallerMismatch     = "CallerMismatch"
+	ReasonUntrustedSigner   = "UntrustedSigner"
+	ReasonInvalidSignature  = "InvalidSignature"
+	ReasonDocumentMismatch  = "DocumentMismatch"
+	ReasonRegionMismatch    = "RegionMismatch"
+	ReasonAccountNotAllowed = "AccountNotAllowed"
+	ReasonSTSHostNotAllowed = "STSHostNotAllowed"
+	ReasonPresignInvalid    = "PresignInvalid"
+	ReasonPresignExpired    = "PresignExpired"
+	ReasonBindingMismatch   = "BindingMismatch"
+	ReasonSTSRejected       = "STSRejected"
+	ReasonCallerMismatch    = "CallerMismatch"
 	// ReasonCallerRoleNotAllowed: the presigned request was signed with
 	// the credentials of a role allowedRoles does not list.
 	ReasonCallerRoleNotAllowed = "CallerRoleNotAllowed"
@@ -251,7 +249,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		denials = append(denials, attestor.Deny(ReasonAccountNotAllowed, "account %s is not allowed", doc.AccountID))
 	}
 	if pid := doc.ProviderID(); pid != in.ProviderID {
-		denials = append(denials, attestor.Deny(ReasonProviderIDMismatch,
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch,
 			"the identity document proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
 	}
 	u, err := v.checkPresigned(&ev.STS, bindings)
@@ -292,14 +290,14 @@ func joinDenials(denials []error) error {
 // regional certificates and parses it.
 func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, error) {
 	if len(doc) == 0 || len(sig) == 0 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the evidence has no identity document or no rsa2048 signature")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the evidence has no identity document or no rsa2048 signature")
 	}
 	p7, err := pkcs7.Parse(sig)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the rsa2048 PKCS#7: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to parse the rsa2048 PKCS#7: %v", err)
 	}
 	if len(p7.Signers) != 1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the rsa2048 PKCS#7 has %d signers, want 1", len(p7.Signers))
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the rsa2048 PKCS#7 has %d signers, want 1", len(p7.Signers))
 	}
 	// Only the configured certificates may have signed: certificates
 	// carried in the PKCS#7 itself are ignored.
@@ -334,7 +332,7 @@ func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, e
 	}
 	if len(missing) > 0 {
 		slices.Sort(missing)
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity document lacks %s", strings.Join(missing, ", "))
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity document lacks %s", strings.Join(missing, ", "))
 	}
 	if r := region[signer]; r != iid.Region {
 		return nil, attestor.Deny(ReasonRegionMismatch, "the identity document names region %s but was signed with the certificate of %s", iid.Region, r)

@@ -152,11 +152,11 @@ func TestDenials(t *testing.T) {
 			f.cfg.Subscriptions = []string{"99999999-1111-2222-3333-444444444444"}
 			return f.attest(t)
 		}},
-		{"provider ID not matching the document", ReasonProviderIDMismatch, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
+		{"provider ID not matching the document", attestor.ReasonAttestedProviderIDMismatch, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
 			in.ProviderID = strings.Replace(in.ProviderID, f.emu.VM.SubscriptionID, "99999999-1111-2222-3333-444444444444", 1)
 			return f.attest(t)
 		}},
-		{"provider ID of another provider", ReasonProviderIDMismatch, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
+		{"provider ID of another provider", attestor.ReasonAttestedProviderIDMismatch, func(t *testing.T, f *fixture, in *attestor.VerifyRequest) attestor.Evidence {
 			in.ProviderID = "aws:///us-east-1a/i-0123"
 			return f.attest(t)
 		}},

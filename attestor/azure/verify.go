@@ -27,14 +27,12 @@ import (
 
 // Denial reasons of the Azure verifier.
 const (
-	ReasonMalformedEvidence      = attestor.ReasonMalformedEvidence
 	ReasonInvalidSignature       = "InvalidSignature"
 	ReasonUntrustedSigner        = "UntrustedSigner"
 	ReasonSignerNameNotAllowed   = "SignerNameNotAllowed"
 	ReasonNonceMismatch          = "NonceMismatch"
 	ReasonDocumentExpired        = "DocumentExpired"
 	ReasonSubscriptionNotAllowed = "SubscriptionNotAllowed"
-	ReasonProviderIDMismatch     = attestor.ReasonAttestedProviderIDMismatch
 )
 
 // DefaultSignerName is the name the attested document's signing
@@ -213,7 +211,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	created, expires, err := doc.Window()
 	switch {
 	case err != nil:
-		denials = append(denials, attestor.Deny(ReasonMalformedEvidence, "the attested document's timeStamp does not parse: %v", err))
+		denials = append(denials, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document's timeStamp does not parse: %v", err))
 	case now.Add(clockSkew).Before(created):
 		denials = append(denials, attestor.Deny(ReasonDocumentExpired, "the attested document is created in the future (%s)", created.UTC().Format(time.RFC3339)))
 	case now.Add(-clockSkew).After(expires):
@@ -226,12 +224,12 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	m := providerIDRE().FindStringSubmatch(in.ProviderID)
 	switch {
 	case m == nil:
-		denials = append(denials, attestor.Deny(ReasonProviderIDMismatch, "provider ID %q is not an Azure VM provider ID", in.ProviderID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID %q is not an Azure VM provider ID", in.ProviderID))
 	case strings.ToLower(m[1]) != sub:
-		denials = append(denials, attestor.Deny(ReasonProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1], doc.SubscriptionID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1], doc.SubscriptionID))
 	}
 	if doc.VMID == "" {
-		denials = append(denials, attestor.Deny(ReasonMalformedEvidence, "the attested document has no vmId"))
+		denials = append(denials, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document has no vmId"))
 	}
 	if err := joinDenials(denials); err != nil {
 		return nil, err
@@ -246,18 +244,18 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 func (v *Verifier) verifyDocument(ctx context.Context, signature string, at time.Time) (*AttestedData, error) {
 	der, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(signature), ""))
 	if err != nil || len(der) == 0 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the attested document's signature is not base64")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document's signature is not base64")
 	}
 	p7, err := pkcs7.Parse(der)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to parse the attested document's PKCS#7: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to parse the attested document's PKCS#7: %v", err)
 	}
 	if len(p7.Signers) != 1 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the attested document's PKCS#7 has %d signers, want 1", len(p7.Signers))
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document's PKCS#7 has %d signers, want 1", len(p7.Signers))
 	}
 	signer := p7.GetOnlySigner()
 	if signer == nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the attested document's PKCS#7 does not carry its signing certificate")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document's PKCS#7 does not carry its signing certificate")
 	}
 	if err := p7.Verify(); err != nil {
 		return nil, attestor.Deny(ReasonInvalidSignature, "the attested document's signature does not verify: %v", err)

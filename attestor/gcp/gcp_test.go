@@ -210,15 +210,15 @@ func TestDenials(t *testing.T) {
 			v.projects = []string{"another-project"}
 			return f.attest(t)
 		}},
-		{"instance name is not the node name", ReasonNodeNameMismatch, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
+		{"instance name is not the node name", attestor.ReasonNodeNameMismatch, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			in.NodeName = "control-plane-0"
 			return f.attest(t)
 		}},
-		{"provider ID not matching the token", ReasonProviderIDMismatch, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
+		{"provider ID not matching the token", attestor.ReasonAttestedProviderIDMismatch, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			in.ProviderID = "gce://" + f.emu.Instance.ProjectID + "/other-zone/" + f.emu.Instance.InstanceName
 			return f.attest(t)
 		}},
-		{"HS256 token", ReasonMalformedEvidence, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
+		{"HS256 token", attestor.ReasonMalformedEvidence, func(t *testing.T, f *fixture, _ *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			s, _ := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: []byte("0123456789abcdef0123456789abcdef")}, nil)
 			p, _ := json.Marshal(f.emu.Claims(Audience("", f.binding)))
 			j, _ := s.Sign(p)
@@ -325,7 +325,7 @@ func TestRealToken(t *testing.T) {
 					bad[pos] = 'A'
 				}
 				_, err := v.verifyToken(context.Background(), string(bad))
-				if d, ok := attestor.AsDenial(err); !ok || (d.Reason != ReasonInvalidSignature && d.Reason != ReasonMalformedEvidence) {
+				if d, ok := attestor.AsDenial(err); !ok || (d.Reason != ReasonInvalidSignature && d.Reason != attestor.ReasonMalformedEvidence) {
 					t.Fatalf("token altered at %d: %v, want a denial", pos, err)
 				}
 			}

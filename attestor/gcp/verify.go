@@ -18,21 +18,18 @@ import (
 
 // Denial reasons of the GCP verifier.
 const (
-	ReasonMalformedEvidence  = attestor.ReasonMalformedEvidence
-	ReasonUnknownKey         = "UnknownKey"
-	ReasonInvalidSignature   = "InvalidSignature"
-	ReasonIssuerMismatch     = "IssuerMismatch"
-	ReasonAudienceMismatch   = "AudienceMismatch"
-	ReasonTokenExpired       = "TokenExpired"
-	ReasonNotComputeEngine   = "NotComputeEngine"
-	ReasonProjectNotAllowed  = "ProjectNotAllowed"
-	ReasonNodeNameMismatch   = attestor.ReasonNodeNameMismatch
-	ReasonProviderIDMismatch = attestor.ReasonAttestedProviderIDMismatch
-	defaultJWKSRefresh       = time.Hour
-	defaultJWKSMinRefresh    = 30 * time.Second
-	clockSkew                = 30 * time.Second
-	maxTokenLifetime         = time.Hour + clockSkew
-	maxTokenSize             = 16 << 10
+	ReasonUnknownKey        = "UnknownKey"
+	ReasonInvalidSignature  = "InvalidSignature"
+	ReasonIssuerMismatch    = "IssuerMismatch"
+	ReasonAudienceMismatch  = "AudienceMismatch"
+	ReasonTokenExpired      = "TokenExpired"
+	ReasonNotComputeEngine  = "NotComputeEngine"
+	ReasonProjectNotAllowed = "ProjectNotAllowed"
+	defaultJWKSRefresh      = time.Hour
+	defaultJWKSMinRefresh   = 30 * time.Second
+	clockSkew               = 30 * time.Second
+	maxTokenLifetime        = time.Hour + clockSkew
+	maxTokenSize            = 16 << 10
 )
 
 // DefaultJWKSURL publishes Google's token signing keys.
@@ -136,10 +133,10 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		denials = append(denials, attestor.Deny(ReasonProjectNotAllowed, "project %s is not allowed", ce.ProjectID))
 	}
 	if ce.InstanceName != in.NodeName {
-		denials = append(denials, attestor.Deny(ReasonNodeNameMismatch, "instance name %q is not the node name %q", ce.InstanceName, in.NodeName))
+		denials = append(denials, attestor.Deny(attestor.ReasonNodeNameMismatch, "instance name %q is not the node name %q", ce.InstanceName, in.NodeName))
 	}
 	if pid := ce.ProviderID(); pid != in.ProviderID {
-		denials = append(denials, attestor.Deny(ReasonProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
 	}
 	if err := joinDenials(denials); err != nil {
 		return nil, err
@@ -151,17 +148,17 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 // returns its claims. Errors other than a *DenyError are transient.
 func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, error) {
 	if token == "" || len(token) > maxTokenSize {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity token is empty or larger than %d bytes", maxTokenSize)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is empty or larger than %d bytes", maxTokenSize)
 	}
 	if strings.Count(token, ".") != 2 {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity token is not a compact JWS")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not a compact JWS")
 	}
 	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.RS256})
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity token is not an RS256 JWT: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not an RS256 JWT: %v", err)
 	}
 	if len(jws.Signatures) != 1 || jws.Signatures[0].Header.KeyID == "" {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity token names no signing key")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token names no signing key")
 	}
 	kid := jws.Signatures[0].Header.KeyID
 	key, err := v.keys.key(ctx, kid)
@@ -183,7 +180,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 		return nil, attestor.Deny(ReasonIssuerMismatch, "token issuer %q is not %s", claims.Issuer, Issuer)
 	}
 	if claims.IssuedAt == nil || claims.Expiry == nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the identity token lacks iat or exp")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token lacks iat or exp")
 	}
 	now := v.now()
 	iat, exp := time.Unix(*claims.IssuedAt, 0), time.Unix(*claims.Expiry, 0)

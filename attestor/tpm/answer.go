@@ -22,7 +22,7 @@ import (
 func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Response, pol *Policy) (*attestor.Result, error) {
 	round := in.Answered
 	if round.UID == in.UID {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "the response names its own CSR as the challenged one")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the response names its own CSR as the challenged one")
 	}
 	if round.Name != r.CSRName {
 		return nil, attestor.Deny(attestor.ReasonChallengeMismatch, "the response answers CSR %q, not %q", r.CSRName, round.Name)

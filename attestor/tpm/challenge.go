@@ -77,7 +77,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 			}
 		}
 	default:
-		err = attestor.Deny(ReasonMalformedEvidence, "unsupported TPM evidence version %q", version)
+		err = attestor.Deny(attestor.ReasonMalformedEvidence, "unsupported TPM evidence version %q", version)
 	}
 	if err != nil {
 		return nil, err
@@ -116,7 +116,7 @@ func checkCertification(at *attested, a *Attestation, csrKey crypto.PublicKey, b
 	}
 	ckPub, err := decodePublic(a.CertifiedKey)
 	if err != nil {
-		return attestor.Deny(ReasonMalformedEvidence, "unable to decode the certified key's public area: %v", err)
+		return attestor.Deny(attestor.ReasonMalformedEvidence, "unable to decode the certified key's public area: %v", err)
 	}
 	ckKey, err := publicKey(ckPub)
 	if err != nil {

@@ -12,9 +12,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/google/go-tpm/tpm2"
 	"github.com/google/go-tpm/tpm2/transport"
@@ -32,19 +33,6 @@ const (
 )
 
 var testHMACKey = []byte("0123456789abcdef0123456789abcdef-test-controller-key")
-
-// clock is a settable fake clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // csrFor makes a CSR for the kubelet client certificate with key.
 func csrFor(t testing.TB, key *ecdsa.PrivateKey, node, providerID string) ([]byte, *x509.CertificateRequest) {
@@ -298,8 +286,8 @@ func newTestVerifier(t testing.TB, cfg VerifierConfig) *Verifier {
 	if cfg.HMACKey == nil {
 		cfg.HMACKey = testHMACKey
 	}
-	if cfg.Now == nil {
-		cfg.Now = func() time.Time { return testNow }
+	if cfg.Clock == nil {
+		cfg.Clock = clocktesting.NewFakePassiveClock(testNow)
 	}
 	v, err := NewVerifier(cfg)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 )
 
@@ -59,7 +61,7 @@ func realVerifier(t *testing.T, caFiles []string) *Verifier {
 	if err != nil {
 		t.Fatalf("LoadManufacturerCAs: %v", err)
 	}
-	return newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Now: func() time.Time { return realVerifyTime }})
+	return newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Clock: clocktesting.NewFakePassiveClock(realVerifyTime)})
 }
 
 // checkRealEK runs what Verify runs on an evidence's EK certificate.

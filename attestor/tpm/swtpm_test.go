@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -79,7 +81,7 @@ func TestSwtpmRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Now: time.Now})
+	v := newTestVerifier(t, VerifierConfig{Roots: roots, Intermediates: inters, Clock: clock.RealClock{}})
 
 	probe, err := device.Open(addr)
 	if err != nil {

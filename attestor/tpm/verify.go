@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/tpm2"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -27,8 +28,6 @@ import (
 // person reading the CSR's Denied condition knows what to fix;
 // docs/troubleshooting.md says what to do about each.
 const (
-	// ReasonMalformedEvidence: the evidence cannot be read.
-	ReasonMalformedEvidence = attestor.ReasonMalformedEvidence
 	// ReasonUntrustedEKCertificate: nothing the signer trusts vouches for
 	// the EK (no certificate chaining to the manufacturer CA pool, and no
 	// infrastructure-reported EK).
@@ -78,15 +77,6 @@ const (
 	ReasonFreshQuoteMismatch = "FreshQuoteMismatch"
 )
 
-// Reasons the signer decides for a TPM challenge (the verifier does not):
-// the attestor package's, named here for callers that know them as the TPM
-// attestor's.
-const (
-	ReasonChallengeExpired  = attestor.ReasonChallengeExpired
-	ReasonChallengeUsed     = attestor.ReasonChallengeUsed
-	ReasonRequesterMismatch = attestor.ReasonRequesterMismatch
-)
-
 // DefaultChallengeTTL is how long a challenge is accepted when the
 // configuration does not say.
 const DefaultChallengeTTL = 10 * time.Minute
@@ -115,8 +105,8 @@ type VerifierConfig struct {
 	// ChallengeTTL is how long a challenge is accepted; DefaultChallengeTTL
 	// when zero.
 	ChallengeTTL time.Duration
-	// Now is the clock; time.Now when nil.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 	// Rand is the randomness for MakeCredential; crypto/rand when nil.
 	Rand io.Reader
 }
@@ -153,7 +143,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		intermediates: cfg.Intermediates,
 		keys:          cfg.Keys,
 		ttl:           cfg.ChallengeTTL,
-		now:           cfg.Now,
+		now:           nowOf(cfg.Clock),
 		rand:          cfg.Rand,
 	}
 	if v.keys == nil {
@@ -161,9 +151,6 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	}
 	if v.ttl == 0 {
 		v.ttl = DefaultChallengeTTL
-	}
-	if v.now == nil {
-		v.now = time.Now
 	}
 	if v.rand == nil {
 		v.rand = rand.Reader
@@ -209,11 +196,11 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	if d, ok := attestor.AsDenial(err); ok {
 		return nil, d // the evidence decoder's own reason
 	} else if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "%v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "%v", err)
 	}
 	switch {
 	case ev.Attestation != nil && in.Answered != nil:
-		return nil, attestor.Deny(ReasonMalformedEvidence, "first-round evidence does not answer a challenge")
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "first-round evidence does not answer a challenge")
 	case ev.Attestation != nil:
 		return v.challenge(in, ev, pol)
 	case in.Answered == nil:
@@ -243,7 +230,7 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	// The EK.
 	ekPub, err := decodePublic(a.EKPublic)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to decode the EK public area: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to decode the EK public area: %v", err)
 	}
 	if err := checkEKAttributes(ekPub); err != nil {
 		return nil, attestor.Deny(ReasonEKAttributes, "%v", err)
@@ -299,7 +286,7 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	// The AK.
 	akPub, err := decodePublic(a.AKPublic)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedEvidence, "unable to decode the AK public area: %v", err)
+		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "unable to decode the AK public area: %v", err)
 	}
 	if err := checkAKAttributes(akPub); err != nil {
 		return nil, attestor.Deny(ReasonAKAttributes, "%v", err)
@@ -446,4 +433,12 @@ func sameEK(b64 string, ek crypto.PublicKey) error {
 func publicKeysEqual(a, b crypto.PublicKey) bool {
 	ak, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && b != nil && ak.Equal(b)
+}
+
+// nowOf returns c's Now, or the real clock's when c is nil.
+func nowOf(c clock.PassiveClock) func() time.Time {
+	if c == nil {
+		return time.Now
+	}
+	return c.Now
 }

@@ -18,6 +18,8 @@ import (
 	"testing/iotest"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/google/go-tpm/tpm2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -305,7 +307,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 		{name: "no manufacturer pool", versions: v2, reason: ReasonUntrustedEKCertificate,
 			cfg: func(c *VerifierConfig) { c.Roots, c.Intermediates = nil, nil }},
 		{name: "expired certificate", versions: v2, reason: ReasonUntrustedEKCertificate,
-			cfg: func(c *VerifierConfig) { c.Now = func() time.Time { return testNow.AddDate(20, 0, 0) } }},
+			cfg: func(c *VerifierConfig) { c.Clock = clocktesting.NewFakePassiveClock(testNow.AddDate(20, 0, 0)) }},
 		{name: "certificate for another key", versions: both, reason: ReasonEKCertificateMismatch,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) {
 				a.EKCertificate, _ = soft.ca.IssueEKCertificate(&otherKey.PublicKey)
@@ -346,7 +348,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 				soft2.akPub.ObjectAttributes.Decrypt = true
 				*a = *soft2.firstRound(t, versionOf(a), csrKey)
 			}},
-		{name: "trailing bytes in a TPM structure", versions: both, reason: ReasonMalformedEvidence,
+		{name: "trailing bytes in a TPM structure", versions: both, reason: attestor.ReasonMalformedEvidence,
 			mutate: func(t *testing.T, a *Attestation, _ *ecdsa.PrivateKey) { a.AKPublic = append(a.AKPublic, 0) }},
 
 		// v1: TPM2_Certify of the CSR key.
@@ -452,7 +454,7 @@ func TestVerifyAttestationDenials(t *testing.T) {
 					info.Attested = tpm2.NewTPMUAttest(tpm2.TPMSTAttestQuote, q)
 				})
 			}},
-		{name: "a v1 field in v2 evidence", versions: v2, reason: ReasonMalformedEvidence,
+		{name: "a v1 field in v2 evidence", versions: v2, reason: attestor.ReasonMalformedEvidence,
 			mutate: func(t *testing.T, a *Attestation, csrKey *ecdsa.PrivateKey) {
 				a.CertifiedKey = soft.attest(t, csrKey).CertifiedKey
 			}},
@@ -642,14 +644,14 @@ func TestVerifyAnswerDenials(t *testing.T) {
 		en := setup(t, VersionV2)
 		f := answer(t, en, en.key, "csr-2")
 		_, err := en.e.verify(t, f)
-		wantReason(t, err, ReasonMalformedEvidence)
+		wantReason(t, err, attestor.ReasonMalformedEvidence)
 	})
 	t.Run("first-round evidence handed over as an answer", func(t *testing.T) {
 		en := setup(t, VersionV2)
 		req := en.e.request(en.first)
 		req.Answered = en.first.round()
 		_, err := en.e.v.Verify(context.Background(), req)
-		wantReason(t, err, ReasonMalformedEvidence)
+		wantReason(t, err, attestor.ReasonMalformedEvidence)
 	})
 }
 

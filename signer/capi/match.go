@@ -25,15 +25,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
-// Reasons of Machine matching (defined in the wire package).
-const (
-	ReasonMachineNotFound           = attestor.ReasonMachineNotFound
-	ReasonNodeNameMismatch          = attestor.ReasonNodeNameMismatch
-	ReasonMachineProviderIDMismatch = attestor.ReasonMachineProviderIDMismatch
-	ReasonDuplicateProviderID       = attestor.ReasonDuplicateProviderID
-	ReasonMachineDeleting           = attestor.ReasonMachineDeleting
-)
-
 // infrastructureGroup is the API group of Cluster API infrastructure
 // providers' objects, the only group a Machine's infrastructureRef is
 // followed into.
@@ -85,17 +76,17 @@ func Match(machines []clusterv1.Machine, nodeName, providerID string) (*clusterv
 		for i, m := range byID {
 			names[i] = m.Name
 		}
-		return nil, deny(ReasonDuplicateProviderID, "Machines %q all have provider ID %q; remove the stale ones", names, providerID)
+		return nil, deny(attestor.ReasonDuplicateProviderID, "Machines %q all have provider ID %q; remove the stale ones", names, providerID)
 	}
 	m := byID[0]
 	if !m.DeletionTimestamp.IsZero() {
-		return nil, deny(ReasonMachineDeleting, "Machine %s with provider ID %q is being deleted", m.Name, providerID)
+		return nil, deny(attestor.ReasonMachineDeleting, "Machine %s with provider ID %q is being deleted", m.Name, providerID)
 	}
 	if !claims(m, nodeName) {
 		if m.Status.NodeRef.IsDefined() {
-			return nil, deny(ReasonNodeNameMismatch, "Machine %s with provider ID %q is node %q, not %q", m.Name, providerID, m.Status.NodeRef.Name, nodeName)
+			return nil, deny(attestor.ReasonNodeNameMismatch, "Machine %s with provider ID %q is node %q, not %q", m.Name, providerID, m.Status.NodeRef.Name, nodeName)
 		}
-		return nil, deny(ReasonNodeNameMismatch, "Machine %s with provider ID %q does not claim node name %q (it claims %q)", m.Name, providerID, nodeName, claimedNames(m))
+		return nil, deny(attestor.ReasonNodeNameMismatch, "Machine %s with provider ID %q does not claim node name %q (it claims %q)", m.Name, providerID, nodeName, claimedNames(m))
 	}
 	if !BootstrapReady(m) {
 		return nil, &NotReadyError{Machine: m.Name, Detail: "is not bootstrapped yet (no bootstrapDataSecretCreated, BootstrapConfigReady not True)"}
@@ -115,9 +106,9 @@ func noMachineWithProviderID(machines []clusterv1.Machine, nodeName, providerID 
 		if m.Spec.ProviderID == "" {
 			return &NotReadyError{Machine: m.Name, Detail: "claims node name " + nodeName + " but has no provider ID yet"}
 		}
-		return deny(ReasonMachineProviderIDMismatch, "node %q is Machine %s, whose provider ID is %q, not %q", nodeName, m.Name, m.Spec.ProviderID, providerID)
+		return deny(attestor.ReasonMachineProviderIDMismatch, "node %q is Machine %s, whose provider ID is %q, not %q", nodeName, m.Name, m.Spec.ProviderID, providerID)
 	}
-	return deny(ReasonMachineNotFound, "no Machine of the Cluster has provider ID %q or claims node name %q", providerID, nodeName)
+	return deny(attestor.ReasonMachineNotFound, "no Machine of the Cluster has provider ID %q or claims node name %q", providerID, nodeName)
 }
 
 // claims reports whether m may be node nodeName: once it has a nodeRef,
@@ -282,7 +273,7 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		err = lr.Get(ctx, key, infra)
 	}
 	if apierrors.IsNotFound(err) {
-		return deny(ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
+		return deny(attestor.ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
 	}
 	if err != nil {
 		return fmt.Errorf("unable to read infrastructure object %s %s of Machine %s: %w", ref.Kind, ref.Name, machine.Name, err)
@@ -318,11 +309,11 @@ func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine
 		}
 		switch {
 		case len(found) == 0:
-			return nil, deny(ReasonMachineNotFound, "no Machine of the Cluster is node %q", nodeName)
+			return nil, deny(attestor.ReasonMachineNotFound, "no Machine of the Cluster is node %q", nodeName)
 		case len(found) > 1:
-			return nil, deny(ReasonDuplicateProviderID, "%d Machines claim node name %q; remove the stale ones", len(found), nodeName)
+			return nil, deny(attestor.ReasonDuplicateProviderID, "%d Machines claim node name %q; remove the stale ones", len(found), nodeName)
 		case !found[0].DeletionTimestamp.IsZero():
-			return nil, deny(ReasonMachineDeleting, "Machine %s of node %q is being deleted", found[0].Name, nodeName)
+			return nil, deny(attestor.ReasonMachineDeleting, "Machine %s of node %q is being deleted", found[0].Name, nodeName)
 		}
 		return toMachine(found[0]), nil
 	}

@@ -68,16 +68,16 @@ func TestMatch(t *testing.T) {
 		{name: "by Machine name", machines: []clusterv1.Machine{machine("m-0", pid), machine("m-1", "aws:///x/i-2")}, node: "m-0", want: "m-0"},
 		{name: "by Hostname address", machines: []clusterv1.Machine{machine("m-0", pid, withAddress(clusterv1.MachineHostName, "ip-10-0-0-1"))}, node: "ip-10-0-0-1", want: "m-0"},
 		{name: "by InternalDNS address", machines: []clusterv1.Machine{machine("m-0", pid, withAddress(clusterv1.MachineInternalDNS, "ip-10-0-0-1.ec2.internal"))}, node: "ip-10-0-0-1.ec2.internal", want: "m-0"},
-		{name: "ExternalDNS does not count", machines: []clusterv1.Machine{machine("m-0", pid, withAddress(clusterv1.MachineExternalDNS, "public.example"))}, node: "public.example", reason: ReasonNodeNameMismatch},
+		{name: "ExternalDNS does not count", machines: []clusterv1.Machine{machine("m-0", pid, withAddress(clusterv1.MachineExternalDNS, "public.example"))}, node: "public.example", reason: attestor.ReasonNodeNameMismatch},
 		{name: "by nodeRef", machines: []clusterv1.Machine{machine("m-0", pid, withNodeRef("node-a"))}, node: "node-a", want: "m-0"},
-		{name: "nodeRef wins over the Machine name", machines: []clusterv1.Machine{machine("m-0", pid, withNodeRef("node-a"))}, node: "m-0", reason: ReasonNodeNameMismatch},
+		{name: "nodeRef wins over the Machine name", machines: []clusterv1.Machine{machine("m-0", pid, withNodeRef("node-a"))}, node: "m-0", reason: attestor.ReasonNodeNameMismatch},
 		{name: "BootstrapConfigReady condition", machines: []clusterv1.Machine{machine("m-0", pid, bootstrapCondition)}, node: "m-0", want: "m-0"},
 
-		{name: "another node's name", machines: []clusterv1.Machine{machine("m-0", pid), machine("cp-0", "aws:///x/i-9")}, node: "cp-0", reason: ReasonNodeNameMismatch},
-		{name: "no Machine at all", machines: []clusterv1.Machine{machine("m-1", "aws:///x/i-2")}, node: "ghost", reason: ReasonMachineNotFound},
-		{name: "name of a Machine with another provider ID", machines: []clusterv1.Machine{machine("m-0", "aws:///x/i-2")}, node: "m-0", reason: ReasonMachineProviderIDMismatch},
-		{name: "two Machines with the provider ID", machines: []clusterv1.Machine{machine("m-0", pid), machine("m-1", pid)}, node: "m-0", reason: ReasonDuplicateProviderID},
-		{name: "Machine being deleted", machines: []clusterv1.Machine{machine("m-0", pid, deleting)}, node: "m-0", reason: ReasonMachineDeleting},
+		{name: "another node's name", machines: []clusterv1.Machine{machine("m-0", pid), machine("cp-0", "aws:///x/i-9")}, node: "cp-0", reason: attestor.ReasonNodeNameMismatch},
+		{name: "no Machine at all", machines: []clusterv1.Machine{machine("m-1", "aws:///x/i-2")}, node: "ghost", reason: attestor.ReasonMachineNotFound},
+		{name: "name of a Machine with another provider ID", machines: []clusterv1.Machine{machine("m-0", "aws:///x/i-2")}, node: "m-0", reason: attestor.ReasonMachineProviderIDMismatch},
+		{name: "two Machines with the provider ID", machines: []clusterv1.Machine{machine("m-0", pid), machine("m-1", pid)}, node: "m-0", reason: attestor.ReasonDuplicateProviderID},
+		{name: "Machine being deleted", machines: []clusterv1.Machine{machine("m-0", pid, deleting)}, node: "m-0", reason: attestor.ReasonMachineDeleting},
 
 		{name: "bootstrap not ready is retried", machines: []clusterv1.Machine{machine("m-0", pid, notBootstrapped)}, node: "m-0", notReady: true},
 		{name: "Machine without a provider ID yet is retried", machines: []clusterv1.Machine{machine("m-0", "")}, node: "m-0", notReady: true},
@@ -162,12 +162,12 @@ func TestLiveReadBudget(t *testing.T) {
 	for i := range flood {
 		_, err := m.MatchMachine(ctx, fmt.Sprintf("forged-%d", i), fmt.Sprintf("test:///forged-%d", i))
 		switch r, _, ok := attestor.Denial(err); {
-		case ok && r == ReasonMachineNotFound:
+		case ok && r == attestor.ReasonMachineNotFound:
 			denied++
 		case errors.Is(err, ErrLiveReadLimited) && len(attestor.Denials(err)) == 0:
 			limited++
 		default:
-			t.Fatalf("request %d for an unknown Machine: %v, want denied %s or retried for the budget", i, err, ReasonMachineNotFound)
+			t.Fatalf("request %d for an unknown Machine: %v, want denied %s or retried for the budget", i, err, attestor.ReasonMachineNotFound)
 		}
 	}
 	t.Logf("%d requests for unknown Machines: %d live lists, %d denied, %d retried", flood, live.lists, denied, limited)

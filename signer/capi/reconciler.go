@@ -421,7 +421,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Verifiers:      r.Verifiers,
 		ClientOnly:     r.ClientOnly,
 		Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
-		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
+		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Clock: r.Clock},
 		KubeletServing: policy.ApproveKubeletServing,
 	})
 	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, PolicyErrors: policyErrors, PolicySource: policy.Source, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),

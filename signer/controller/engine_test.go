@@ -105,16 +105,7 @@ func (machines) ForNode(_ context.Context, nodeName string) (*engine.Machine, er
 
 const pid = "fake:///zone/node-1"
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time       { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Step(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-func newClock() *clock                { return &clock{t: time.Now()} }
-func (c *clock) fn() func() time.Time { return c.Now }
-func ptr[T any](v T) *T               { return &v }
+func ptr[T any](v T) *T { return &v }
 func cond(csr *certificatesv1.CertificateSigningRequest) string {
 	for _, c := range csr.Status.Conditions {
 		return string(c.Type) + "/" + c.Reason
@@ -129,7 +120,7 @@ type rig struct {
 	t      *testing.T
 	cs     *fake.Clientset
 	c      *Controller
-	clock  *clock
+	clock  *clocktesting.FakeClock
 	v      *challenger
 	ctx    context.Context
 	signer string
@@ -146,8 +137,8 @@ func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := newClock()
-	v := &challenger{now: clk.fn(), ttl: 5 * time.Minute}
+	clk := clocktesting.NewFakeClock(time.Now())
+	v := &challenger{now: clk.Now, ttl: 5 * time.Minute}
 	cs := fake.NewClientset()
 	set := engine.ProfileSet{
 		Verifiers: map[string]attestor.Verifier{"fake": v},
@@ -162,7 +153,7 @@ func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 			Authorized:   []string{"fake"},
 			Machines:     machines{},
 			ChallengeKey: []byte(strings.Repeat("k", 32)),
-			Now:          clk.fn(),
+			Clock:        clk,
 		},
 		MinRetry: time.Millisecond,
 		MaxRetry: time.Millisecond,

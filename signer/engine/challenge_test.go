@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,7 +27,7 @@ func TestSealNamesTheCluster(t *testing.T) {
 	data := []byte(`{"version":"v1"}`)
 	const uid, signer = "csr-uid", "cluster.x-k8s.io/kube-apiserver-client-kubelet-tpm"
 	engine := func(clusterUID string) *Engine {
-		return &Engine{cfg: Config{ClusterUID: clusterUID, MaxChallengeTTL: time.Hour, Now: func() time.Time { return now }},
+		return &Engine{cfg: Config{ClusterUID: clusterUID, MaxChallengeTTL: time.Hour, Clock: clocktesting.NewFakePassiveClock(now)},
 			keys: attestor.StaticChallengeKey(key)}
 	}
 	csr := func(seal string) *certificatesv1.CertificateSigningRequest {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -187,7 +189,7 @@ func TestDecide(t *testing.T) {
 			}
 			e, err := New(Config{
 				Cluster: "ns/c", Profiles: profiles, Authorized: authorized, Machines: m, CSRs: noCSRs{},
-				Identities: c.bind, ChallengeKey: []byte(strings.Repeat("k", 32)), Now: func() time.Time { return testNow },
+				Identities: c.bind, ChallengeKey: []byte(strings.Repeat("k", 32)), Clock: clocktesting.NewFakePassiveClock(testNow),
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
@@ -204,8 +205,8 @@ type Config struct {
 	// denied TooManyPendingRequestsInCluster without being verified. 0
 	// means DefaultMaxPendingPerCluster.
 	MaxPendingPerCluster int
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // DefaultMaxChallengeTTL bounds a challenge's lifetime when the Config does
@@ -312,8 +313,8 @@ func (e *Engine) SignerNames() []string {
 }
 
 func (e *Engine) now() time.Time {
-	if e.cfg.Now != nil {
-		return e.cfg.Now()
+	if e.cfg.Clock != nil {
+		return e.cfg.Clock.Now()
 	}
 	return time.Now()
 }

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -137,8 +138,8 @@ type Signer struct {
 	MaxLifetime time.Duration
 	// Backdate moves NotBefore into the past; 0 means DefaultBackdate.
 	Backdate time.Duration
-	// Now returns the current time; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // Request is what to sign.
@@ -165,8 +166,8 @@ func (s *Signer) Sign(req *Request) ([]byte, error) {
 		return nil, errors.New("signer needs a positive maximum lifetime")
 	}
 	now := time.Now()
-	if s.Now != nil {
-		now = s.Now()
+	if s.Clock != nil {
+		now = s.Clock.Now()
 	}
 	backdate := s.Backdate
 	if backdate == 0 {

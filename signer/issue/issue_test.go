@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	certificatesv1 "k8s.io/api/certificates/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -136,7 +138,7 @@ func TestSign(t *testing.T) {
 		t.Fatal(err)
 	}
 	const pid = "aws:///us-east-1a/i-0abc"
-	s := &Signer{CA: ca, MaxLifetime: 7 * 24 * time.Hour, Now: func() time.Time { return t0 }}
+	s := &Signer{CA: ca, MaxLifetime: 7 * 24 * time.Hour, Clock: clocktesting.NewFakePassiveClock(t0)}
 	csr := csrFor(t, pid)
 
 	certPEM, err := s.Sign(&Request{CSR: csr, ProviderID: pid, Usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}})
@@ -211,7 +213,7 @@ func TestSignLifetime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Signer{CA: ca, MaxLifetime: tt.max, Now: func() time.Time { return tt.now }}
+			s := &Signer{CA: ca, MaxLifetime: tt.max, Clock: clocktesting.NewFakePassiveClock(tt.now)}
 			certPEM, err := s.Sign(&Request{CSR: csr, ProviderID: pid, Usages: usages, Duration: tt.requested})
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
@@ -235,7 +237,7 @@ func TestSignRefusesOtherUsages(t *testing.T) {
 	k := ecKey(t)
 	tc := newCA(t, k, t0.Add(-time.Hour), t0.Add(time.Hour), true)
 	ca, _ := LoadCA(tc.certPEM, tc.keyPEM)
-	s := &Signer{CA: ca, MaxLifetime: time.Hour, Now: func() time.Time { return t0 }}
+	s := &Signer{CA: ca, MaxLifetime: time.Hour, Clock: clocktesting.NewFakePassiveClock(t0)}
 	for _, u := range [][]certificatesv1.KeyUsage{
 		{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth, certificatesv1.UsageCertSign},
 		{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth},

@@ -32,15 +32,6 @@ import (
 // AllowlistKey is the ConfigMap key holding the allowlist.
 const AllowlistKey = "allowlist.yaml"
 
-// Reasons of requests the allowlist does not account for.
-const (
-	// ReasonNodeNotAllowed: no allowlist entry names the node.
-	ReasonNodeNotAllowed = attestor.ReasonNodeNotAllowed
-	// ReasonAllowlistProviderIDMismatch: the node's entry has another
-	// provider ID.
-	ReasonAllowlistProviderIDMismatch = attestor.ReasonAllowlistProviderIDMismatch
-)
-
 // Entry is one node the signer may issue certificates for.
 type Entry struct {
 	// NodeName is the node's name (CN=system:node:<nodeName>).
@@ -113,7 +104,7 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 		return nil, err
 	}
 	if e.ProviderID != providerID {
-		return nil, &attestor.DenyError{Reason: ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
+		return nil, &attestor.DenyError{Reason: attestor.ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
 			"node %q is allowed with provider ID %q, not %q (allowlist %s)", nodeName, e.ProviderID, providerID, m.ConfigMap)}
 	}
 	return m.machine(ctx, e)
@@ -209,7 +200,7 @@ func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
 			return &a.Nodes[i], nil
 		}
 	}
-	return nil, &attestor.DenyError{Reason: ReasonNodeNotAllowed, Message: fmt.Sprintf(
+	return nil, &attestor.DenyError{Reason: attestor.ReasonNodeNotAllowed, Message: fmt.Sprintf(
 		"node %q is not in the allowlist %s: add an entry {nodeName, providerID} to key %s", nodeName, m.ConfigMap, AllowlistKey)}
 }
 

@@ -54,8 +54,8 @@ func TestMatcher(t *testing.T) {
 		t.Fatalf("match = %+v, %v", got, err)
 	}
 	for _, c := range []struct{ node, pid, reason string }{
-		{"other", "p", ReasonNodeNotAllowed},
-		{"node-a", "q", ReasonAllowlistProviderIDMismatch},
+		{"other", "p", attestor.ReasonNodeNotAllowed},
+		{"node-a", "q", attestor.ReasonAllowlistProviderIDMismatch},
 	} {
 		_, err := m.MatchMachine(ctx, c.node, c.pid)
 		if reason, _, _ := attestor.Denial(err); reason != c.reason {

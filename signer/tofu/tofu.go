@@ -46,16 +46,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
 
-// Deny reasons.
-const (
-	// ReasonIdentityClaimedByOtherMachine: the identity is recorded for
-	// another Machine that still exists.
-	ReasonIdentityClaimedByOtherMachine = attestor.ReasonIdentityClaimedByOtherMachine
-	// ReasonMachineIdentityMismatch: the Machine is recorded with another
-	// identity.
-	ReasonMachineIdentityMismatch = attestor.ReasonMachineIdentityMismatch
-)
-
 // ClaimedByOtherMessage is all a denied requester learns when its identity
 // is bound to another Machine: that Machine may be another tenant's, so the
 // workload cluster is not told which one. The management cluster's log
@@ -251,7 +241,7 @@ func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *en
 			"boundSince", rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"),
 			"record", types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}.String(),
 			"fix", "if the device moved on purpose, delete the bound Machine or the record")
-		return &attestor.DenyError{Reason: ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage}
+		return &attestor.DenyError{Reason: attestor.ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage}
 	}
 	if err := s.remove(ctx, rec); err != nil {
 		return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, err)
@@ -305,7 +295,7 @@ func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identit
 // mismatch denies m another identity than its recorded one. The message
 // names only the requester's own Machine and identities.
 func mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
-	return &attestor.DenyError{Reason: ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
+	return &attestor.DenyError{Reason: attestor.ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
 		"Machine %s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, the management cluster's administrator deletes the record %s/%s",
 		m, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, rec.Namespace, rec.Name)}
 }

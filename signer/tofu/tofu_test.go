@@ -88,9 +88,9 @@ func TestBind(t *testing.T) {
 	if err := s.Bind(ctx, m1, ek1); err != nil {
 		t.Fatalf("same identity, same Machine (renewal): %v", err)
 	}
-	wantReason(t, s.Bind(ctx, m2, ek1), ReasonIdentityClaimedByOtherMachine)
-	wantReason(t, s.Bind(ctx, m3, ek1), ReasonIdentityClaimedByOtherMachine)
-	msg := wantReason(t, s.Bind(ctx, m1, ek2), ReasonMachineIdentityMismatch)
+	wantReason(t, s.Bind(ctx, m2, ek1), attestor.ReasonIdentityClaimedByOtherMachine)
+	wantReason(t, s.Bind(ctx, m3, ek1), attestor.ReasonIdentityClaimedByOtherMachine)
+	msg := wantReason(t, s.Bind(ctx, m1, ek2), attestor.ReasonMachineIdentityMismatch)
 	if !strings.Contains(msg, Name(ek1)) {
 		t.Errorf("the mismatch does not say which record to look at: %s", msg)
 	}
@@ -113,7 +113,7 @@ func TestClaimedByOtherNamesNoOne(t *testing.T) {
 	}
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	ctx := klog.NewContext(context.Background(), logger)
-	msg := wantReason(t, s.Bind(ctx, req, ek1), ReasonIdentityClaimedByOtherMachine)
+	msg := wantReason(t, s.Bind(ctx, req, ek1), attestor.ReasonIdentityClaimedByOtherMachine)
 	for _, leak := range []string{"tenant-a", "secret-project-m1", "uid-a", Name(ek1)} {
 		if strings.Contains(msg, leak) {
 			t.Errorf("the denial names %q: %s", leak, msg)
@@ -227,7 +227,7 @@ func TestBindLostRace(t *testing.T) {
 			return cl.Create(ctx, obj, opts...)
 		},
 	})
-	wantReason(t, newStore(c).Bind(ctx, m1, ek1), ReasonIdentityClaimedByOtherMachine)
+	wantReason(t, newStore(c).Bind(ctx, m1, ek1), attestor.ReasonIdentityClaimedByOtherMachine)
 }
 
 // TestBindMachinesAtOnce: the first joins of a fleet are recorded at once,
@@ -279,7 +279,7 @@ func TestBindMachinesAtOnce(t *testing.T) {
 	denied := 0
 	for range 2 {
 		if err := <-errs; err != nil {
-			wantReason(t, err, ReasonMachineIdentityMismatch)
+			wantReason(t, err, attestor.ReasonMachineIdentityMismatch)
 			denied++
 		}
 	}

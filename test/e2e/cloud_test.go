@@ -27,7 +27,6 @@ import (
 	awsatt "sigs.k8s.io/kubelet-authenticator/attestor/aws"
 	azureatt "sigs.k8s.io/kubelet-authenticator/attestor/azure"
 	gcpatt "sigs.k8s.io/kubelet-authenticator/attestor/gcp"
-	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/test/emulators/aws"
 	"sigs.k8s.io/kubelet-authenticator/test/emulators/azure"
@@ -398,7 +397,7 @@ func (f *cloudFleet) testAWS(t *testing.T) {
 	t.Run("provider ID of another Machine", func(t *testing.T) {
 		victim := "aws:///eu-test-1a/i-0dddddddddddddddd"
 		n := f.node(t, f.env, "aws-impostor", victim, victim, awsatt.Name, awsNodeConfig(a.main, ""))
-		f.deniedWith(t, f.env, n, awsatt.ReasonProviderIDMismatch)
+		f.deniedWith(t, f.env, n, attestor.ReasonAttestedProviderIDMismatch)
 	})
 	t.Run("document signed by a certificate the controller does not trust", func(t *testing.T) {
 		n := f.node(t, f.env, "aws-rogue", "", awsProviderID(a.rogue), awsatt.Name, awsNodeConfig(a.rogue, ""))
@@ -462,7 +461,7 @@ func (f *cloudFleet) testAzure(t *testing.T) {
 	t.Run("provider ID of another subscription's Machine", func(t *testing.T) {
 		pid := azureProviderID(azureSubscriptionB, "azure-impostor")
 		n := f.node(t, f.env, "azure-impostor", pid, pid, azureatt.Name, azureNodeConfig(z.main))
-		f.deniedWith(t, f.env, n, azureatt.ReasonProviderIDMismatch)
+		f.deniedWith(t, f.env, n, attestor.ReasonAttestedProviderIDMismatch)
 	})
 	t.Run("document signed under a root the controller does not trust", func(t *testing.T) {
 		pid := azureProviderID(sub, "azure-rogue")
@@ -499,7 +498,7 @@ func (f *cloudFleet) testGCP(t *testing.T) {
 	t.Run("provider ID of another Machine", func(t *testing.T) {
 		victim := "gce://" + g.main.Instance.ProjectID + "/" + g.main.Instance.Zone + "/gcp-victim"
 		n := f.node(t, f.env, "gcp-impostor", victim, victim, gcpatt.Name, gcpNodeConfig(g.impostor))
-		f.deniedWith(t, f.env, n, gcpatt.ReasonProviderIDMismatch)
+		f.deniedWith(t, f.env, n, attestor.ReasonAttestedProviderIDMismatch)
 	})
 	t.Run("token signed with a key the controller's JWKS does not publish", func(t *testing.T) {
 		n := f.node(t, f.env, "gcp-rogue", "", gcpProviderID(g.rogue), gcpatt.Name, gcpNodeConfig(g.rogue))
@@ -517,7 +516,7 @@ func (f *cloudFleet) testGCP(t *testing.T) {
 		o := gcp.New(t, gcp.Instance{InstanceName: "gcp-other2", InstanceID: "1000000000000000005"})
 		o.ShareKey(g.main)
 		n := f.node(t, f.env, "gcp-other2", "", "gce://"+o.Instance.ProjectID+"/europe-test1-c/gcp-other2", gcpatt.Name, gcpNodeConfig(o))
-		f.deniedWith(t, f.env, n, capi.ReasonMachineProviderIDMismatch)
+		f.deniedWith(t, f.env, n, attestor.ReasonMachineProviderIDMismatch)
 	})
 }
 

@@ -326,7 +326,7 @@ func TestTPMSimulator(t *testing.T) {
 		}
 		// The same bootstrap token files tpm-1's answer again.
 		replay(bootstrapClient(t, env, env.BootstrapKubeconfig), "replay-same-requester")
-		wantDenied(t, env, "replay-same-requester", tpm.ReasonChallengeUsed)
+		wantDenied(t, env, "replay-same-requester", attestor.ReasonChallengeUsed)
 
 		// Another bootstrap token answers a challenge it did not receive.
 		fn := newFakeNode(t, env, "tpm-fake-1", 11, ca)
@@ -335,7 +335,7 @@ func TestTPMSimulator(t *testing.T) {
 		first := waitCSR(t, env, "fake-1-first", time.Minute, challenged)
 		other := bootstrapClient(t, env, env.Workload.BootstrapKubeconfig(t, env.Workload.CreateBootstrapToken(t)))
 		fn.answer(t, other, first, "fake-1-other-requester")
-		wantDenied(t, env, "fake-1-other-requester", tpm.ReasonRequesterMismatch)
+		wantDenied(t, env, "fake-1-other-requester", attestor.ReasonRequesterMismatch)
 	})
 
 	t.Run("controller restarts between CSR #1 and CSR #2", func(t *testing.T) {
@@ -363,10 +363,10 @@ func TestTPMSimulator(t *testing.T) {
 		fn.attest(t, "fake-3-first")
 		first := waitCSR(t, env, "fake-3-first", time.Minute, challenged)
 		// Nobody answers: the controller closes CSR #1 at the expiry.
-		wantDenied(t, env, "fake-3-first", tpm.ReasonChallengeExpired)
+		wantDenied(t, env, "fake-3-first", attestor.ReasonChallengeExpired)
 		// A late answer is refused too.
 		fn.answer(t, fn.client, first, "fake-3-late")
-		wantDenied(t, env, "fake-3-late", tpm.ReasonChallengeExpired)
+		wantDenied(t, env, "fake-3-late", attestor.ReasonChallengeExpired)
 	})
 
 	t.Run("node files anew after its challenge expired unanswered", func(t *testing.T) {
@@ -384,7 +384,7 @@ func TestTPMSimulator(t *testing.T) {
 			t.Fatalf("%d CSRs", len(csrs))
 		}
 		restart(4 * time.Second)
-		wantDenied(t, env, csrs[0].Name, tpm.ReasonChallengeExpired)
+		wantDenied(t, env, csrs[0].Name, attestor.ReasonChallengeExpired)
 		// The next call (kubelet's next try) gets a certificate by itself.
 		whoami(ctx, t, env, n)
 	})

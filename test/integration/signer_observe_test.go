@@ -15,7 +15,6 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
-	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -50,13 +49,13 @@ func TestSignerObservable(t *testing.T) {
 	e.file(t, signertest.CSR("obs-ghost", ghost))
 	e.expectIssued(t, "obs-good", "worker-obs", "test:///obs", 24*time.Hour)
 	e.expectDenied(t, "obs-bad", attestor.ReasonAttestedProviderIDMismatch)
-	e.expectDenied(t, "obs-ghost", capi.ReasonMachineNotFound)
+	e.expectDenied(t, "obs-ghost", attestor.ReasonMachineNotFound)
 
 	t.Run("Events on the Machine and the Cluster", func(t *testing.T) {
 		for _, want := range []struct{ kind, name, typ, reason, csr string }{
 			{"Machine", "worker-obs", corev1.EventTypeNormal, attestor.ReasonAttestationVerified, "obs-good"},
 			{"Machine", "worker-obs", corev1.EventTypeWarning, attestor.ReasonAttestedProviderIDMismatch, "obs-bad"},
-			{"Cluster", signerCluster, corev1.EventTypeWarning, capi.ReasonMachineNotFound, "obs-ghost"},
+			{"Cluster", signerCluster, corev1.EventTypeWarning, attestor.ReasonMachineNotFound, "obs-ghost"},
 		} {
 			var got *corev1.Event
 			harness.WaitFor(t, 30*time.Second, func() (bool, error) {

@@ -124,7 +124,7 @@ func TestSignerServing(t *testing.T) {
 		// kube-apiserver's CSR admission already stops a node from asking for
 		// another's name; another node asking for this one's address:
 		{node1, servingCSR("kubelet-other-nodes-address", kubelet, servingCSRPEM(t, "system:node:worker-1", []string{"worker-1", "worker-0"}, nil, nil)), attestor.ReasonSANNotMachineAddress},
-		{node2, servingCSR("kubelet-no-machine", kubelet, servingCSRPEM(t, "system:node:worker-2", []string{"worker-2"}, nil, nil)), capi.ReasonMachineNotFound},
+		{node2, servingCSR("kubelet-no-machine", kubelet, servingCSRPEM(t, "system:node:worker-2", []string{"worker-2"}, nil, nil)), attestor.ReasonMachineNotFound},
 		{bootstrap, servingCSR("kubelet-bootstrap", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, nil)), attestor.ReasonRequesterNotAllowed},
 		{node, servingCSR("kubelet-email", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, []string{"a@example.com"})), attestor.ReasonSANTypeNotAllowed},
 		{node, servingCSR("kubelet-client-usage", kubelet, servingCSRPEM(t, "system:node:worker-0", []string{"worker-0"}, nil, nil),

@@ -199,9 +199,9 @@ func TestSignerEndToEnd(t *testing.T) {
 		csr    *certificatesv1.CertificateSigningRequest
 		reason string
 	}{
-		{signertest.CSR("no-machine", build(signertest.Request{NodeName: "ghost", ProviderID: "test:///ghost"})), capi.ReasonMachineNotFound},
-		{signertest.CSR("cn-mismatch", build(signertest.Request{NodeName: "control-plane-0", ProviderID: "test:///cn"})), capi.ReasonNodeNameMismatch},
-		{signertest.CSR("providerid-mismatch", build(signertest.Request{NodeName: "worker-pid", ProviderID: "test:///not-pid"})), capi.ReasonMachineProviderIDMismatch},
+		{signertest.CSR("no-machine", build(signertest.Request{NodeName: "ghost", ProviderID: "test:///ghost"})), attestor.ReasonMachineNotFound},
+		{signertest.CSR("cn-mismatch", build(signertest.Request{NodeName: "control-plane-0", ProviderID: "test:///cn"})), attestor.ReasonNodeNameMismatch},
+		{signertest.CSR("providerid-mismatch", build(signertest.Request{NodeName: "worker-pid", ProviderID: "test:///not-pid"})), attestor.ReasonMachineProviderIDMismatch},
 		{signertest.CSR("san", build(signertest.Request{NodeName: "worker-san", ProviderID: "test:///san", DNSNames: []string{"kubernetes.default.svc"}})), attestor.ReasonUnexpectedSAN},
 		{signertest.CSR("trailing-garbage", build(signertest.Request{NodeName: "worker-garbage", ProviderID: "test:///garbage", Trailer: []byte("trailing garbage\n")})), attestor.ReasonMalformedRequest},
 	}
