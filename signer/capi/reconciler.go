@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -190,6 +192,18 @@ type workload struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	started    time.Time
+	run        workloadRun
+}
+
+// workloadRun is what a workload's goroutines run with (start).
+type workloadRun struct {
+	id         *scoped.Identity
+	obs        *identityObserver
+	cs         kubernetes.Interface
+	pub        *trust.Publisher
+	clusterRef *corev1.ObjectReference
+	trusted    []*x509.Certificate
+	over       *overBounds
 }
 
 // SetupWithManager registers the reconciler, the Machine index and the
@@ -291,111 +305,194 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	case <-ctx.Done():
 		return reconcile.Result{}, ctx.Err()
 	}
-	var cluster clusterv1.Cluster
-	if err := r.Client.Get(ctx, req.NamespacedName, &cluster); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.stop(logger, req.NamespacedName, "Cluster deleted")
-			r.setIdle(req.NamespacedName, nil)
-			return reconcile.Result{}, nil
-		}
+	cluster, err := r.servedCluster(ctx, logger, req.NamespacedName)
+	if cluster == nil {
 		return reconcile.Result{}, err
 	}
-	if !cluster.DeletionTimestamp.IsZero() {
-		r.stop(logger, req.NamespacedName, "Cluster is being deleted")
-		r.setIdle(req.NamespacedName, nil)
-		return reconcile.Result{}, nil
-	}
-	if !Enabled(&cluster) {
-		r.stop(logger, req.NamespacedName, "Cluster opted out")
-		r.setIdle(req.NamespacedName, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
-		return reconcile.Result{}, nil
-	}
-	policy, policyErrs, err := r.readPolicy(ctx, &cluster)
-	if err != nil {
+	s := &clusterScope{logger: logger, cluster: cluster, nn: req.NamespacedName}
+	if s.policy, s.policyErrs, err = r.readPolicy(ctx, cluster); err != nil {
 		return reconcile.Result{}, err
 	}
-
-	if d := r.inBackoff(&cluster); d > 0 {
+	if d := r.inBackoff(cluster); d > 0 {
 		return reconcile.Result{RequeueAfter: d}, nil
 	}
 
-	period := r.RecheckPeriod
-	if period <= 0 {
+	period := cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod)
+	if period < 0 {
 		period = DefaultRecheckPeriod
 	}
-	var next time.Time // when the serving CAs change next
-	// The CA first: a Secret whose certificate its key does not prove
-	// could name another cluster's CA, which evidence is bound to.
-	ca, err := ReadCA(ctx, r.APIReader, req.NamespacedName)
-	if refused := (*RefusedCAError)(nil); errors.As(err, &refused) {
-		r.refuseCA(logger, &cluster, refused)
-		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonCARefused,
-			message: refused.Error()})
+	refused, err := r.readWorkloadSecrets(ctx, s)
+	if refused {
 		return reconcile.Result{RequeueAfter: period}, nil
 	}
-	var kubeconfig []byte
+	var next time.Time // when the serving CAs change next
 	if err == nil {
-		kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
-	}
-	if err == nil {
-		// The kubeconfig is tenant input: checked before anything is
-		// read or connected to on its behalf.
-		var cfg *rest.Config
-		cfg, err = WorkloadRESTConfig(kubeconfig)
-		if fields, refused := refusedFields(err); refused {
-			r.refuseKubeconfig(logger, &cluster, fields, err)
-			r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonKubeconfigRefused,
-				message: fmt.Sprintf("Secret %s not used: %v", cluster.Name+KubeconfigSecretSuffix, err)})
-			return reconcile.Result{RequeueAfter: period}, nil
-		}
-		if err == nil {
-			next, err = r.ensure(ctx, logger, &cluster, policy, policyErrs, kubeconfig, cfg, ca)
-		}
+		next, err = r.ensure(ctx, s)
 	}
 	if apierrors.IsNotFound(err) {
 		logger.Info("Waiting for the Cluster's Secrets", "err", err.Error())
-		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonWaitingForSecrets, message: err.Error()})
+		r.setIdle(s.nn, s.idle(ReasonWaitingForSecrets, err.Error()))
 		return reconcile.Result{RequeueAfter: missingSecretRetry}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	r.setIdle(req.NamespacedName, nil)
+	r.setIdle(s.nn, nil)
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)
 	}
 	return reconcile.Result{RequeueAfter: period}, nil
 }
 
-// ensure runs a controller for cluster with this configuration, replacing
-// one with another. It returns when the serving CAs change next.
-func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy ClusterPolicy, policyErrs field.ErrorList,
-	kubeconfig []byte, cfg *rest.Config, cca *ClusterCA) (time.Time, error) {
-	ca := cca.CA
-	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
-	authorized := policy.AuthorizedAttestors
-	servingCAs, err := r.ensureServingCA(ctx, cluster)
+// clusterScope is what one reconcile of an opted-in Cluster reads, phase
+// by phase: the Cluster and its policy (Reconcile), its CA and kubeconfig
+// (readWorkloadSecrets), then what ensure builds from them.
+type clusterScope struct {
+	logger     klog.Logger
+	cluster    *clusterv1.Cluster
+	nn         types.NamespacedName
+	policy     ClusterPolicy
+	policyErrs field.ErrorList
+	ca         *ClusterCA
+	kubeconfig []byte
+	restConfig *rest.Config
+}
+
+// idle is the status of the opted-in Cluster while it is not served.
+func (s *clusterScope) idle(reason, message string) *idleCluster {
+	return &idleCluster{uid: s.cluster.UID, generation: s.cluster.Generation, optedIn: true, reason: reason, message: message}
+}
+
+// servedCluster reads the Cluster and returns it if it is to be served;
+// otherwise it stops its controller, records why, and returns nil.
+func (r *ClusterReconciler) servedCluster(ctx context.Context, logger klog.Logger, nn types.NamespacedName) (*clusterv1.Cluster, error) {
+	var cluster clusterv1.Cluster
+	if err := r.Client.Get(ctx, nn, &cluster); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		r.stop(logger, nn, "Cluster deleted")
+		r.setIdle(nn, nil)
+		return nil, nil
+	}
+	switch {
+	case !cluster.DeletionTimestamp.IsZero():
+		r.stop(logger, nn, "Cluster is being deleted")
+		r.setIdle(nn, nil)
+		return nil, nil
+	case !Enabled(&cluster):
+		r.stop(logger, nn, "Cluster opted out")
+		r.setIdle(nn, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
+		return nil, nil
+	}
+	return &cluster, nil
+}
+
+// readWorkloadSecrets reads the Cluster's CA and kubeconfig into s. It
+// reports refused when either is refused (recorded on the Cluster), and
+// returns the error of a read, NotFound included.
+func (r *ClusterReconciler) readWorkloadSecrets(ctx context.Context, s *clusterScope) (refused bool, err error) {
+	// The CA first: a Secret whose certificate its key does not prove
+	// could name another cluster's CA, which evidence is bound to.
+	s.ca, err = ReadCA(ctx, r.APIReader, s.nn)
+	if refusedCA := (*RefusedCAError)(nil); errors.As(err, &refusedCA) {
+		r.refuseCA(s.logger, s.cluster, refusedCA)
+		r.setIdle(s.nn, s.idle(ReasonCARefused, refusedCA.Error()))
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if s.kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, s.nn); err != nil {
+		return false, err
+	}
+	// The kubeconfig is tenant input: checked before anything is read or
+	// connected to on its behalf.
+	s.restConfig, err = WorkloadRESTConfig(s.kubeconfig)
+	if fields, isRefused := refusedFields(err); isRefused {
+		r.refuseKubeconfig(s.logger, s.cluster, fields, err)
+		r.setIdle(s.nn, s.idle(ReasonKubeconfigRefused, fmt.Sprintf("Secret %s not used: %v", s.cluster.Name+KubeconfigSecretSuffix, err)))
+		return true, nil
+	}
+	return false, err
+}
+
+// ensure runs a controller for the Cluster with this configuration,
+// replacing one with another. It returns when the serving CAs change next.
+func (r *ClusterReconciler) ensure(ctx context.Context, s *clusterScope) (time.Time, error) {
+	servingCAs, err := r.ensureServingCA(ctx, s.cluster)
 	if err != nil {
 		return time.Time{}, err
 	}
 	next := servingCAs.NextChange
-	policyErrors := r.checkPolicy(logger, cluster, &policy, policyErrs)
-	hash, err := workloadInputs{Kubeconfig: kubeconfig, CA: cca.PEM, ClusterUID: string(cluster.UID), ServingCAs: servingCAs.Fingerprint(), Policy: policy.ClusterAttestationSpec}.hash()
+	policyErrors := r.checkPolicy(s.logger, s.cluster, &s.policy, s.policyErrs)
+	hash, err := workloadInputs{Kubeconfig: s.kubeconfig, CA: s.ca.PEM, ClusterUID: string(s.cluster.UID),
+		ServingCAs: servingCAs.Fingerprint(), Policy: s.policy.ClusterAttestationSpec}.hash()
 	if err != nil {
 		return next, err
 	}
-
 	r.mu.Lock()
-	cur := r.running[nn]
+	cur := r.running[s.nn]
 	r.mu.Unlock()
 	if cur != nil && cur.hash == hash {
-		cur.state.update(func(s *ClusterStatus) {
-			s.ObservedGeneration, s.PolicyErrors, s.PolicySource = cluster.Generation, policyErrors, policy.Source
+		cur.state.update(func(st *ClusterStatus) {
+			st.ObservedGeneration, st.PolicyErrors, st.PolicySource = s.cluster.Generation, policyErrors, s.policy.Source
 		})
 		return next, nil
 	}
 
-	cfg = rest.CopyConfig(cfg)
+	profiles := r.profiles(s, servingCAs)
+	st := r.newState(s, cur, servingCAs, profiles, policyErrors)
+	w, err := r.newWorkload(s, servingCAs, profiles, st, hash)
+	if err != nil {
+		return next, err
+	}
+	if cur != nil {
+		r.stop(s.logger, s.nn, reasonRestart)
+	}
+	if err := r.start(s, w); err != nil {
+		return next, err
+	}
+	s.logger.Info("Started the CSR controller", "authorizedAttestors", s.policy.AuthorizedAttestors, "caExpires", s.ca.CA.Cert.NotAfter,
+		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
+	return next, nil
+}
+
+// newState is the status of the Cluster's new controller; the generation
+// and the last decision carry over from the one it replaces.
+func (r *ClusterReconciler) newState(s *clusterScope, cur *workload, servingCAs *trust.Authority, profiles []*engine.Profile, policyErrors string) *state {
+	st := &state{ClusterStatus: ClusterStatus{
+		Cluster: s.nn, ClusterUID: s.cluster.UID, ObservedGeneration: s.cluster.Generation,
+		PolicyErrors: policyErrors, PolicySource: s.policy.Source,
+		AuthorizedAttestors: s.policy.AuthorizedAttestors,
+		SignerNames:         servedSignerNames(profiles, s.policy.AuthorizedAttestors),
+		Lockdown:            s.policy.Lockdown, ServingApproval: s.policy.ApproveKubeletServing, Generation: 1,
+		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted),
+	}}
+	if cur != nil { // the last decision outlives a restart
+		prev := cur.state.snapshot()
+		st.Generation, st.LastDecision = prev.Generation+1, prev.LastDecision
+	}
+	return st
+}
+
+// profiles are the signing profiles of the Cluster's signers.
+func (r *ClusterReconciler) profiles(s *clusterScope, servingCAs *trust.Authority) []*engine.Profile {
+	return engine.Profiles(engine.ProfileSet{
+		Verifiers:      r.Verifiers,
+		ClientOnly:     r.ClientOnly,
+		Client:         &issue.Signer{CA: s.ca.CA, MaxLifetime: r.MaxLifetime},
+		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Clock: r.Clock},
+		KubeletServing: s.policy.ApproveKubeletServing,
+	})
+}
+
+// adminConfig is the workload cluster's admin client configuration: the
+// tenant's kubeconfig with our user agent and rate limits, every answer
+// read through the bounds (package bounds), one exceeded stopping the
+// Cluster's controller for a while (bounds.go).
+func (r *ClusterReconciler) adminConfig(s *clusterScope, over *overBounds) (*rest.Config, func(http.RoundTripper) http.RoundTripper) {
+	cfg := rest.CopyConfig(s.restConfig)
 	cfg.UserAgent = "node-attestation-controller"
 	cfg.QPS, cfg.Burst = DefaultClientQPS, DefaultClientBurst
 	if r.ClientQPS > 0 {
@@ -407,72 +504,55 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	if r.RESTConfig != nil {
 		r.RESTConfig(cfg)
 	}
-	// Every client of the workload cluster, admin and scoped, reads
-	// bounded answers (package bounds); one exceeded stops the cluster's
-	// controller for a while (bounds.go).
-	over := &overBounds{r: r, logger: logger, cluster: cluster}
 	bound := r.Limits.Wrap(over.exceeded)
 	cfg.Wrap(bound)
-	generation := 1
-	if cur != nil {
-		generation = cur.state.snapshot().Generation + 1
-	}
-	profiles := engine.Profiles(engine.ProfileSet{
-		Verifiers:      r.Verifiers,
-		ClientOnly:     r.ClientOnly,
-		Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
-		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Clock: r.Clock},
-		KubeletServing: policy.ApproveKubeletServing,
-	})
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, PolicyErrors: policyErrors, PolicySource: policy.Source, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
-		Lockdown: policy.Lockdown, ServingApproval: policy.ApproveKubeletServing, Generation: generation,
-		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
-	if cur != nil { // the last decision outlives a restart
-		st.LastDecision = cur.state.snapshot().LastDecision
-	}
-	// The admin credential installs the controller's own identity (once
-	// connected); every client below works through that identity's tokens
-	// (identity.go).
-	obs := &identityObserver{r: r, logger: logger, cluster: cluster, st: st}
-	id, err := scoped.New(scoped.Config{Admin: cfg, TokenLifetime: r.TokenLifetime, RenewBefore: r.TokenRenewBefore,
+	return cfg, bound
+}
+
+// newWorkload builds the Cluster's controller and what it runs with: the
+// controller's own identity in the workload cluster (every client works
+// through its tokens, identity.go), the clients, the publisher of the
+// serving CAs and the revocation of deleted Machines' certificates.
+func (r *ClusterReconciler) newWorkload(s *clusterScope, servingCAs *trust.Authority, profiles []*engine.Profile, st *state, hash string) (*workload, error) {
+	over := &overBounds{r: r, logger: s.logger, cluster: s.cluster}
+	admin, bound := r.adminConfig(s, over)
+	obs := &identityObserver{r: r, logger: s.logger, cluster: s.cluster, st: st}
+	id, err := scoped.New(scoped.Config{Admin: admin, TokenLifetime: r.TokenLifetime, RenewBefore: r.TokenRenewBefore,
 		Providers: slices.Sorted(maps.Keys(r.Verifiers)), Observer: obs})
 	if err != nil {
-		return next, fmt.Errorf("unable to set up the controller's identity in the workload cluster: %w", err)
+		return nil, fmt.Errorf("unable to set up the controller's identity in the workload cluster: %w", err)
 	}
-	cfg = id.RESTConfig()
+	cfg := id.RESTConfig()
 	cfg.Wrap(bound)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
+		return nil, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
-	workers := r.Workers
-	if workers <= 0 {
-		workers = 2
-	}
-	machines := &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: nn.Namespace, Cluster: nn.Name, Mapper: r.kinds()}
+	authorized := s.policy.AuthorizedAttestors
 	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
 	if err != nil {
-		return next, fmt.Errorf("unable to build the workload cluster's client: %w", err)
+		return nil, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
-	clusterRef := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: nn.Namespace, Name: nn.Name, UID: cluster.UID}
+	clusterRef := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster",
+		Namespace: s.nn.Namespace, Name: s.nn.Name, UID: s.cluster.UID}
 	revocation := r.newRevocation(cs)
 	c, err := controller.New(controller.Config{
-		Cluster: nn.String(),
+		Cluster: s.nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
 			Profiles:              profiles,
 			Authorized:            authorized,
-			Policies:              policy.Documents(),
-			ClusterUID:            string(cluster.UID),
-			ClusterCAs:            cca.Bundle,
-			RequireClusterBinding: policy.RequireClusterBinding,
-			Machines:              machines,
+			Policies:              s.policy.Documents(),
+			ClusterUID:            string(s.cluster.UID),
+			ClusterCAs:            s.ca.Bundle,
+			RequireClusterBinding: s.policy.RequireClusterBinding,
+			Machines:              &Matcher{Cache: r.Client, Live: r.APIReader, Namespace: s.nn.Namespace, Cluster: s.nn.Name, Mapper: r.kinds()},
 			Identities:            r.Identities,
 			ChallengeKeys:         r.ChallengeKeys,
 		},
 		Metrics:           r.Metrics,
-		Events:            r.decisionEvents(cluster, st),
-		Workers:           workers,
+		Events:            r.decisionEvents(s.cluster, st),
+		Workers:           cmp.Or(max(r.Workers, 0), 2),
 		MinRetry:          r.MinRetry,
 		MaxRetry:          r.MaxRetry,
 		Issuing:           &acceptor{r: r, rv: revocation.rv, cluster: clusterRef, st: st},
@@ -482,52 +562,56 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		OverBudget:        over.budgetExceeded,
 	})
 	if err != nil {
-		return next, err
+		return nil, err
 	}
+	return &workload{hash: hash, state: st, revocation: revocation, ctrl: c, done: make(chan struct{}),
+		run: workloadRun{id: id, obs: obs, cs: cs, pub: pub, clusterRef: clusterRef, trusted: servingCAs.Trusted, over: over}}, nil
+}
 
-	if cur != nil {
-		r.stop(logger, nn, reasonRestart)
-	}
+// start runs w as the Cluster's controller under the manager's context.
+// The probe reports the cluster disconnected until the controller's
+// identity is installed; everything else waits for it, and the CSR
+// controller also for the serving CAs to be published (a new serving CA
+// signs once it is).
+func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.base == nil || r.base.Err() != nil {
-		return next, errors.New("the manager is stopping")
+		return errors.New("the manager is stopping")
 	}
 	// The controller logs under the manager's logger (it adds the cluster),
 	// not under this reconcile's.
 	wctx, cancel := context.WithCancel(r.base)
-	w := &workload{hash: hash, state: st, revocation: revocation, ctrl: c, cancel: cancel, done: make(chan struct{}), started: time.Now()}
-	r.running[nn] = w
-	over.running(w)
-	// The probe reports the cluster disconnected until the identity is
-	// installed; everything else waits for it.
-	go probe(wctx, cs, st, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
+	w.cancel, w.started = cancel, time.Now()
+	r.running[s.nn] = w
+	run := w.run
+	run.over.running(w)
+	background := klog.FromContext(wctx).WithValues("cluster", s.nn)
+	go probe(wctx, run.cs, w.state, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	go func() {
 		defer close(w.done)
-		if !r.connect(wctx, logger, cluster, id, obs) {
+		if !r.connect(wctx, s.logger, s.cluster, run.id, run.obs) {
 			return
 		}
-		go id.Run(wctx)
-		go r.keepRevocations(wctx, klog.FromContext(wctx).WithValues("cluster", nn), clusterRef, revocation, st, r.revocationPeriod())
-		if policy.Lockdown {
-			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+		go run.id.Run(wctx)
+		go r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
+		if s.policy.Lockdown {
+			go r.lockdown(wctx, background, run.cs, w.state)
 		} else {
-			go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
+			go r.unlock(wctx, background, run.cs, w.state)
 		}
 		published := make(chan struct{})
-		go keepPublished(wctx, pub, servingCAs.Trusted, st, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
-		select { // a new serving CA signs once it is published
+		go keepPublished(wctx, run.pub, run.trusted, w.state, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
+		select {
 		case <-published:
 		case <-wctx.Done():
 			return
 		}
-		if err := c.Run(wctx); err != nil && wctx.Err() == nil {
-			logger.Error(err, "CSR controller stopped")
+		if err := w.ctrl.Run(wctx); err != nil && wctx.Err() == nil {
+			s.logger.Error(err, "CSR controller stopped")
 		}
 	}()
-	logger.Info("Started the CSR controller", "authorizedAttestors", authorized, "caExpires", ca.Cert.NotAfter,
-		"servingCAExpires", servingCAs.Signing.Cert.NotAfter, "servingCAs", len(servingCAs.Trusted))
-	return next, nil
+	return nil
 }
 
 // Reasons of the Events on a Cluster about its policy.
