@@ -186,7 +186,7 @@ type Node struct {
 	// Binary is the node binary Credential runs: the scenario's, unless a
 	// test sets another (a released build, for version skew).
 	Binary string
-	env                    *Env
+	env    *Env
 }
 
 // NewNode writes a node's config and kubeconfigs. It does not create a
