@@ -183,14 +183,18 @@ type Node struct {
 	Dir, CacheDir string
 	// ConfigPath is its NodeConfig and Kubeconfig the exec-plugin kubeconfig.
 	ConfigPath, Kubeconfig string
-	env                    *Env
+	// Binary is the node binary Credential runs: the scenario's, unless a
+	// test sets another (a released build, for version skew).
+	Binary string
+	env    *Env
 }
 
 // NewNode writes a node's config and kubeconfigs. It does not create a
 // Machine (see Machine).
 func (e *Env) NewNode(tb testing.TB, name, providerID, attestorName string, extraConfig ...string) *Node {
 	tb.Helper()
-	n := &Node{Name: name, ProviderID: providerID, Dir: filepath.Join(e.Dir, "node-"+name), env: e}
+	n := &Node{Name: name, ProviderID: providerID, Dir: filepath.Join(e.Dir, "node-"+name), env: e,
+		Binary: filepath.Join(e.BinDir, nodeBinaryName)}
 	n.CacheDir = filepath.Join(n.Dir, "cache")
 	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
 		tb.Fatal(err)
@@ -237,12 +241,12 @@ type Result struct {
 	Took           time.Duration
 }
 
-// Credential runs `kubelet-authenticator credential` for the node, as
-// kubelet would (KUBERNETES_EXEC_INFO with the cluster).
+// Credential runs `kubelet-authenticator credential` (n.Binary) for the
+// node, as kubelet would (KUBERNETES_EXEC_INFO with the cluster).
 func (n *Node) Credential(ctx context.Context, extra ...string) Result {
 	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
 		n.env.Workload.URL, base64.StdEncoding.EncodeToString(n.env.Workload.CACertPEM))
-	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, filepath.Join(n.env.BinDir, nodeBinaryName),
+	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, n.Binary,
 		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)
 }
 
