@@ -129,6 +129,8 @@ type Verifier struct {
 	ttl                  time.Duration
 	now                  func() time.Time
 	rand                 io.Reader
+	// replays remembers boot states between a join's rounds.
+	replays replayCache
 }
 
 var _ attestor.Verifier = (*Verifier)(nil)
