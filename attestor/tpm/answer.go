@@ -62,7 +62,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
 	}
-	if err := checkFreshQuote(at, first.Attestation, r, freshQualifier(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID), pol); err != nil {
+	if err := v.checkFreshQuote(at, first.Attestation, r, freshQualifier(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID), pol); err != nil {
 		return nil, err
 	}
 	return &attestor.Result{Identity: &attestor.Identity{
@@ -78,7 +78,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 // the first round's event log replayed against them. A response without
 // one is refused where the policy reads PCRs: the boot state proven would
 // be that of any boot in which the AK once quoted.
-func checkFreshQuote(at *attested, first *Attestation, r *Response, qualifier []byte, pol *Policy) error {
+func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response, qualifier []byte, pol *Policy) error {
 	if r.Quote == nil {
 		if pol != nil && pol.needsQuote() {
 			return attestor.Deny(ReasonFreshQuoteRequired,
@@ -102,7 +102,7 @@ func checkFreshQuote(at *attested, first *Attestation, r *Response, qualifier []
 	var state *BootState
 	var noState string
 	if len(first.EventLog) > 0 {
-		state, err = ReplayEventLog(first.EventLog, r.PCRs)
+		state, err = v.replays.replay(first.EventLog, r.PCRs)
 		switch {
 		case errors.Is(err, errNoCommonBank):
 			noState, err = err.Error(), nil

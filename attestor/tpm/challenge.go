@@ -68,7 +68,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 	case VersionV2, VersionV3:
 		sel, err = checkQuote(at, a, bindings)
 		if err == nil && len(a.EventLog) > 0 {
-			state, err = ReplayEventLog(a.EventLog, a.PCRs)
+			state, err = v.replays.replay(a.EventLog, a.PCRs)
 			switch {
 			case errors.Is(err, errNoCommonBank):
 				noState, err = err.Error(), nil

@@ -119,6 +119,8 @@ type Verifier struct {
 	ttl                  time.Duration
 	now                  func() time.Time
 	rand                 io.Reader
+	// replays remembers boot states between a join's rounds.
+	replays replayCache
 }
 
 var _ attestor.Verifier = (*Verifier)(nil)
@@ -356,62 +358,69 @@ func verifySignature(key crypto.PublicKey, msg, rawSig []byte) (tpm2.TPMAlgID, e
 	if err != nil {
 		return 0, err
 	}
-	var hashAlg tpm2.TPMAlgID
-	err = func() error {
-		switch k := key.(type) {
-		case *ecdsa.PublicKey:
-			if sig.SigAlg != tpm2.TPMAlgECDSA {
-				return fmt.Errorf("signature algorithm 0x%04x, want ECDSA", uint16(sig.SigAlg))
-			}
-			s, err := sig.Signature.ECDSA()
-			if err != nil {
-				return err
-			}
-			h, err := hashFor(s.Hash)
-			if err != nil {
-				return err
-			}
-			hashAlg = s.Hash
-			d := h.New()
-			d.Write(msg)
-			r, ss := new(big.Int).SetBytes(s.SignatureR.Buffer), new(big.Int).SetBytes(s.SignatureS.Buffer)
-			if !ecdsa.Verify(k, d.Sum(nil), r, ss) {
-				return errors.New("ECDSA signature does not verify")
-			}
-			return nil
-		case *rsa.PublicKey:
-			var s *tpm2.TPMSSignatureRSA
-			switch sig.SigAlg {
-			case tpm2.TPMAlgRSASSA:
-				s, err = sig.Signature.RSASSA()
-			case tpm2.TPMAlgRSAPSS:
-				s, err = sig.Signature.RSAPSS()
-			default:
-				return fmt.Errorf("signature algorithm 0x%04x, want RSASSA or RSAPSS", uint16(sig.SigAlg))
-			}
-			if err != nil {
-				return err
-			}
-			h, err := hashFor(s.Hash)
-			if err != nil {
-				return err
-			}
-			hashAlg = s.Hash
-			d := h.New()
-			d.Write(msg)
-			if sig.SigAlg == tpm2.TPMAlgRSASSA {
-				err = rsa.VerifyPKCS1v15(k, h, d.Sum(nil), s.Sig.Buffer)
-			} else {
-				err = rsa.VerifyPSS(k, h, d.Sum(nil), s.Sig.Buffer, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthAuto})
-			}
-			return err
-		}
-		return fmt.Errorf("unsupported AK key type %T", key)
-	}()
+	switch k := key.(type) {
+	case *ecdsa.PublicKey:
+		return verifyECDSA(k, msg, sig)
+	case *rsa.PublicKey:
+		return verifyRSA(k, msg, sig)
+	}
+	return 0, fmt.Errorf("unsupported AK key type %T", key)
+}
+
+// verifyECDSA checks an ECDSA TPMT_SIGNATURE by k over msg and returns its
+// hash algorithm.
+func verifyECDSA(k *ecdsa.PublicKey, msg []byte, sig *tpm2.TPMTSignature) (tpm2.TPMAlgID, error) {
+	if sig.SigAlg != tpm2.TPMAlgECDSA {
+		return 0, fmt.Errorf("signature algorithm 0x%04x, want ECDSA", uint16(sig.SigAlg))
+	}
+	s, err := sig.Signature.ECDSA()
 	if err != nil {
 		return 0, err
 	}
-	return hashAlg, nil
+	h, err := hashFor(s.Hash)
+	if err != nil {
+		return 0, err
+	}
+	d := h.New()
+	d.Write(msg)
+	r, ss := new(big.Int).SetBytes(s.SignatureR.Buffer), new(big.Int).SetBytes(s.SignatureS.Buffer)
+	if !ecdsa.Verify(k, d.Sum(nil), r, ss) {
+		return 0, errors.New("ECDSA signature does not verify")
+	}
+	return s.Hash, nil
+}
+
+// verifyRSA checks an RSASSA or RSAPSS TPMT_SIGNATURE by k over msg and
+// returns its hash algorithm.
+func verifyRSA(k *rsa.PublicKey, msg []byte, sig *tpm2.TPMTSignature) (tpm2.TPMAlgID, error) {
+	var s *tpm2.TPMSSignatureRSA
+	var err error
+	switch sig.SigAlg {
+	case tpm2.TPMAlgRSASSA:
+		s, err = sig.Signature.RSASSA()
+	case tpm2.TPMAlgRSAPSS:
+		s, err = sig.Signature.RSAPSS()
+	default:
+		return 0, fmt.Errorf("signature algorithm 0x%04x, want RSASSA or RSAPSS", uint16(sig.SigAlg))
+	}
+	if err != nil {
+		return 0, err
+	}
+	h, err := hashFor(s.Hash)
+	if err != nil {
+		return 0, err
+	}
+	d := h.New()
+	d.Write(msg)
+	if sig.SigAlg == tpm2.TPMAlgRSASSA {
+		err = rsa.VerifyPKCS1v15(k, h, d.Sum(nil), s.Sig.Buffer)
+	} else {
+		err = rsa.VerifyPSS(k, h, d.Sum(nil), s.Sig.Buffer, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthAuto})
+	}
+	if err != nil {
+		return 0, err
+	}
+	return s.Hash, nil
 }
 
 // sameEK compares a base64 DER SPKI (an annotation) with the EK key.
