@@ -240,9 +240,19 @@ type Result struct {
 // Credential runs `kubelet-authenticator credential` for the node, as
 // kubelet would (KUBERNETES_EXEC_INFO with the cluster).
 func (n *Node) Credential(ctx context.Context, extra ...string) Result {
+	return n.CredentialWith(ctx, "", nil, extra...)
+}
+
+// CredentialWith runs `credential` for the node as Credential does, with
+// binary in place of the scenario's build of the node binary (empty: that
+// build; another path: an older release) and env added to its environment.
+func (n *Node) CredentialWith(ctx context.Context, binary string, env []string, extra ...string) Result {
+	if binary == "" {
+		binary = filepath.Join(n.env.BinDir, nodeBinaryName)
+	}
 	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
 		n.env.Workload.URL, base64.StdEncoding.EncodeToString(n.env.Workload.CACertPEM))
-	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, filepath.Join(n.env.BinDir, nodeBinaryName),
+	return run(ctx, append([]string{"KUBERNETES_EXEC_INFO=" + info}, env...), binary,
 		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)
 }
 
