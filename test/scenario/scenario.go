@@ -183,18 +183,14 @@ type Node struct {
 	Dir, CacheDir string
 	// ConfigPath is its NodeConfig and Kubeconfig the exec-plugin kubeconfig.
 	ConfigPath, Kubeconfig string
-	// Binary is the node binary Credential runs: the scenario's, unless a
-	// test sets another (a released build, for version skew).
-	Binary string
-	env    *Env
+	env                    *Env
 }
 
 // NewNode writes a node's config and kubeconfigs. It does not create a
 // Machine (see Machine).
 func (e *Env) NewNode(tb testing.TB, name, providerID, attestorName string, extraConfig ...string) *Node {
 	tb.Helper()
-	n := &Node{Name: name, ProviderID: providerID, Dir: filepath.Join(e.Dir, "node-"+name), env: e,
-		Binary: filepath.Join(e.BinDir, nodeBinaryName)}
+	n := &Node{Name: name, ProviderID: providerID, Dir: filepath.Join(e.Dir, "node-"+name), env: e}
 	n.CacheDir = filepath.Join(n.Dir, "cache")
 	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
 		tb.Fatal(err)
@@ -241,12 +237,22 @@ type Result struct {
 	Took           time.Duration
 }
 
-// Credential runs `kubelet-authenticator credential` (n.Binary) for the
-// node, as kubelet would (KUBERNETES_EXEC_INFO with the cluster).
+// Credential runs `kubelet-authenticator credential` for the node, as
+// kubelet would (KUBERNETES_EXEC_INFO with the cluster).
 func (n *Node) Credential(ctx context.Context, extra ...string) Result {
+	return n.CredentialWith(ctx, "", nil, extra...)
+}
+
+// CredentialWith runs `credential` for the node as Credential does, with
+// binary in place of the scenario's build of the node binary (empty: that
+// build; another path: an older release) and env added to its environment.
+func (n *Node) CredentialWith(ctx context.Context, binary string, env []string, extra ...string) Result {
+	if binary == "" {
+		binary = filepath.Join(n.env.BinDir, nodeBinaryName)
+	}
 	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
 		n.env.Workload.URL, base64.StdEncoding.EncodeToString(n.env.Workload.CACertPEM))
-	return run(ctx, []string{"KUBERNETES_EXEC_INFO=" + info}, n.Binary,
+	return run(ctx, append([]string{"KUBERNETES_EXEC_INFO=" + info}, env...), binary,
 		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)
 }
 
