@@ -6,17 +6,11 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
-
-// publishTimeout bounds one publication of a cluster's serving CAs, so that
-// an unreachable workload cluster does not hold up its CSR controller long.
-const publishTimeout = 10 * time.Second
 
 func (r *ClusterReconciler) now() time.Time {
 	if r.Clock == nil {
@@ -41,32 +35,13 @@ func (r *ClusterReconciler) servingSignerNames(authorized []string) []string {
 
 // newPublisher returns the publisher of a workload cluster's serving CAs.
 func newPublisher(cfg *rest.Config, signerNames []string) (*trust.Publisher, error) {
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &trust.Publisher{Client: dyn, Discovery: dc, SignerNames: signerNames}, nil
+	return trust.NewPublisher(cfg, signerNames)
 }
 
-// keepPublished publishes cas in the workload cluster, then again every
-// period (repairing what someone else changed), sooner after a failure,
-// until ctx is done. first is closed after the first attempt, failed or
-// not: the CSR controller starts then, so that a new CA signs only once it
-// is published, while a cluster without the ClusterTrustBundle API still
-// gets its certificates.
+// keepPublished keeps cas published in the workload cluster (Publisher.Keep)
+// and reports each outcome in the cluster's status.
 func keepPublished(ctx context.Context, pub *trust.Publisher, cas []*x509.Certificate, st *state, period time.Duration, first chan<- struct{}) {
-	retry := time.Second
-	for {
-		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		err := pub.Publish(pctx, cas)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
+	pub.Keep(ctx, cas, period, first, func(err error) {
 		st.update(func(s *ClusterStatus) {
 			s.TrustBundlesPublished = err == nil
 			s.TrustBundleError = ""
@@ -74,20 +49,5 @@ func keepPublished(ctx context.Context, pub *trust.Publisher, cas []*x509.Certif
 				s.TrustBundleError = err.Error()
 			}
 		})
-		if first != nil {
-			close(first)
-			first = nil
-		}
-		next := period
-		if err != nil {
-			next, retry = min(retry, period), min(2*retry, period)
-		} else {
-			retry = time.Second
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(next):
-		}
-	}
+	})
 }

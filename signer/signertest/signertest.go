@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"net"
 	"testing"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -35,6 +36,7 @@ type Request struct {
 	Subject *pkix.Name
 	// DNSNames, IPs and Emails are subject alternative names to request.
 	DNSNames []string
+	IPs      []net.IP
 	Emails   []string
 	// ExtraExtensions are added to the PKCS#10 request.
 	ExtraExtensions []pkix.Extension
@@ -67,6 +69,7 @@ func (r Request) Build(t testing.TB) ([]byte, crypto.Signer) {
 	tmpl := &x509.CertificateRequest{
 		Subject:         subject,
 		DNSNames:        r.DNSNames,
+		IPAddresses:     r.IPs,
 		EmailAddresses:  r.Emails,
 		ExtraExtensions: append([]pkix.Extension(nil), r.ExtraExtensions...),
 	}

@@ -4,8 +4,9 @@
 // and the CA comes from files or a Secret.
 //
 // An allowlist entry names a node, its provider ID and, optionally, the
-// stable identity its attestor must prove (an EK hash, an instance ID) and
-// annotations handed to the verifier (a pinned TPM endorsement key).
+// stable identity its attestor must prove (an EK hash, an instance ID),
+// annotations handed to the verifier (a pinned TPM endorsement key), and
+// the addresses its serving certificates may name.
 package standalone
 
 import (
@@ -14,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -44,6 +46,12 @@ type Entry struct {
 	// Annotations are handed to the verifier as the Machine's would be
 	// (cluster-x-k8s-io/tpm-endorsement-key pins a TPM's EK).
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// DNSNames and IPs are the node's addresses: the only subject
+	// alternative names its serving certificates may have, as a Machine's
+	// addresses are in Cluster API mode. The Node's own status is not
+	// used: the node writes it.
+	DNSNames []string `json:"dnsNames,omitempty"`
+	IPs      []string `json:"ips,omitempty"`
 }
 
 // Allowlist is the content of the allowlist ConfigMap key.
@@ -66,6 +74,16 @@ func ParseAllowlist(data []byte) (*Allowlist, error) {
 		}
 		if e.ProviderID == "" {
 			errs = append(errs, fmt.Errorf("nodes[%d] (%s): providerID is required", i, e.NodeName))
+		}
+		for _, n := range e.DNSNames {
+			if msgs := validation.IsDNS1123Subdomain(strings.ToLower(n)); len(msgs) > 0 {
+				errs = append(errs, fmt.Errorf("nodes[%d] (%s).dnsNames %q: %s", i, e.NodeName, n, strings.Join(msgs, "; ")))
+			}
+		}
+		for _, ip := range e.IPs {
+			if net.ParseIP(ip) == nil {
+				errs = append(errs, fmt.Errorf("nodes[%d] (%s).ips %q: not an IP address", i, e.NodeName, ip))
+			}
 		}
 		if j, ok := seenName[e.NodeName]; ok {
 			errs = append(errs, fmt.Errorf("nodes[%d] and nodes[%d] both name node %q", j, i, e.NodeName))
@@ -128,9 +146,14 @@ func (m *Matcher) machine(ctx context.Context, e *Entry) (*engine.Machine, error
 	if err != nil {
 		return nil, err
 	}
+	ips := make([]net.IP, 0, len(e.IPs))
+	for _, ip := range e.IPs {
+		ips = append(ips, net.ParseIP(ip)) // valid: ParseAllowlist checked
+	}
 	return &engine.Machine{
 		Namespace: m.ConfigMap.Namespace, Name: machinePrefix + e.NodeName, UID: m.entryUID(e),
 		ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity, Joined: joined,
+		DNSNames: e.DNSNames, IPs: ips,
 	}, nil
 }
 

@@ -2,6 +2,8 @@ package standalone
 
 import (
 	"context"
+	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,11 +23,15 @@ func TestParseAllowlistReportsEverything(t *testing.T) {
   providerID: a
 - nodeName: n2
   providerID: b
+- nodeName: n3
+  providerID: c
+  dnsNames: ["n3.example", "*.example"]
+  ips: ["10.0.0.3", "10.0.0"]
 `))
 	if err == nil {
 		t.Fatal("invalid allowlist accepted")
 	}
-	for _, want := range []string{"nodes[0].nodeName", "providerID is required", "both have provider ID", "both name node"} {
+	for _, want := range []string{"nodes[0].nodeName", "providerID is required", "both have provider ID", "both name node", `dnsNames "*.example"`, `ips "10.0.0": not an IP address`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -45,13 +51,19 @@ func TestMatcher(t *testing.T) {
 	}
 	if _, err := client.CoreV1().ConfigMaps(nn.Namespace).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: nn.Name, Namespace: nn.Namespace},
-		Data:       map[string]string{AllowlistKey: "nodes:\n- {nodeName: node-a, providerID: p, identity: 'tpm:ek-sha256:ab'}\n"},
+		Data:       map[string]string{AllowlistKey: "nodes:\n- {nodeName: node-a, providerID: p, identity: 'tpm:ek-sha256:ab', dnsNames: [node-a.internal], ips: ['10.0.0.5']}\n"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := m.MatchMachine(ctx, "node-a", "p")
 	if err != nil || got.ProviderID != "p" || got.Identity != "tpm:ek-sha256:ab" {
 		t.Fatalf("match = %+v, %v", got, err)
+	}
+	// The entry's addresses are the only SANs a serving certificate may
+	// have (engine: checks.CheckMachineAddresses).
+	if got, err := m.ForNode(ctx, "node-a"); err != nil || !slices.Equal(got.DNSNames, []string{"node-a.internal"}) ||
+		len(got.IPs) != 1 || !got.IPs[0].Equal(net.ParseIP("10.0.0.5")) {
+		t.Fatalf("ForNode = %+v, %v", got, err)
 	}
 	for _, c := range []struct{ node, pid, reason string }{
 		{"other", "p", attestor.ReasonNodeNotAllowed},

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 )
 
 // LabelServingCA marks the ClusterTrustBundles the controller publishes
@@ -180,4 +182,58 @@ func (p *Publisher) resource() (schema.GroupVersionResource, error) {
 		return schema.GroupVersionResource{}, fmt.Errorf("%w (tried %s in %s; enable the ClusterTrustBundle feature gate and API)", ErrNoAPI, strings.Join(versions(), ", "), group)
 	}
 	return schema.GroupVersionResource{}, fmt.Errorf("unable to discover the ClusterTrustBundle API: %w", errors.Join(errs...))
+}
+
+// PublishTimeout bounds one publication, so that an unreachable cluster
+// does not hold up its CSR controller long.
+const PublishTimeout = 10 * time.Second
+
+// Keep publishes cas, then again every period (repairing what someone
+// else changed), sooner after a failure, until ctx is done; report (which
+// may be nil) is told each outcome. first, when not nil, is closed after
+// the first attempt, failed or not: a CSR controller starts then, so that
+// a new CA signs only once it is published, while a cluster without the
+// ClusterTrustBundle API still gets its certificates.
+func (p *Publisher) Keep(ctx context.Context, cas []*x509.Certificate, period time.Duration, first chan<- struct{}, report func(error)) {
+	retry := time.Second
+	for {
+		pctx, cancel := context.WithTimeout(ctx, PublishTimeout)
+		err := p.Publish(pctx, cas)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if report != nil {
+			report(err)
+		}
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		next := period
+		if err != nil {
+			next, retry = min(retry, period), min(2*retry, period)
+		} else {
+			retry = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
+
+// NewPublisher returns the publisher of a cluster's serving CAs for
+// signerNames, talking to the cluster as cfg's user.
+func NewPublisher(cfg *rest.Config, signerNames []string) (*Publisher, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{Client: dyn, Discovery: dc, SignerNames: signerNames}, nil
 }
