@@ -78,7 +78,7 @@ func TestSignerStandaloneServing(t *testing.T) {
 		return c
 	}
 	node0, node1, ghost := nodeClient("node-0"), nodeClient("node-1"), nodeClient("node-ghost")
-	bootstrap := bootstrapClient(t, wl)
+	bootstrap := wl.BootstrapClient(t)
 	e := &signerEnv{wl: wl, bootstrap: bootstrap}
 	create := func(c kubernetes.Interface, csr *certificatesv1.CertificateSigningRequest) {
 		t.Helper()
