@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
@@ -55,6 +57,11 @@ type StandaloneOptions struct {
 	// RevocationPeriod is how often the allowlist is compared with the
 	// certificates issued, to revoke the entries taken out.
 	RevocationPeriod time.Duration
+	// Lockdown keeps kubeadm's CSR auto-approve bindings disarmed in the
+	// served cluster (package lockdown), every LockdownPeriod, as the
+	// Cluster annotation lockdown does in Cluster API mode. Without it,
+	// what an earlier run disarmed is restored.
+	Lockdown bool
 
 	caSecret, allowlist types.NamespacedName
 }
@@ -71,7 +78,7 @@ func NewStandaloneOptions() *StandaloneOptions {
 // does not take it.
 func clusterAPIOnly(name string) bool {
 	switch name {
-	case "cluster-recheck-period", "lockdown-period", "serving-ca-lifetime", "serving-ca-rotate-before":
+	case "cluster-recheck-period", "serving-ca-lifetime", "serving-ca-rotate-before":
 		return true
 	}
 	return strings.HasPrefix(name, "workload-")
@@ -90,6 +97,10 @@ func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
 	if f := fs.Lookup("kubeconfig"); f != nil {
 		f.Usage = "Kubeconfig of the cluster the controller serves (and runs in). Empty: the in-cluster service account."
 	}
+	if f := fs.Lookup("lockdown-period"); f != nil {
+		f.Usage = "How often, with --lockdown, kubeadm's CSR auto-approve bindings are disarmed again (kubeadm upgrade writes them anew)."
+	}
+	fs.BoolVar(&o.Lockdown, "lockdown", o.Lockdown, "Disarm the ClusterRoleBindings that let bootstrap tokens have kubelet client CSRs approved by kube-controller-manager without attestation (kubeadm:node-autoapprove-bootstrap); renewal by a node of its own certificate stays open. Without it, bindings an earlier run disarmed get their subjects back.")
 	fs.StringVar(&o.CACertFile, "ca-cert-file", o.CACertFile, "PEM file of the CA kube-apiserver trusts for client certificates (its --client-ca-file CA). With --ca-key-file; or use --ca-secret.")
 	fs.StringVar(&o.CAKeyFile, "ca-key-file", o.CAKeyFile, "PEM file of the CA's private key.")
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "Secret namespace/name holding the CA (tls.crt, tls.key), instead of --ca-cert-file and --ca-key-file.")
@@ -215,6 +226,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 		return err
 	}
 	var running atomic.Pointer[controller.Controller]
+	var locked lockdownState
 	err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		// The CA is read once this replica leads: a Secret it cannot read
 		// yet stops the replica (and restarts it), not the others.
@@ -227,6 +239,7 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 		revocations := &standalone.Revocations{Matcher: matcher,
 			Revoker: &revoke.Revoker{Client: cs, Lifetime: o.MaxClientCertificateLifetime}}
 		go revocations.Run(ctx, o.RevocationPeriod)
+		go o.lockdown(ctx, logger, cs, &locked)
 		c, err := controller.New(controller.Config{
 			Cluster: StandaloneCluster,
 			Client:  cs,
@@ -265,12 +278,56 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 			return nil
 		}
 		synced := c.HasSynced()
-		return []capi.ClusterStatus{{Cluster: types.NamespacedName{Name: StandaloneCluster}, Connected: synced, Synced: synced, QueueDepth: c.QueueLen(), Generation: 1}}
+		return []capi.ClusterStatus{{Cluster: types.NamespacedName{Name: StandaloneCluster}, Connected: synced, Synced: synced, QueueDepth: c.QueueLen(), Generation: 1,
+			Lockdown: o.Lockdown, LockdownEnforced: locked.enforced.Load(), LockdownRemoved: int(locked.removed.Load())}}
 	}))
 	if err != nil {
 		return err
 	}
 	defer unregister()
-	logger.Info("Starting in standalone mode", "leaderElect", o.LeaderElect, "maxClientCertificateLifetime", o.MaxClientCertificateLifetime)
+	logger.Info("Starting in standalone mode", "leaderElect", o.LeaderElect, "maxClientCertificateLifetime", o.MaxClientCertificateLifetime, "lockdown", o.Lockdown)
 	return mgr.Start(ctx)
+}
+
+// lockdownState is what lockdown did since the controller started, for
+// metrics.
+type lockdownState struct {
+	enforced atomic.Bool
+	removed  atomic.Int64
+}
+
+// lockdown, with --lockdown, keeps the served cluster's bootstrap
+// auto-approve bindings disarmed until ctx is done; without it, restores
+// once what an earlier run disarmed. Errors are logged and retried.
+func (o *StandaloneOptions) lockdown(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *lockdownState) {
+	if o.Lockdown {
+		lockdown.Run(ctx, cs, o.LockdownPeriod, func(disarmed []string, err error) {
+			if ctx.Err() != nil {
+				return
+			}
+			st.removed.Add(int64(len(disarmed)))
+			st.enforced.Store(err == nil)
+			if len(disarmed) > 0 {
+				logger.Info("Lockdown disarmed CSR auto-approve bindings", "clusterRoleBindings", disarmed)
+			}
+			if err != nil {
+				logger.Info("Lockdown not enforced yet, will retry", "err", err.Error())
+			}
+		})
+		return
+	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		restored, err := lockdown.Restore(ctx, cs)
+		if ctx.Err() != nil {
+			return
+		}
+		if len(restored) > 0 {
+			logger.Info("Lockdown lifted: restored CSR auto-approve bindings", "clusterRoleBindings", restored)
+		}
+		if err != nil {
+			logger.Info("Lockdown not lifted yet, will retry", "err", err.Error())
+			return
+		}
+		<-ctx.Done() // done: nothing more until the controller restarts
+	}, o.LockdownPeriod)
 }

@@ -11,7 +11,7 @@ import (
 func TestStandaloneFlags(t *testing.T) {
 	fs := NewStandaloneCommand().Flags()
 	for _, name := range []string{"kubeconfig", "leader-elect", "max-client-certificate-lifetime", "tpm-challenge-ttl",
-		"challenge-key-rotation-interval", "attestor-config", "metrics-bind-address", "ca-secret", "allowlist-configmap", "authorized-attestors"} {
+		"challenge-key-rotation-interval", "attestor-config", "metrics-bind-address", "ca-secret", "allowlist-configmap", "authorized-attestors", "lockdown", "lockdown-period"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("standalone has no --%s", name)
 		}
@@ -21,7 +21,7 @@ func TestStandaloneFlags(t *testing.T) {
 			t.Errorf("standalone takes --%s, which only Cluster API mode uses", f.Name)
 		}
 	})
-	if fs.Lookup("workload-client-qps") != nil || fs.Lookup("lockdown-period") != nil {
+	if fs.Lookup("workload-client-qps") != nil {
 		t.Error("standalone takes Cluster API mode's flags")
 	}
 }
