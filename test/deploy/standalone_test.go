@@ -13,6 +13,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
@@ -59,6 +61,16 @@ func TestStandaloneManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// kubeadm's bootstrap auto-approve binding, which --lockdown disarms
+	// with the Deployment's RBAC.
+	if _, err := wl.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveBootstrap},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.NodeClientRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	tr, err := wl.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, serviceAccount,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
 	if err != nil {
@@ -72,6 +84,7 @@ func TestStandaloneManifests(t *testing.T) {
 	args := append(append([]string(nil), d.Spec.Template.Spec.Containers[0].Args...),
 		"--authorized-attestors=insecure", // beside the Deployment's tpm
 		"--revocation-period=1s",
+		"--lockdown", "--lockdown-period=1s",
 		"--kubeconfig="+kubeconfig,
 		"--leader-election-namespace="+namespace,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", harness.FreePort(t)),
@@ -79,6 +92,11 @@ func TestStandaloneManifests(t *testing.T) {
 		"-v=2")
 	log := filepath.Join(dir, "controller.log")
 	harness.StartProcess(t, "controller", log, bin, args...)
+
+	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
+		b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, lockdown.KubeadmAutoApproveBootstrap, metav1.GetOptions{})
+		return err == nil && len(b.Subjects) == 0 && b.Annotations[lockdown.AnnotationSubjects] != "", err
+	})
 
 	bootstrap := bootstrapClient(t, wl)
 	decided := func(name string) *certificatesv1.CertificateSigningRequest {
