@@ -290,6 +290,19 @@ func TestPublish(t *testing.T) {
 
 	publish(ca2)
 	expect(ca2)
+
+	// A publisher of another CA under its own label (the pod CA) leaves
+	// the serving bundles alone, and they leave its bundles alone.
+	podPub := newTestPublisher(t, cfg, []string{"cluster.x-k8s.io/pod-identity"})
+	podPub.Label = "kubelet-authenticator.x-k8s.io/pod-ca"
+	if err := podPub.Publish(ctx, []*x509.Certificate{ca1}); err != nil {
+		t.Fatal(err)
+	}
+	expect(ca2)
+	publish(ca2)
+	if _, err := ctbs.Get(ctx, BundleName("cluster.x-k8s.io/pod-identity", ca1), metav1.GetOptions{}); err != nil {
+		t.Fatalf("pod CA bundle after the serving publisher ran: %v", err)
+	}
 }
 
 func newTestPublisher(t *testing.T, cfg *rest.Config, signers []string) *Publisher {
