@@ -15,6 +15,16 @@ TEST_TIMEOUT ?= 45m
 # Release platforms and commands of make build and make images.
 PLATFORMS   ?= linux/amd64 linux/arm64
 RELEASE_CMDS := kubelet-authenticator node-attestation-controller tpm-boot-policy
+# The controller's image. No image is published: set REGISTRY to one you can
+# push to. make images names the image IMAGE, make push-images pushes it there,
+# and make release-manifests writes IMAGE into the clusterctl components and
+# the packaged Helm chart, so that what is installed is what was pushed. The
+# release version is the chart's appVersion (also the series of
+# deploy/release/metadata.yaml).
+REGISTRY        ?= registry.k8s.io/kubelet-authenticator
+RELEASE_VERSION ?= $(shell sed -n 's/^appVersion: *//p' deploy/helm/kubelet-authenticator/Chart.yaml)
+IMAGE_NAME      ?= $(REGISTRY)/node-attestation-controller
+IMAGE           := $(IMAGE_NAME):$(RELEASE_VERSION)
 
 # Where the Kubernetes and etcd binaries live (built once, cached outside the
 # repository); computed only by the targets that need them.
@@ -22,6 +32,14 @@ k8s_bin = $(shell test/tools/setup.sh)
 # The demo and the benchmarks need no Cluster API binaries and no helm.
 k8s_only_bin = $(shell test/tools/setup.sh --kubernetes-only)
 capi_bin = $(shell test/tools/install-capi.sh)
+# controller-gen generates the API's deepcopy and CRD (make generate); it is
+# installed from its Go module into the same cache outside the repository.
+KA_CACHE        ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kubelet-authenticator
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN  := $(KA_CACHE)/bin/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
+# Where the generated CRDs go (kustomize and clusterctl install them; the
+# Helm chart's crds/ links to them).
+CRD_DIR         := deploy/crd/bases
 helm_bin = $(shell test/tools/install-helm.sh)
 
 .PHONY: help
@@ -38,18 +56,31 @@ build: ## Build the node binary, the controller and tpm-boot-policy (for image b
 	  done; \
 	done
 
-.PHONY: images
-images: build ## Build the controller's container image (OCI layout and archive, no container engine) into bin/images/
-	$(GO) run ./images/oci --version '$(VERSION)' --output $(BIN)/images/node-attestation-controller \
+oci_args = --version '$(VERSION)' --image '$(IMAGE)' --output $(BIN)/images/node-attestation-controller \
 	  $(foreach p,$(PLATFORMS),--binary $(p)=$(BIN)/$(subst /,_,$(p))/node-attestation-controller)
 
+.PHONY: images
+images: build ## Build the controller's container image IMAGE (REGISTRY/node-attestation-controller:RELEASE_VERSION; OCI layout and archive, no container engine) into bin/images/
+	$(GO) run ./images/oci $(oci_args)
+
+.PHONY: push-images
+push-images: build ## Build the controller's image and push it to IMAGE (credentials: ~/.docker/config.json, as docker login writes it)
+	$(GO) run ./images/oci $(oci_args) --push
+
 .PHONY: release-manifests
-release-manifests: ## Write the clusterctl add-on provider artifacts (addon-components.yaml, metadata.yaml) and the packaged Helm chart into bin/release/
-	@bin_dir="$(k8s_bin)"; helm_dir="$(helm_bin)"; set -e; mkdir -p $(BIN)/release; \
-	"$$bin_dir/kubectl" kustomize deploy/release > $(BIN)/release/addon-components.yaml; \
-	cp deploy/release/metadata.yaml $(BIN)/release/metadata.yaml; \
-	"$$helm_dir/helm" package deploy/helm/kubelet-authenticator --destination $(BIN)/release >/dev/null; \
-	ls -1 $(BIN)/release
+release-manifests: ## Write the clusterctl add-on provider artifacts (addon-components.yaml, metadata.yaml; also as a clusterctl local repository) and the packaged Helm chart, all naming IMAGE, into bin/release/
+	@bin_dir="$(k8s_only_bin)"; helm_dir="$(helm_bin)"; set -e; \
+	out="$(abspath $(BIN))/release"; repo="$$out/addon-kubelet-authenticator/$(RELEASE_VERSION)"; \
+	tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; mkdir -p "$$repo" "$$tmp/release"; \
+	printf 'resources:\n- %s\nimages:\n- name: registry.k8s.io/kubelet-authenticator/node-attestation-controller\n  newName: %s\n  newTag: %s\n' \
+	  "$$(realpath --relative-to="$$tmp/release" deploy/release)" '$(IMAGE_NAME)' '$(RELEASE_VERSION)' > "$$tmp/release/kustomization.yaml"; \
+	"$$bin_dir/kubectl" kustomize "$$tmp/release" > "$$out/addon-components.yaml"; \
+	cp deploy/release/metadata.yaml "$$out/metadata.yaml"; \
+	cp "$$out/addon-components.yaml" "$$out/metadata.yaml" "$$repo/"; \
+	cp -RL deploy/helm/kubelet-authenticator "$$tmp/chart"; \
+	sed -i 's|^  repository: .*|  repository: $(IMAGE_NAME)|' "$$tmp/chart/values.yaml"; \
+	"$$helm_dir/helm" package "$$tmp/chart" --app-version '$(RELEASE_VERSION)' --destination "$$out" >/dev/null; \
+	echo "$$out: addon-components.yaml metadata.yaml $$(cd "$$out" && ls *.tgz) addon-kubelet-authenticator/$(RELEASE_VERSION)/ (image $(IMAGE))"
 
 .PHONY: tools
 tools: ## Install test dependencies (Debian packages, Kubernetes binaries built from Go modules)
@@ -96,9 +127,23 @@ bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEE
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory|Hostile|MetadataFlood)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
 
 .PHONY: lint
-lint: ## gofmt and go vet
+lint: verify-generate ## gofmt, go vet, and generated files current
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(TEST_TAGS)' ./...
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(@D)
+	GOBIN=$(abspath $(@D)) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy (api/) and its CRDs (deploy/crd/bases) with controller-gen
+	$(CONTROLLER_GEN) object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=$(CRD_DIR)
+
+.PHONY: verify-generate
+verify-generate: $(CONTROLLER_GEN) ## Fail when make generate changes a generated file (it leaves the regenerated file in place)
+	@sum() { find api $(CRD_DIR) -name 'zz_generated.*.go' -o -name '*.yaml' | sort | xargs sha256sum | sha256sum; }; \
+	before="$$(sum)"; $(MAKE) --no-print-directory generate >/dev/null; \
+	if [ "$$(sum)" != "$$before" ]; then echo "generated files were not current: make generate rewrote them; review and commit them"; exit 1; fi
 
 .PHONY: clean
 clean: ## Remove build output

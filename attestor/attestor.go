@@ -21,8 +21,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -67,8 +69,44 @@ type Request struct {
 	// whose answer is bound to the key itself (the TPM challenge answer).
 	// Binding must equal Binding(SPKI).
 	SPKI []byte
-	// Version is the evidence version to produce; "" for the newest.
+	// Version is the evidence version to produce; "" for the newest the
+	// attestor can produce for this request (Newest).
 	Version string
+	// ClusterCA is the DER certificate of the CA the node trusts for its
+	// API server (the first certificate of the CA data it files the CSR
+	// with): evidence versions of binding v2 commit to it (ClusterBinding).
+	// Nil when the node knows none; such versions then cannot be produced.
+	ClusterCA []byte
+}
+
+// Newest returns the version to produce when none is asked for: Version
+// when set, else clusterBound when the node knows its cluster CA, else
+// keyOnly (a node whose API server CA data is empty cannot name its
+// cluster; a Cluster that requires it then says so).
+func (r *Request) Newest(clusterBound, keyOnly string) string {
+	switch {
+	case r.Version != "":
+		return r.Version
+	case len(r.ClusterCA) > 0:
+		return clusterBound
+	}
+	return keyOnly
+}
+
+// BindingFor returns the binding evidence of a version commits to: Binding
+// for versions of binding v1, ClusterBinding(SPKI, ClusterCA) for those of
+// binding v2 (clusterBound).
+func (r *Request) BindingFor(clusterBound bool) ([]byte, error) {
+	if !clusterBound {
+		if len(r.Binding) == 0 {
+			return nil, errors.New("the request has no binding")
+		}
+		return r.Binding, nil
+	}
+	if len(r.SPKI) == 0 || len(r.ClusterCA) == 0 {
+		return nil, errors.New("cluster-bound evidence needs the CSR key and the cluster CA the node trusts for its API server")
+	}
+	return ClusterBinding(r.SPKI, r.ClusterCA), nil
 }
 
 // Challenge is a signer's challenge to a first-round CSR.
@@ -163,6 +201,14 @@ type VerifyRequest struct {
 	Version  string
 	// Binding is Binding(SPKI of the CSR key), computed by the signer.
 	Binding []byte
+	// ClusterCAs are the DER certificates of the CA the signer signs this
+	// workload cluster's clients with: its signing certificate first, then
+	// the other certificates of its bundle (a CA rotation). Evidence of
+	// binding v2 must commit to one of them (Bindings).
+	ClusterCAs [][]byte
+	// ClusterUID is the UID of the Cluster the request is filed in; a
+	// challenge secret is derived from it.
+	ClusterUID string
 	// CSR is the parsed PKCS#10 request.
 	CSR *x509.CertificateRequest
 	// NodeName is the node name from the CSR subject.
@@ -191,6 +237,40 @@ type VerifyRequest struct {
 	// has many waiting (a shared bootstrap token). The signer retries a
 	// request whose challenge lives longer.
 	ChallengeTTL time.Duration
+}
+
+// Bindings returns the bindings evidence of a version may commit to: the
+// key-only Binding for versions of binding v1, or, for those of binding v2
+// (clusterBound), ClusterBinding of the CSR key with each of ClusterCAs.
+func (in *VerifyRequest) Bindings(clusterBound bool) [][]byte {
+	if !clusterBound {
+		return [][]byte{in.Binding}
+	}
+	if in.CSR == nil {
+		return nil
+	}
+	out := make([][]byte, 0, len(in.ClusterCAs))
+	for _, ca := range in.ClusterCAs {
+		out = append(out, ClusterBinding(in.CSR.RawSubjectPublicKeyInfo, ca))
+	}
+	return out
+}
+
+// AnyBinding reports whether ok holds for one of bindings: evidence that
+// commits to one of them is bound to the key (and the cluster).
+func AnyBinding(bindings [][]byte, ok func(binding []byte) bool) bool {
+	return slices.ContainsFunc(bindings, ok)
+}
+
+// ClusterBinder is implemented by verifiers with evidence versions of
+// binding v2: the signer asks it which versions commit to the workload
+// cluster when a Cluster's policy requires cluster-bound evidence.
+// Verifiers of providers that bind nothing (insecure) do not implement it,
+// and the requirement does not apply to them.
+type ClusterBinder interface {
+	// ClusterBound reports whether evidence of version commits to the
+	// workload cluster's CA (binding v2).
+	ClusterBound(version string) bool
 }
 
 // Round is an earlier, challenged request, as the signer found it. The
@@ -290,8 +370,12 @@ func Denials(err error) []*DenyError {
 	return out
 }
 
-// bindingContext is the domain separator of Binding.
-const bindingContext = "kubelet-authenticator/v1\x00"
+// bindingContext and clusterBindingContext are the domain separators of
+// Binding and ClusterBinding.
+const (
+	bindingContext        = "kubelet-authenticator/v1\x00"
+	clusterBindingContext = "kubelet-authenticator/v2\x00"
+)
 
 // Binding returns SHA-256("kubelet-authenticator/v1\x00" || spkiDER), the
 // value every piece of evidence must commit to.
@@ -300,4 +384,36 @@ func Binding(spkiDER []byte) []byte {
 	h.Write([]byte(bindingContext))
 	h.Write(spkiDER)
 	return h.Sum(nil)
+}
+
+// ClusterBinding returns binding v2: SHA-256("kubelet-authenticator/v2\x00"
+// || spkiDER || SHA-256(clusterCADER)), the value evidence commits to when
+// it names the workload cluster as well as the key, so that evidence
+// copied into another cluster (another CA) does not verify there.
+func ClusterBinding(spkiDER, clusterCADER []byte) []byte {
+	ca := sha256.Sum256(clusterCADER)
+	h := sha256.New()
+	h.Write([]byte(clusterBindingContext))
+	h.Write(spkiDER)
+	h.Write(ca[:])
+	return h.Sum(nil)
+}
+
+// FirstCertificate returns the DER of the first CERTIFICATE block of a PEM
+// bundle: the cluster CA a node commits its evidence to, out of the CA
+// data it trusts its API server with.
+func FirstCertificate(pemData []byte) ([]byte, error) {
+	for rest := pemData; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			return nil, errors.New("no CERTIFICATE PEM block in the CA data")
+		}
+		if b.Type == "CERTIFICATE" {
+			if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+				return nil, fmt.Errorf("unable to parse the CA certificate: %w", err)
+			}
+			return b.Bytes, nil
+		}
+	}
 }

@@ -111,7 +111,8 @@ func TestRoleRecordsBootPolicy(t *testing.T) {
 		cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 			capi.AnnotationPolicyPrefix + tpm.Name + capi.AnnotationPolicySuffix: string(written),
 		}}}
-		doc, ok := capi.Policies(cluster)[tpm.Name]
+		policy, _ := capi.ParseClusterPolicy(cluster, nil, nil)
+		doc, ok := policy.Documents()[tpm.Name]
 		if !ok {
 			t.Fatal("the controller finds no tpm policy on the Cluster")
 		}

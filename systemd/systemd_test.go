@@ -193,12 +193,15 @@ func unitSettings(t *testing.T, path string) map[string][]string {
 
 // TestUnitSettings pins what the node relies on, which an exposure score
 // alone would not notice going: the TPM stays reachable, the cache stays
-// writable, systemd knows when the agent is ready and alive, and the agent
-// comes before kubelet, and its memory and task count are bounded.
+// writable, systemd knows when the agent is ready and alive, and its memory
+// and task count are bounded. Neither the agent nor kubelet's drop-in
+// orders kubelet after the agent: the agent is ready only once it holds a
+// certificate, which on a new node follows kubeadm join, which cloud-init
+// runs after kubelet's boot-time start (kubelet's exec plugin gets the
+// certificate itself).
 func TestUnitSettings(t *testing.T) {
 	s := unitSettings(t, unitName)
 	want := map[string]string{
-		"Unit.Before":                     "kubelet.service",
 		"Service.Type":                    "notify",
 		"Service.NotifyAccess":            "main",
 		"Service.Restart":                 "always",
@@ -219,6 +222,16 @@ func TestUnitSettings(t *testing.T) {
 	for k, v := range want {
 		if got := s[k]; !slices.Contains(got, v) {
 			t.Errorf("%s = %q, want %q among them", k, got, v)
+		}
+	}
+	for _, b := range s["Unit.Before"] {
+		if strings.Contains(b, "kubelet.service") {
+			t.Errorf("Before=%s: kubelet would wait for the agent's first certificate", b)
+		}
+	}
+	for _, a := range unitSettings(t, dropInName)["Unit.After"] {
+		if strings.Contains(a, unitName) {
+			t.Errorf("kubelet's drop-in has After=%s: kubelet would wait for the agent's first certificate", a)
 		}
 	}
 	if len(s["Service.WatchdogSec"]) == 0 {

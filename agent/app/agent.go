@@ -63,8 +63,9 @@ It serves Prometheus metrics and /healthz on the sockets systemd passes
 (default: the root-only unix socket /run/kubelet-authenticator/metrics.sock);
 a listener that fails is logged, shown by status and retried, and never
 stops renewals or projections. It records its state for
-'kubelet-authenticator status', and talks to systemd: READY, STATUS,
-WATCHDOG, RELOADING, STOPPING.
+'kubelet-authenticator status', and talks to systemd: READY once it holds
+a usable client certificate (until then, EXTEND_TIMEOUT_USEC while its loop
+runs), STATUS, WATCHDOG, RELOADING, STOPPING.
 
 Signals: SIGHUP reloads the config (an invalid one is logged and ignored);
 SIGTERM and SIGINT stop it after the write in progress.`,
@@ -379,6 +380,15 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			a.record(func(s *status.State) {
 				s.Renewal.Last, s.Renewal.LastSuccess, s.Renewal.ConsecutiveFailures = res, at.Start, 0
 			})
+		},
+		// Until it holds a usable certificate the agent is starting: each
+		// wake-up of a live loop extends systemd's start timeout by as much
+		// as /healthz allows between two (an attempt waits up to
+		// requestTimeout), so a node that waits for kubeadm join, or for
+		// the signer, stays starting rather than failing, and a hung loop
+		// still times out.
+		OnWaiting: func() {
+			notify(fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", (2*daemon.Heartbeat + cfg.RequestTimeout.Duration).Microseconds()))
 		},
 		OnReady: func() {
 			notify("READY=1")

@@ -266,6 +266,12 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 		return err
 	}
 	binding := attestor.Binding(spki)
+	clusterCA, err := clusterCA(restCfg)
+	if err != nil {
+		// Only evidence of binding v2 needs it: versions of binding v1
+		// can still be produced (the signer negotiates).
+		s.logf("evidence cannot name the cluster: %v", err)
+	}
 	pkcs10, err := r.PKCS10(key)
 	if err != nil {
 		return err
@@ -279,7 +285,7 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 	version := ""
 	tried := map[string]bool{}
 	for {
-		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version}
+		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version, ClusterCA: clusterCA}
 		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, r, req)
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == ReasonUnsupportedEvidenceVersion {
@@ -515,6 +521,24 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 		return nil, fmt.Errorf("bootstrap kubeconfig %s has no credential", s.Config.BootstrapKubeconfig)
 	}
 	return cfg, nil
+}
+
+// clusterCA returns the DER of the cluster CA evidence commits to (binding
+// v2): the first certificate of the CA data the node verifies its API
+// server with, the CSR's own connection.
+func clusterCA(restCfg *rest.Config) ([]byte, error) {
+	ca := restCfg.CAData
+	if len(ca) == 0 && restCfg.CAFile != "" {
+		data, err := os.ReadFile(restCfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("unable to read the cluster CA: %w", err)
+		}
+		ca = data
+	}
+	if len(ca) == 0 {
+		return nil, errors.New("the connection to the API server names no CA data")
+	}
+	return attestor.FirstCertificate(ca)
 }
 
 // recordCluster keeps the server and CA a credential was obtained from in

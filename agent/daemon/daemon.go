@@ -100,9 +100,16 @@ type Renewal struct {
 	// OnSchedule is called whenever the current certificate or the time of
 	// the next attempt changes.
 	OnSchedule func(cert *x509.Certificate, next time.Time)
-	// OnReady is called once: when a fresh certificate was found, or after
-	// the first attempt to get one (successful or not).
+	// OnReady is called once, as soon as the loop holds a usable
+	// certificate for NodeName (found in the cache or just obtained): what
+	// systemd's READY means for the agent. A node that has none, and cannot
+	// get one yet (no bootstrap credential before kubeadm join, the signer
+	// unreachable or denying), is not ready.
 	OnReady func()
+	// OnWaiting is called at every wake-up before OnReady: the loop runs
+	// but holds no usable certificate. The agent extends systemd's start
+	// timeout with it.
+	OnWaiting func()
 
 	beat atomic.Int64
 }
@@ -177,6 +184,16 @@ func (r *Renewal) Run(ctx context.Context) error {
 				r.OnSchedule(cert, due)
 			}
 		}
+		switch {
+		case ready:
+		case cert != nil && rotation.Usable(cert, now):
+			ready = true
+			if r.OnReady != nil {
+				r.OnReady()
+			}
+		case r.OnWaiting != nil:
+			r.OnWaiting()
+		}
 		if !now.Before(due) {
 			a := r.attempt(ctx, cert)
 			if ctx.Err() != nil {
@@ -190,19 +207,7 @@ func (r *Renewal) Run(ctx context.Context) error {
 			if r.OnAttempt != nil {
 				r.OnAttempt(a)
 			}
-			if !ready {
-				ready = true
-				if r.OnReady != nil {
-					r.OnReady()
-				}
-			}
 			continue
-		}
-		if !ready {
-			ready = true
-			if r.OnReady != nil {
-				r.OnReady()
-			}
 		}
 		t := clk.NewTimer(min(due.Sub(now), Heartbeat))
 		select {

@@ -242,3 +242,101 @@ func TestRenewalStale(t *testing.T) {
 		t.Fatalf("renewed a current certificate again: %d attempts", src.count())
 	}
 }
+
+// TestRenewalReadyOnlyWithCertificate: the loop reports ready (systemd's
+// READY) only once it holds a usable certificate for its node: at once
+// when the cache has one; never while attempts fail, or while the cache
+// holds another node's or an expired certificate (it reports waiting
+// instead); and once, as soon as an attempt stores one.
+func TestRenewalReadyOnlyWithCertificate(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		cached func() *cache.Credential
+		// failures is how many attempts fail before one succeeds.
+		failures int
+		// readyAt is the attempt count when ready is reported.
+		readyAt int
+	}{
+		{name: "usable certificate in the cache", cached: func() *cache.Credential { return &cache.Credential{Leaf: leaf(t, start, time.Hour)} }, readyAt: 0},
+		{name: "no certificate, signer down twice", failures: 2, readyAt: 3},
+		{name: "expired certificate", cached: func() *cache.Credential { return &cache.Credential{Leaf: leaf(t, start.Add(-2*time.Hour), time.Hour)} }, failures: 1, readyAt: 2},
+		{name: "another node's certificate", cached: func() *cache.Credential {
+			c := leaf(t, start, time.Hour)
+			c.Subject.CommonName = "system:node:other"
+			return &cache.Credential{Leaf: c}
+		}, readyAt: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(start)
+			src := &fakeSource{t: t, clock: clk}
+			if tc.cached != nil {
+				src.current = tc.cached()
+			}
+			src.set(tc.failures > 0)
+			var mu sync.Mutex
+			readyAfter, ready, waiting := -1, 0, 0
+			r := &Renewal{
+				Renewer: src, Load: src.Load, NodeName: "n1",
+				RetryInitial: 10 * time.Second, RetryMax: 10 * time.Second, Clock: clk,
+				OnReady: func() {
+					mu.Lock()
+					defer mu.Unlock()
+					ready++
+					readyAfter = src.count()
+				},
+				OnWaiting: func() { mu.Lock(); waiting++; mu.Unlock() },
+				OnAttempt: func(Attempt) {
+					if src.count() >= tc.failures {
+						src.set(false)
+					}
+				},
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- r.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				mu.Lock()
+				r, w := ready, waiting
+				mu.Unlock()
+				if r > 0 {
+					break
+				}
+				if src.count() > tc.readyAt {
+					t.Fatalf("not ready after %d attempts", src.count())
+				}
+				if w == 0 && src.count() > 0 {
+					t.Fatal("an attempt without a certificate was not reported as waiting")
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not ready after %d attempts (want ready after %d)", src.count(), tc.readyAt)
+				}
+				if clk.HasWaiters() {
+					clk.Step(10 * time.Second)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// Let the loop go on: ready is reported once.
+			for range 3 {
+				for !clk.HasWaiters() {
+					time.Sleep(time.Millisecond)
+				}
+				clk.Step(Heartbeat)
+			}
+			time.Sleep(20 * time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			if ready != 1 || readyAfter != tc.readyAt {
+				t.Errorf("ready reported %d times, after %d attempts; want once, after %d", ready, readyAfter, tc.readyAt)
+			}
+			if cred, _ := src.Load(); cred == nil || !rotation.Usable(cred.Leaf, clk.Now()) {
+				t.Errorf("ready without a usable certificate in the cache")
+			}
+			if (tc.readyAt == 0) != (waiting == 0) {
+				t.Errorf("waiting reported %d times; want it only before a certificate", waiting)
+			}
+		})
+	}
+}

@@ -26,7 +26,10 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -43,6 +46,26 @@ func NewBinding(tb testing.TB) []byte {
 		tb.Fatal(err)
 	}
 	return attestor.Binding(der)
+}
+
+// NewCACert returns the DER certificate of a fresh self-signed CA: a
+// workload cluster's CA, which evidence of binding v2 names.
+func NewCACert(tb testing.TB) []byte {
+	tb.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return der
 }
 
 // WantDenial fails the test unless err is a denial with reason.

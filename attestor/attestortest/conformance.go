@@ -76,7 +76,7 @@ func Conformance(t *testing.T, p Provider) {
 			return k
 		}
 	}
-	s := &suite{p: p}
+	s := &suite{p: p, clusterCA: NewCACert(t), clusterUID: "cluster-uid-1"}
 
 	t.Run("round trip", func(t *testing.T) {
 		f := s.file(t, s.p.NewAttestor(t), s.p.NewKey(t), "")
@@ -114,6 +114,54 @@ func Conformance(t *testing.T, p Provider) {
 		// files its evidence block under a key of its own.
 		thief := s.refile(t, victim.req.Evidence, s.p.NewKey(t))
 		s.wantDenied(t, s.request(thief, thief.req.Evidence, thief.req.Version), p.BindingReason)
+	})
+
+	// Every version the node half produces round-trips (an older signer
+	// asks for the older ones through supported-versions).
+	for _, v := range p.NewAttestor(t).Versions() {
+		t.Run("round trip "+v, func(t *testing.T) {
+			f := s.file(t, s.p.NewAttestor(t), s.p.NewKey(t), v)
+			if f.req.Version != v {
+				t.Fatalf("asked for evidence %s, got %s", v, f.req.Version)
+			}
+			if id := s.verify(t, f); id.ProviderID != p.ProviderID {
+				t.Fatalf("proved provider ID %q, want %q", id.ProviderID, p.ProviderID)
+			}
+		})
+	}
+
+	// The copy attack: a tenant who reads another cluster's CSRs copies a
+	// fresh request and its evidence into its own cluster, where a Machine
+	// claims the victim's provider ID. Evidence of binding v2 names the
+	// victim's cluster CA and is denied there.
+	t.Run("copied into another cluster", func(t *testing.T) {
+		cb, ok := p.Verifier.(attestor.ClusterBinder)
+		if p.Unbound || !ok {
+			t.Skip("the provider's evidence does not commit to the cluster")
+		}
+		var bound []string
+		for _, v := range p.NewAttestor(t).Versions() {
+			if cb.ClusterBound(v) {
+				bound = append(bound, v)
+			}
+		}
+		if len(bound) == 0 {
+			t.Fatal("the verifier has cluster-bound versions, the node half produces none")
+		}
+		for _, v := range bound {
+			f := s.file(t, s.p.NewAttestor(t), s.p.NewKey(t), v)
+			in := s.request(f, f.req.Evidence, f.req.Version)
+			in.ClusterCAs, in.ClusterUID = [][]byte{NewCACert(t)}, "cluster-uid-copier"
+			s.wantDenied(t, in, p.BindingReason)
+			// A CA rotation: the copier's bundle without the victim's CA
+			// is still denied; with it (the victim's own cluster) it
+			// verifies.
+			in = s.request(f, f.req.Evidence, f.req.Version)
+			in.ClusterCAs = [][]byte{NewCACert(t), s.clusterCA}
+			if _, err := p.Verifier.Verify(context.Background(), in); err != nil {
+				t.Fatalf("evidence %s naming the second CA of the cluster's bundle: %v", v, err)
+			}
+		}
 	})
 
 	t.Run("version skew", func(t *testing.T) {
@@ -224,6 +272,10 @@ func Conformance(t *testing.T, p Provider) {
 type suite struct {
 	p     Provider
 	count int // CSRs filed, for names and UIDs
+	// clusterCA (DER) and clusterUID are the workload cluster the node
+	// files in.
+	clusterCA  []byte
+	clusterUID string
 }
 
 // filed is one CSR as the signer sees it.
@@ -242,7 +294,7 @@ func (s *suite) attestRequest(tb testing.TB, key crypto.Signer, version string) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &attestor.Request{NodeName: s.p.NodeName, ProviderID: s.p.ProviderID, Binding: attestor.Binding(spki), SPKI: spki, Version: version}
+	return &attestor.Request{NodeName: s.p.NodeName, ProviderID: s.p.ProviderID, Binding: attestor.Binding(spki), SPKI: spki, Version: version, ClusterCA: s.clusterCA}
 }
 
 // file attests with key and files the evidence in a CSR, parsed back as
@@ -296,6 +348,7 @@ func (s *suite) refile(tb testing.TB, evidence attestor.Evidence, key crypto.Sig
 func (s *suite) request(f *filed, evidence attestor.Evidence, version string) *attestor.VerifyRequest {
 	return &attestor.VerifyRequest{
 		Evidence: evidence, Version: version, Binding: f.binding, CSR: f.req.CSR,
+		ClusterCAs: [][]byte{s.clusterCA}, ClusterUID: s.clusterUID,
 		NodeName: s.p.NodeName, ProviderID: s.p.ProviderID, UID: f.uid,
 		Annotations: f.annotations, MachineAnnotations: s.p.MachineAnnotations,
 	}

@@ -81,15 +81,19 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 }
 
 // Versions implements attestor.Attestor.
-func (a *Attestor) Versions() []string { return []string{VersionV1} }
+func (a *Attestor) Versions() []string { return []string{VersionV2, VersionV1} }
 
 // Attest implements attestor.Attestor.
 func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
-	if req.Version != "" && req.Version != VersionV1 {
+	version := req.Newest(VersionV2, VersionV1)
+	switch version {
+	case VersionV1, VersionV2:
+	default:
 		return nil, fmt.Errorf("aws attestor cannot produce evidence version %q", req.Version)
 	}
-	if len(req.Binding) == 0 {
-		return nil, errors.New("aws attestor needs a binding")
+	binding, err := req.BindingFor(clusterBound(version))
+	if err != nil {
+		return nil, fmt.Errorf("aws attestor cannot produce evidence version %s: %w", version, err)
 	}
 	token, err := a.imdsToken(ctx)
 	if err != nil {
@@ -115,11 +119,11 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor
 	if err != nil {
 		return nil, err
 	}
-	presigned, err := a.presign(iid.Region, creds, req.Binding)
+	presigned, err := a.presign(iid.Region, creds, binding)
 	if err != nil {
 		return nil, err
 	}
-	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Document: doc, RSA2048: p7, STS: *presigned})
+	return attestor.Encode(version, Evidence{Version: version, Document: doc, RSA2048: p7, STS: *presigned})
 }
 
 func (a *Attestor) presign(region string, creds credentials, binding []byte) (*PresignedRequest, error) {

@@ -20,8 +20,17 @@ import "encoding/hex"
 // Name is the provider name on the wire.
 const Name = "aws"
 
-// VersionV1 is the only evidence version.
-const VersionV1 = "v1"
+// Evidence versions: the same document, bound by binding v1 (the CSR key)
+// in VersionV1 and by binding v2 (the CSR key and the workload cluster's CA,
+// attestor.ClusterBinding) in VersionV2. The node produces VersionV2 and
+// VersionV1 for older signers; the signer accepts both.
+const (
+	VersionV1 = "v1"
+	VersionV2 = "v2"
+)
+
+// clusterBound reports whether evidence of version commits to the cluster.
+func clusterBound(version string) bool { return version == VersionV2 }
 
 // BindingHeader is the request header, signed into the presigned STS
 // request, that carries hex(binding).

@@ -227,7 +227,10 @@ func loadCerts(fsys fs.FS, certs map[string][]*x509.Certificate) error {
 }
 
 // Versions implements attestor.Verifier.
-func (v *Verifier) Versions() []string { return []string{VersionV1} }
+func (v *Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
+
+// ClusterBound implements attestor.ClusterBinder.
+func (v *Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // Verify implements attestor.Verifier.
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
@@ -235,9 +238,10 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
+	if ev.Version != VersionV1 && ev.Version != VersionV2 {
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q or %q", ev.Version, VersionV2, VersionV1)
 	}
+	bindings := in.Bindings(clusterBound(ev.Version))
 	doc, err := v.verifyDocument(ev.Document, ev.RSA2048)
 	if err != nil {
 		return nil, err
@@ -250,7 +254,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		denials = append(denials, attestor.Deny(ReasonProviderIDMismatch,
 			"the identity document proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
 	}
-	u, err := v.checkPresigned(&ev.STS, in.Binding)
+	u, err := v.checkPresigned(&ev.STS, bindings)
 	if err != nil {
 		denials = append(denials, err)
 	}
@@ -353,7 +357,7 @@ func (v *Verifier) hostAllowed(host string) bool {
 
 // checkPresigned checks the presigned request locally: where it goes, what
 // it asks, when it expires, and that it signs the binding.
-func (v *Verifier) checkPresigned(p *PresignedRequest, binding []byte) (*url.URL, error) {
+func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.URL, error) {
 	u, err := url.Parse(p.URL)
 	if err != nil {
 		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS URL does not parse: %v", err)
@@ -414,8 +418,8 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, binding []byte) (*url.URL
 	if len(p.Headers) != 1 {
 		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request must carry exactly the %s header", BindingHeader)
 	}
-	if got, ok := p.Headers[BindingHeader]; !ok || got != bindingHex(binding) {
-		return nil, attestor.Deny(ReasonBindingMismatch, "the presigned STS request signs a binding other than the CSR key's")
+	if got, ok := p.Headers[BindingHeader]; !ok || !attestor.AnyBinding(bindings, func(b []byte) bool { return got == bindingHex(b) }) {
+		return nil, attestor.Deny(ReasonBindingMismatch, "the presigned STS request signs a binding other than the CSR key's (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster")
 	}
 	return u, nil
 }

@@ -2,7 +2,6 @@ package azure
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -49,17 +48,21 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 }
 
 // Versions implements attestor.Attestor.
-func (a *Attestor) Versions() []string { return []string{VersionV1} }
+func (a *Attestor) Versions() []string { return []string{VersionV2, VersionV1} }
 
 // Attest implements attestor.Attestor.
 func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
-	if req.Version != "" && req.Version != VersionV1 {
+	version := req.Newest(VersionV2, VersionV1)
+	switch version {
+	case VersionV1, VersionV2:
+	default:
 		return nil, fmt.Errorf("azure attestor cannot produce evidence version %q", req.Version)
 	}
-	if len(req.Binding) == 0 {
-		return nil, errors.New("azure attestor needs a binding")
+	binding, err := req.BindingFor(clusterBound(version))
+	if err != nil {
+		return nil, fmt.Errorf("azure attestor cannot produce evidence version %s: %w", version, err)
 	}
-	q := url.Values{"api-version": {a.apiVersion}, "nonce": {Nonce(req.Binding)}}
+	q := url.Values{"api-version": {a.apiVersion}, "nonce": {Nonce(binding)}}
 	body, err := metadata.Get(ctx, a.client, http.MethodGet, a.endpoint+"/metadata/attested/document?"+q.Encode(),
 		map[string]string{"Metadata": "true"}, 1<<20)
 	if err != nil {
@@ -75,5 +78,5 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor
 	if doc.Encoding != "pkcs7" || doc.Signature == "" {
 		return nil, fmt.Errorf("the attested document has encoding %q and no usable signature", doc.Encoding)
 	}
-	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Signature: doc.Signature})
+	return attestor.Encode(version, Evidence{Version: version, Signature: doc.Signature})
 }

@@ -21,8 +21,17 @@ import (
 // Name is the provider name on the wire.
 const Name = "azure"
 
-// VersionV1 is the only evidence version.
-const VersionV1 = "v1"
+// Evidence versions: the same document, bound by binding v1 (the CSR key)
+// in VersionV1 and by binding v2 (the CSR key and the workload cluster's CA,
+// attestor.ClusterBinding) in VersionV2. The node produces VersionV2 and
+// VersionV1 for older signers; the signer accepts both.
+const (
+	VersionV1 = "v1"
+	VersionV2 = "v2"
+)
+
+// clusterBound reports whether evidence of version commits to the cluster.
+func clusterBound(version string) bool { return version == VersionV2 }
 
 // Evidence is the Azure evidence document (version v1).
 type Evidence struct {

@@ -178,7 +178,10 @@ func appendPEMFile(pool *x509.CertPool, name string) error {
 }
 
 // Versions implements attestor.Verifier.
-func (v *Verifier) Versions() []string { return []string{VersionV1} }
+func (v *Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
+
+// ClusterBound implements attestor.ClusterBinder.
+func (v *Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // Regular expressions are compiled on first use, not at package init: the
 // node binary links every provider, and the exec plugin's cached path pays
@@ -194,17 +197,18 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
+	if ev.Version != VersionV1 && ev.Version != VersionV2 {
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q or %q", ev.Version, VersionV2, VersionV1)
 	}
+	bindings := in.Bindings(clusterBound(ev.Version))
 	now := v.now()
 	doc, err := v.verifyDocument(ctx, ev.Signature, now)
 	if err != nil {
 		return nil, err
 	}
 	var denials []error
-	if doc.Nonce != Nonce(in.Binding) {
-		denials = append(denials, attestor.Deny(ReasonNonceMismatch, "the attested document's nonce %q is not derived from the CSR key", doc.Nonce))
+	if !attestor.AnyBinding(bindings, func(b []byte) bool { return doc.Nonce == Nonce(b) }) {
+		denials = append(denials, attestor.Deny(ReasonNonceMismatch, "the attested document's nonce %q is not derived from the CSR key (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster", doc.Nonce))
 	}
 	created, expires, err := doc.Window()
 	switch {

@@ -2,7 +2,6 @@ package gcp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -43,20 +42,24 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 }
 
 // Versions implements attestor.Attestor.
-func (a *Attestor) Versions() []string { return []string{VersionV1} }
+func (a *Attestor) Versions() []string { return []string{VersionV2, VersionV1} }
 
 // Attest implements attestor.Attestor.
 func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (*attestor.Attestation, error) {
-	if req.Version != "" && req.Version != VersionV1 {
+	version := req.Newest(VersionV2, VersionV1)
+	switch version {
+	case VersionV1, VersionV2:
+	default:
 		return nil, fmt.Errorf("gcp attestor cannot produce evidence version %q", req.Version)
 	}
-	if len(req.Binding) == 0 {
-		return nil, errors.New("gcp attestor needs a binding")
+	binding, err := req.BindingFor(clusterBound(version))
+	if err != nil {
+		return nil, fmt.Errorf("gcp attestor cannot produce evidence version %s: %w", version, err)
 	}
-	q := url.Values{"audience": {Audience(a.prefix, req.Binding)}, "format": {"full"}}
+	q := url.Values{"audience": {Audience(a.prefix, binding)}, "format": {"full"}}
 	token, err := a.metadata(ctx, "instance/service-accounts/default/identity?"+q.Encode(), 64<<10)
 	if err != nil {
 		return nil, fmt.Errorf("unable to get the identity token: %w", err)
 	}
-	return attestor.Encode(VersionV1, Evidence{Version: VersionV1, Token: token})
+	return attestor.Encode(version, Evidence{Version: version, Token: token})
 }

@@ -104,7 +104,10 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 }
 
 // Versions implements attestor.Verifier.
-func (v *Verifier) Versions() []string { return []string{VersionV1} }
+func (v *Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
+
+// ClusterBound implements attestor.ClusterBinder.
+func (v *Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // Verify implements attestor.Verifier.
 func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*attestor.Result, error) {
@@ -112,16 +115,17 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	if err := attestor.DecodeEvidence(in.Evidence, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 {
-		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q", ev.Version, VersionV1)
+	if ev.Version != VersionV1 && ev.Version != VersionV2 {
+		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q or %q", ev.Version, VersionV2, VersionV1)
 	}
+	bindings := in.Bindings(clusterBound(ev.Version))
 	claims, err := v.verifyToken(ctx, ev.Token)
 	if err != nil {
 		return nil, err
 	}
 	var denials []error
-	if want := Audience(v.prefix, in.Binding); len(claims.Audience) != 1 || claims.Audience[0] != want {
-		denials = append(denials, attestor.Deny(ReasonAudienceMismatch, "token audience %q does not carry the CSR key's binding (want %q)", claims.Audience, want))
+	if len(claims.Audience) != 1 || !attestor.AnyBinding(bindings, func(b []byte) bool { return claims.Audience[0] == Audience(v.prefix, b) }) {
+		denials = append(denials, attestor.Deny(ReasonAudienceMismatch, "token audience %q does not carry the binding of the CSR key (and, from evidence v2, of this cluster's CA): evidence made for another key or another cluster", claims.Audience))
 	}
 	ce := claims.Google.ComputeEngine
 	if ce == nil || ce.ProjectID == "" || ce.Zone == "" || ce.InstanceName == "" || ce.InstanceID == "" {

@@ -164,7 +164,7 @@ func New(open Opener, cfg AttestorConfig) (*Attestor, error) {
 }
 
 // Versions implements attestor.Attestor: the node produces v2 only.
-func (*Attestor) Versions() []string { return []string{VersionV2} }
+func (*Attestor) Versions() []string { return []string{VersionV3, VersionV2} }
 
 // EK certificate NV indices (TCG EK Credential Profile 2.x, 2.2.1.4) with
 // the template the certified key is made from and the handle where
@@ -281,14 +281,19 @@ func (k *key) auth(s tpm2.Session) tpm2.AuthHandle {
 }
 
 // Attest implements attestor.Attestor: a quote by the AK of the configured
-// PCRs, qualified by req.Binding (evidence v2), with the EK annotation for
-// the CSR.
+// PCRs, qualified by the binding of the version (v3: the CSR key and the
+// cluster CA; v2: the CSR key), with the EK annotation for the CSR.
 func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attestor.Attestation, err error) {
-	if req.Version != "" && req.Version != VersionV2 {
-		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
+	version, err := producedVersion(req)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkRequest(req); err != nil {
 		return nil, err
+	}
+	binding, err := req.BindingFor(clusterBound(version))
+	if err != nil {
+		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %s: %w", version, err)
 	}
 	eventLog, err := a.readEventLog()
 	if err != nil {
@@ -311,7 +316,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	if err != nil {
 		return nil, fmt.Errorf("unable to create the attestation key: %w", err)
 	}
-	q, err := s.quote(ak, req.Binding, a.pcrs)
+	q, err := s.quote(ak, binding, a.pcrs)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +326,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 		return nil, err
 	}
 	ev, err := json.Marshal(Evidence{
-		Version: VersionV2,
+		Version: version,
 		Attestation: &Attestation{
 			EKCertificate:  cert,
 			EKPublic:       ek.raw,
@@ -337,7 +342,7 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	}
 	return &attestor.Attestation{
 		Evidence:    ev,
-		Version:     VersionV2,
+		Version:     version,
 		Annotations: map[string]string{attestor.AnnotationEndorsementKey: ekAnnotation},
 	}, nil
 }
@@ -480,8 +485,9 @@ func (s *session) readPCRs(sel tpm2.TPMLPCRSelection) ([]PCRValue, error) {
 // Respond implements attestor.Responder: it recovers the challenge secret
 // with TPM2_ActivateCredential and proves possession of it for req's key.
 func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attestor.Challenge) (_ *attestor.Attestation, err error) {
-	if req.Version != "" && req.Version != VersionV2 {
-		return nil, fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s)", req.Version, VersionV2)
+	version, err := producedVersion(req)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkRequest(req); err != nil {
 		return nil, err
@@ -541,17 +547,24 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 	if err != nil {
 		return nil, fmt.Errorf("unable to activate the challenge credential (challenge not made for this TPM's EK and AK?): %w", err)
 	}
+	resp := &Response{CSRName: ch.CSRName, Proof: proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID)}
+	if version == VersionV3 {
+		// The fresh quote: the PCRs of the boot answering this challenge,
+		// by the same AK over the same selection as the first round.
+		q, err := s.quote(ak, freshQualifier(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID), a.pcrs)
+		if err != nil {
+			return nil, fmt.Errorf("unable to quote the PCRs for the answer: %w", err)
+		}
+		resp.Quote, resp.QuoteSignature, resp.PCRs = q.quoted, q.signature, q.values
+	}
 	ev, err := json.Marshal(Evidence{
-		Version: VersionV2,
-		Response: &Response{
-			CSRName: ch.CSRName,
-			Proof:   proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID),
-		},
+		Version:  version,
+		Response: resp,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("unable to encode the evidence: %w", err)
 	}
-	return &attestor.Attestation{Evidence: ev, Version: VersionV2}, nil
+	return &attestor.Attestation{Evidence: ev, Version: version}, nil
 }
 
 // hold keeps h (nil: nothing) for the next Respond, replacing what an
@@ -630,6 +643,17 @@ func (s *session) restore(h *heldKeys) (ek, ak *key, err error) {
 
 // isPersistent reports whether h is a persistent object handle.
 func isPersistent(h tpm2.TPMHandle) bool { return uint32(h)>>24 == uint32(tpm2.TPMHTPersistent) }
+
+// producedVersion returns the evidence version req asks for: v3, or v2 for
+// a signer that accepts no v3 ("" means v3, or v2 when the node knows no
+// cluster CA).
+func producedVersion(req *attestor.Request) (string, error) {
+	switch v := req.Newest(VersionV3, VersionV2); v {
+	case VersionV3, VersionV2:
+		return v, nil
+	}
+	return "", fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s and %s)", req.Version, VersionV3, VersionV2)
+}
 
 // checkRequest requires req to carry the CSR's public key and its binding.
 func checkRequest(req *attestor.Request) error {

@@ -18,7 +18,7 @@ import (
 // challenge verifies first-round evidence and answers it with a
 // credential-activation challenge bound to this CSR's UID.
 func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Policy) (*attestor.Result, error) {
-	at, err := v.checkAttestation(ev.Version, ev.Attestation, in.CSR.PublicKey, in.Binding, in.Annotations, in.MachineAnnotations, pol)
+	at, err := v.checkAttestation(ev.Version, ev.Attestation, in.CSR.PublicKey, in.Bindings(clusterBound(ev.Version)), in.Annotations, in.MachineAnnotations, pol)
 	if err != nil {
 		return nil, err
 	}
@@ -31,7 +31,7 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 	if key == nil {
 		return nil, errors.New("the signer has no challenge key yet")
 	}
-	secret := deriveSecret(key, in.UID, at.akName, at.ekHash, expires)
+	secret := deriveSecret(key, in.ClusterUID, in.UID, at.akName, at.ekHash, expires)
 	blob, encSecret, err := v.makeCredential(at.ekPublic, at.akName, secret)
 	if err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 // must replay against the quoted PCRs (one with no digests of a quoted
 // bank gives no boot state and is not judged). Then the Cluster's boot policy
 // (nil for none) applies, every violated rule its own denial.
-func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypto.PublicKey, binding []byte, csrAnnotations, machineAnnotations map[string]string, pol *Policy) (*attested, error) {
+func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypto.PublicKey, bindings [][]byte, csrAnnotations, machineAnnotations map[string]string, pol *Policy) (*attested, error) {
 	at, err := v.checkKeys(a, csrAnnotations, machineAnnotations)
 	if err != nil {
 		return nil, err
@@ -64,9 +64,9 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 	var noState string // why a log sent gives no boot state
 	switch version {
 	case VersionV1:
-		err = checkCertification(at, a, csrKey, binding)
-	case VersionV2:
-		sel, err = checkQuote(at, a, binding)
+		err = checkCertification(at, a, csrKey, bindings)
+	case VersionV2, VersionV3:
+		sel, err = checkQuote(at, a, bindings)
 		if err == nil && len(a.EventLog) > 0 {
 			state, err = ReplayEventLog(a.EventLog, a.PCRs)
 			switch {
@@ -87,12 +87,13 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 			return nil, err
 		}
 	}
+	at.sel = sel
 	return at, nil
 }
 
 // checkCertification verifies v1 evidence: the AK certified csrKey with
 // qualifyingData = binding.
-func checkCertification(at *attested, a *Attestation, csrKey crypto.PublicKey, binding []byte) error {
+func checkCertification(at *attested, a *Attestation, csrKey crypto.PublicKey, bindings [][]byte) error {
 	info, err := decodeAttest(a.CertifyInfo, tpm2.TPMSTAttestCertify)
 	if err != nil {
 		return attestor.Deny(ReasonBadAttestation, "unable to decode the certification: %v", err)
@@ -106,7 +107,7 @@ func checkCertification(at *attested, a *Attestation, csrKey crypto.PublicKey, b
 	if info.Type != tpm2.TPMSTAttestCertify {
 		return attestor.Deny(ReasonBadAttestation, "the attestation is of type 0x%04x, not TPM_ST_ATTEST_CERTIFY", uint16(info.Type))
 	}
-	if !hmac.Equal(info.ExtraData.Buffer, binding) {
+	if !attestor.AnyBinding(bindings, func(b []byte) bool { return hmac.Equal(info.ExtraData.Buffer, b) }) {
 		return attestor.Deny(ReasonStaleBinding, "the certification's qualifying data is not the binding of this CSR's key (evidence made for another key or reused)")
 	}
 	certified, err := info.Attested.Certify()
@@ -139,7 +140,7 @@ func checkCertification(at *attested, a *Attestation, csrKey crypto.PublicKey, b
 // the PCRs the quote selects, with the digest the quote signs. The
 // selection is taken from the signed quote, never from the evidence; it is
 // returned as PCR numbers by bank name.
-func checkQuote(at *attested, a *Attestation, binding []byte) (map[string][]int, error) {
+func checkQuote(at *attested, a *Attestation, bindings [][]byte) (map[string][]int, error) {
 	info, err := decodeAttest(a.Quote, tpm2.TPMSTAttestQuote)
 	if err != nil {
 		return nil, attestor.Deny(ReasonBadAttestation, "unable to decode the quote: %v", err)
@@ -154,8 +155,8 @@ func checkQuote(at *attested, a *Attestation, binding []byte) (map[string][]int,
 	if info.Type != tpm2.TPMSTAttestQuote {
 		return nil, attestor.Deny(ReasonBadAttestation, "the attestation is of type 0x%04x, not TPM_ST_ATTEST_QUOTE", uint16(info.Type))
 	}
-	if !hmac.Equal(info.ExtraData.Buffer, binding) {
-		return nil, attestor.Deny(ReasonStaleBinding, "the quote's qualifying data is not the binding of this CSR's key (evidence made for another key or reused)")
+	if !attestor.AnyBinding(bindings, func(b []byte) bool { return hmac.Equal(info.ExtraData.Buffer, b) }) {
+		return nil, attestor.Deny(ReasonStaleBinding, "the quote's qualifying data is not the binding of this CSR's key (and, from evidence v3, of this cluster's CA): evidence made for another key or another cluster, or reused")
 	}
 	quote, err := info.Attested.Quote()
 	if err != nil {

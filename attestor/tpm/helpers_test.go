@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"math/big"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -136,8 +137,28 @@ func (e *engine) request(f *filed) *attestor.VerifyRequest {
 		Annotations:        f.annotations,
 		MachineAnnotations: e.machine,
 		Policy:             e.policy,
+		ClusterCAs:         [][]byte{testClusterCA},
+		ClusterUID:         testClusterUID,
 	}
 }
+
+// testClusterCA is the workload cluster's CA certificate (DER) the tests'
+// evidence v3 names; testClusterUID the Cluster's UID.
+var testClusterCA = func() []byte {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"},
+		NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	if err != nil {
+		panic(err)
+	}
+	return der
+}()
+
+const testClusterUID = "cluster-uid"
 
 // round is f as the signer hands it over as the answered round.
 func (f *filed) round() *attestor.Round {
@@ -208,13 +229,14 @@ func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[stri
 		ProviderID: testProviderID,
 		Binding:    attestor.Binding(csr1.RawSubjectPublicKeyInfo),
 		SPKI:       csr1.RawSubjectPublicKeyInfo,
+		ClusterCA:  testClusterCA,
 	}
 	att, err := node.Attest(ctx, req)
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	if att.Version != VersionV2 {
-		t.Fatalf("Attest produced version %q, want %s", att.Version, VersionV2)
+	if att.Version != VersionV3 {
+		t.Fatalf("Attest produced version %q, want %s", att.Version, VersionV3)
 	}
 	if want, err := EndorsementKeyAnnotation(att.Evidence); err != nil || att.Annotations[attestor.AnnotationEndorsementKey] != want {
 		t.Fatalf("Attest returned annotations %v, want the EK %q (%v)", att.Annotations, want, err)
@@ -235,8 +257,8 @@ func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[stri
 	if strings.Contains(string(att2.Evidence), "secret") {
 		t.Fatalf("second-round evidence mentions a secret: %s", att2.Evidence)
 	}
-	if att2.Version != VersionV2 {
-		t.Fatalf("Respond produced version %q, want %s", att2.Version, VersionV2)
+	if att2.Version != VersionV3 {
+		t.Fatalf("Respond produced version %q, want %s", att2.Version, VersionV3)
 	}
 	csr2DER, _ := csrFor(t, key, testNode, testProviderID)
 	second := e.file(t, "csr-2", csr2DER, att2.Evidence, att2.Annotations)

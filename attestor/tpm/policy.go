@@ -286,10 +286,10 @@ func (p *Policy) needsQuote() bool {
 // state (nil when the evidence carries no log, or noState says why the
 // log it carries gives none). Every violated rule is its own denial.
 func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int, state *BootState, noState string) error {
-	if version != VersionV2 {
+	if !quotes(version) {
 		if p.needsQuote() {
 			return attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion,
-				"the Cluster's TPM boot policy requires %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator", VersionV2, version)
+				"the Cluster's TPM boot policy requires %s or %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator", VersionV3, VersionV2, version)
 		}
 		return nil
 	}
@@ -442,20 +442,21 @@ func formatSelection(sel map[string][]int) string {
 }
 
 // SupportedVersions lists the evidence versions the verifier accepts under
-// a Cluster's policy document (nil for none), newest first: v2 and v1, or
-// only v2 when the policy reads quoted PCRs. The signer can write it as the
-// supported-versions annotation on a request denied
-// UnsupportedEvidenceVersion, so that a node able to produce v2 files anew.
+// a Cluster's policy document (nil for none), newest first: v3, v2 and v1,
+// or only v3 and v2 when the policy reads quoted PCRs. The signer can write
+// it as the supported-versions annotation on a request denied
+// UnsupportedEvidenceVersion, so that a node able to produce a quote files
+// anew.
 func SupportedVersions(policy []byte) ([]string, error) {
 	if policy == nil {
-		return []string{VersionV2, VersionV1}, nil
+		return []string{VersionV3, VersionV2, VersionV1}, nil
 	}
 	p, err := ParsePolicy(policy)
 	if err != nil {
 		return nil, err
 	}
 	if p.needsQuote() {
-		return []string{VersionV2}, nil
+		return []string{VersionV3, VersionV2}, nil
 	}
-	return []string{VersionV2, VersionV1}, nil
+	return []string{VersionV3, VersionV2, VersionV1}, nil
 }

@@ -60,7 +60,8 @@ import (
 // Name is the provider name on the wire.
 const Name = "tpm"
 
-// Evidence versions. The node produces VersionV2; the signer accepts both.
+// Evidence versions. The node produces VersionV3 (and VersionV2 for older
+// signers); the signer accepts all three.
 const (
 	// VersionV1 carries TPM2_Certify of the CSR key (which the node had to
 	// load into the TPM with its private part).
@@ -68,7 +69,28 @@ const (
 	// VersionV2 carries a TPM2_Quote whose qualifying data is the binding;
 	// the CSR's private key never leaves the node process.
 	VersionV2 = "v2"
+	// VersionV3 has the shape of VersionV2, bound by binding v2: the
+	// quote's qualifying data is attestor.ClusterBinding(SPKI, cluster CA),
+	// and evidence copied into another cluster does not verify there.
+	VersionV3 = "v3"
 )
+
+// quotes reports whether evidence of version carries a quote (the v2
+// shape: v2 and v3) rather than a certification of the CSR key (v1).
+func quotes(version string) bool { return version == VersionV2 || version == VersionV3 }
+
+// clusterBound reports whether evidence of version commits to the
+// workload cluster's CA (binding v2).
+func clusterBound(version string) bool { return version == VersionV3 }
+
+// shape is the version whose fields evidence of version carries: v1, or
+// v2 for v2 and v3.
+func shape(version string) string {
+	if quotes(version) {
+		return VersionV2
+	}
+	return version
+}
 
 // StablePrefix prefixes the stable identity: "tpm:ek-sha256:" followed by
 // the lower-case hex SHA-256 of the DER SubjectPublicKeyInfo of the EK.
@@ -148,6 +170,15 @@ type Response struct {
 	CSRName string `json:"csrName"`
 	// Proof is HMAC-SHA256(secret, DER(SPKI of the CSR key) || CSR #1 UID).
 	Proof []byte `json:"proof"`
+
+	// v3 only: the fresh quote. A TPM2_Quote by CSR #1's AK over CSR #1's
+	// PCR selection, taken after ActivateCredential, with qualifyingData
+	// = freshQualifier(secret, SPKI, CSR #1 UID): the PCR values of the
+	// boot that answered this challenge. Required where the Cluster's
+	// boot policy reads PCRs.
+	Quote          []byte     `json:"quote,omitempty"`
+	QuoteSignature []byte     `json:"quoteSignature,omitempty"`
+	PCRs           []PCRValue `json:"pcrs,omitempty"`
 }
 
 // Challenge is the challenge document the signer returns in
@@ -222,7 +253,7 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 	if err := attestor.DecodeEvidence(data, &ev); err != nil {
 		return nil, err
 	}
-	if ev.Version != VersionV1 && ev.Version != VersionV2 {
+	if ev.Version != VersionV1 && !quotes(ev.Version) {
 		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "unsupported TPM evidence version %q", ev.Version)
 	}
 	switch {
@@ -241,6 +272,9 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 		}
 		if len(r.Proof) != sha256.Size {
 			return nil, fmt.Errorf("response proof is %d bytes, want %d", len(r.Proof), sha256.Size)
+		}
+		if err := checkFreshQuoteShape(ev.Version, r); err != nil {
+			return nil, err
 		}
 	}
 	return &ev, nil
@@ -270,7 +304,7 @@ func checkAttestationShape(version string, a *Attestation) error {
 	}
 	for _, f := range fields {
 		switch {
-		case f.in != "" && f.in != version:
+		case f.in != "" && f.in != shape(version):
 			if f.b != nil {
 				return fmt.Errorf("a %s attestation has the %s field %s", version, f.in, f.name)
 			}
@@ -280,21 +314,44 @@ func checkAttestationShape(version string, a *Attestation) error {
 			return fmt.Errorf("attestation %s is %d bytes, more than %d", f.name, len(f.b), f.max)
 		}
 	}
-	if version != VersionV2 {
+	if !quotes(version) {
 		if a.PCRs != nil {
 			return fmt.Errorf("a %s attestation has the v2 field pcrs", version)
 		}
 		return nil
 	}
-	if len(a.PCRs) > maxPCRValues {
-		return fmt.Errorf("attestation has %d PCR values, more than %d", len(a.PCRs), maxPCRValues)
+	return checkPCRValues(a.PCRs)
+}
+
+// checkFreshQuoteShape requires a response's fresh quote to be whole
+// (quote and signature together, within bounds) and only in v3.
+func checkFreshQuoteShape(version string, r *Response) error {
+	if r.Quote == nil && r.QuoteSignature == nil && r.PCRs == nil {
+		return nil
+	}
+	switch {
+	case version != VersionV3:
+		return fmt.Errorf("a %s response carries the v3 fresh quote", version)
+	case len(r.Quote) == 0 || len(r.QuoteSignature) == 0:
+		return errors.New("the response's fresh quote needs quote and quoteSignature")
+	case len(r.Quote) > maxField || len(r.QuoteSignature) > maxField:
+		return fmt.Errorf("the response's fresh quote is more than %d bytes", maxField)
+	}
+	return checkPCRValues(r.PCRs)
+}
+
+// checkPCRValues bounds PCR values: known banks, indices in range, the
+// bank's digest size, no PCR twice.
+func checkPCRValues(pcrs []PCRValue) error {
+	if len(pcrs) > maxPCRValues {
+		return fmt.Errorf("%d PCR values, more than %d", len(pcrs), maxPCRValues)
 	}
 	type pcr struct {
 		bank  string
 		index int
 	}
 	seen := map[pcr]bool{}
-	for _, p := range a.PCRs {
+	for _, p := range pcrs {
 		alg, ok := pcrBanks[p.Bank]
 		if !ok {
 			return fmt.Errorf("PCR value of unknown bank %q (want sha1, sha256, sha384 or sha512)", p.Bank)
@@ -385,18 +442,38 @@ func proof(secret, spki []byte, csrUID string) []byte {
 	return m.Sum(nil)
 }
 
+// freshQualifier is the qualifying data of the fresh quote of a response:
+// HMAC-SHA256(secret, label || DER(SPKI) || csr1.UID). Only the TPM that
+// activated the credential knows it, and only after the challenge; it is
+// never the secret, which every reader of the CSR would then know.
+func freshQualifier(secret, spki []byte, csrUID string) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(freshQuoteLabel))
+	m.Write(spki)
+	m.Write([]byte(csrUID))
+	return m.Sum(nil)
+}
+
+// freshQuoteLabel separates the fresh quote's qualifying data from the
+// proof.
+const freshQuoteLabel = "kubelet-authenticator/tpm/v3 fresh quote\x00"
+
 // secretLabel separates the challenge-secret derivation from any other use
 // of the controller key.
-const secretLabel = "kubelet-authenticator/tpm/v1 credential\x00"
+const secretLabel = "kubelet-authenticator/tpm/v2 credential\x00"
 
 // deriveSecret computes the challenge secret
-// HMAC-SHA256(key, label || csr1.UID || AK name || EK hash || expiry) with
+// HMAC-SHA256(key, label || Cluster UID || csr1.UID || AK name || EK hash ||
+// expiry) with
 // each variable-length field length-prefixed (uint16) and the expiry as
 // big-endian Unix seconds, so that no two inputs encode alike.
-func deriveSecret(key []byte, csrUID string, akName []byte, ekHash [sha256.Size]byte, expires time.Time) []byte {
+func deriveSecret(key []byte, clusterUID, csrUID string, akName []byte, ekHash [sha256.Size]byte, expires time.Time) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(secretLabel))
 	var n [8]byte
+	binary.BigEndian.PutUint16(n[:2], uint16(len(clusterUID)))
+	m.Write(n[:2])
+	m.Write([]byte(clusterUID))
 	binary.BigEndian.PutUint16(n[:2], uint16(len(csrUID)))
 	m.Write(n[:2])
 	m.Write([]byte(csrUID))

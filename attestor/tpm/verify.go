@@ -68,6 +68,14 @@ const (
 	// ReasonBadProof: the answer does not prove credential activation by
 	// the TPM holding the challenged EK and AK.
 	ReasonBadProof = "BadProof"
+	// ReasonFreshQuoteRequired: the Cluster's boot policy reads PCRs and
+	// the answer carries no fresh quote (evidence v3), so the boot state
+	// proven would be that of whichever boot made the first round's quote.
+	ReasonFreshQuoteRequired = "FreshQuoteRequired"
+	// ReasonFreshQuoteMismatch: the answer's fresh quote is not by the
+	// first round's AK, not over its selection, or not qualified by the
+	// answered challenge.
+	ReasonFreshQuoteMismatch = "FreshQuoteMismatch"
 )
 
 // Reasons the signer decides for a TPM challenge (the verifier does not):
@@ -163,8 +171,11 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	return v, nil
 }
 
-// Versions implements attestor.Verifier: v2, and v1 for older nodes.
-func (*Verifier) Versions() []string { return []string{VersionV2, VersionV1} }
+// Versions implements attestor.Verifier: v3, and v2 and v1 for older nodes.
+func (*Verifier) Versions() []string { return []string{VersionV3, VersionV2, VersionV1} }
+
+// ClusterBound implements attestor.ClusterBinder: v3 commits to the cluster.
+func (*Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // ValidatePolicy reports every problem of a Cluster's TPM boot policy
 // document (ParsePolicy), so that the signer can say so once per Cluster
@@ -208,7 +219,7 @@ func (v *Verifier) Verify(_ context.Context, in *attestor.VerifyRequest) (*attes
 	case in.Answered == nil:
 		return &attestor.Result{Answers: ev.Response.CSRName}, nil
 	default:
-		return v.answer(in, ev.Response, pol)
+		return v.answer(in, ev.Version, ev.Response, pol)
 	}
 }
 
@@ -219,6 +230,8 @@ type attested struct {
 	ekHash   [sha256.Size]byte
 	akKey    crypto.PublicKey
 	akName   []byte
+	// sel is the quote's selection by bank (quoting versions).
+	sel map[string][]int
 }
 
 // checkKeys verifies the keys of a first-round attestation: the EK is

@@ -556,7 +556,7 @@ func TestVerifyAnswerDenials(t *testing.T) {
 	// answer files CSR #2 with the proof a TPM holding the EK would give.
 	answer := func(t *testing.T, en *env, key *ecdsa.PrivateKey, csr1 string) *filed {
 		csrDER, csr := csrFor(t, key, testNode, testProviderID)
-		secret := deriveSecret(testHMACKey, en.first.uid, soft.akName(t), sha256.Sum256(ekSPKI), en.first.challenge.Expires)
+		secret := deriveSecret(testHMACKey, testClusterUID, en.first.uid, soft.akName(t), sha256.Sum256(ekSPKI), en.first.challenge.Expires)
 		ev := evidenceOf(t, VersionV2, nil, &Response{CSRName: csr1, Proof: proof(secret, csr.RawSubjectPublicKeyInfo, en.first.uid)})
 		return en.e.file(t, "csr-2", csrDER, ev, nil)
 	}
@@ -662,7 +662,7 @@ func TestVerifyMalformedEvidence(t *testing.T) {
 		"unknown field":        `{"version":"v1","response":{"csrName":"a","proof":"` + z32 + `"},"extra":1}`,
 		"both rounds":          `{"version":"v1","attestation":{},"response":{}}`,
 		"neither":              `{"version":"v2"}`,
-		"other version":        `{"version":"v3","response":{"csrName":"a","proof":"` + z32 + `"}}`,
+		"other version":        `{"version":"v4","response":{"csrName":"a","proof":"` + z32 + `"}}`,
 		"short proof":          `{"version":"v2","response":{"csrName":"a","proof":"AAAA"}}`,
 		"empty ekPublic":       `{"version":"v1","attestation":{"akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
 		"garbage structs":      `{"version":"v1","attestation":{"ekPublic":"AA==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,

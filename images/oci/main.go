@@ -13,6 +13,11 @@
 // The output is reproducible: file times and the image's creation time are
 // SOURCE_DATE_EPOCH (default 0), files are owned by root and written in a
 // fixed order, so the same binaries give the same digests.
+//
+// --image names the image in the layout (what `make images` passes: the
+// reference the Helm chart and the clusterctl components install), and
+// --push also pushes it there, with the credentials of ~/.docker/config.json
+// (docker login, podman login --authfile, crane auth login write them).
 package main
 
 import (
@@ -32,10 +37,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/spf13/pflag"
@@ -64,8 +72,14 @@ type options struct {
 	// caBundle is a PEM file of root certificates copied into the image;
 	// "" leaves it out.
 	caBundle string
-	// version is the image's version label and layout reference name.
+	// version is the image's version label, and its layout reference name
+	// when image is empty.
 	version string
+	// image is the image's reference (registry/repository:tag): the
+	// layout's reference name and where push pushes it.
+	image string
+	// push pushes the image index to image.
+	push bool
 	// output is the layout directory; the archive is output + ".tar".
 	output string
 	// created is the time of every file and of the image.
@@ -78,6 +92,8 @@ func main() {
 	fs.StringArrayVar(&o.binaries, "binary", nil, "os/arch=path of a static node-attestation-controller binary; repeat once per platform.")
 	fs.StringVar(&o.caBundle, "ca-bundle", o.caBundle, "PEM file of root CA certificates to install at "+CABundlePath+"; empty leaves it out.")
 	fs.StringVar(&o.version, "version", o.version, "Version: the org.opencontainers.image.version label and the layout's reference name.")
+	fs.StringVar(&o.image, "image", "", "Reference of the image (registry/repository:tag): the layout's reference name and where --push pushes it.")
+	fs.BoolVar(&o.push, "push", false, "Push the image to --image, with the credentials of ~/.docker/config.json.")
 	fs.StringVar(&o.output, "output", "", "Directory of the OCI image layout to write (replaced); the archive is written next to it as <output>.tar.")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
@@ -109,6 +125,17 @@ func run(o options) error {
 	if o.output == "" {
 		return errors.New("--output is required")
 	}
+	refName := o.version
+	var ref name.Reference
+	if o.image != "" {
+		var err error
+		if ref, err = name.NewTag(o.image, name.StrictValidation); err != nil {
+			return fmt.Errorf("--image %q: want registry/repository:tag: %w", o.image, err)
+		}
+		refName = ref.Name()
+	} else if o.push {
+		return errors.New("--push needs --image")
+	}
 	idx, err := buildIndex(o)
 	if err != nil {
 		return err
@@ -120,7 +147,7 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("unable to write the image layout: %w", err)
 	}
-	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{RefNameAnnotation: o.version})); err != nil {
+	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{RefNameAnnotation: refName})); err != nil {
 		return fmt.Errorf("unable to write the image layout: %w", err)
 	}
 	if err := writeArchive(o.output, o.output+".tar", o.created); err != nil {
@@ -131,6 +158,12 @@ func run(o options) error {
 		return err
 	}
 	fmt.Printf("%s %s\n%s.tar\n", o.output, d, o.output)
+	if o.push {
+		if err := remote.WriteIndex(ref, idx, remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("unable to push %s: %w", ref, err)
+		}
+		fmt.Printf("pushed %s@%s\n", ref, d)
+	}
 	return nil
 }
 

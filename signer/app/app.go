@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
@@ -56,10 +57,13 @@ with the cluster's CA, or denies it with a reason.`,
 }
 
 // Scheme returns the scheme the manager uses: Kubernetes and Cluster API
-// core v1beta2 types.
+// core v1beta2 types, and this project's API (api/v1alpha1).
 func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	if err := clusterv1.AddToScheme(s); err != nil {

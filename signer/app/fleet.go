@@ -140,7 +140,7 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		revocationErrors: d("revocation_write_errors_total",
 			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; a deleted Machine's node keeps access while they fail."),
 		policyValid: d("cluster_policy_valid",
-			"1 when the Cluster's annotations have no problem, 0 when they have (listed in its ClusterAttestation's PolicyValid condition)."),
+			"1 when the Cluster's policy has no problem, 0 when it has (listed in its ClusterAttestation's PolicyValid condition)."),
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -26,7 +27,9 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
+	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 )
 
 // StandaloneCluster names the served cluster in metrics and logs in
@@ -49,18 +52,41 @@ type StandaloneOptions struct {
 	// PolicyFiles are policy documents by provider (the TPM boot-state
 	// policy), read at start.
 	PolicyFiles map[string]string
+	// RevocationPeriod is how often the allowlist is compared with the
+	// certificates issued, to revoke the entries taken out.
+	RevocationPeriod time.Duration
 
 	caSecret, allowlist types.NamespacedName
 }
 
 // NewStandaloneOptions returns StandaloneOptions with defaults.
 func NewStandaloneOptions() *StandaloneOptions {
-	return &StandaloneOptions{Options: NewOptions(), Allowlist: "kube-system/kubelet-authenticator-allowlist"}
+	return &StandaloneOptions{Options: NewOptions(), Allowlist: "kube-system/kubelet-authenticator-allowlist",
+		RevocationPeriod: standalone.DefaultRevocationPeriod}
 }
 
-// AddFlags adds the options' flags to fs.
+// clusterAPIOnly reports whether a flag of Options configures what only
+// Cluster API mode has (workload clusters reached through a tenant's
+// kubeconfig, Cluster annotations, the managed serving CA): standalone mode
+// does not take it.
+func clusterAPIOnly(name string) bool {
+	switch name {
+	case "cluster-recheck-period", "lockdown-period", "serving-ca-lifetime", "serving-ca-rotate-before":
+		return true
+	}
+	return strings.HasPrefix(name, "workload-")
+}
+
+// AddFlags adds the options' flags to fs: the controller's own, but for
+// those of Cluster API mode only, and standalone mode's.
 func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
-	o.Options.AddFlags(fs)
+	all := pflag.NewFlagSet("standalone", pflag.ContinueOnError)
+	o.Options.AddFlags(all)
+	all.VisitAll(func(f *pflag.Flag) {
+		if !clusterAPIOnly(f.Name) {
+			fs.AddFlag(f)
+		}
+	})
 	if f := fs.Lookup("kubeconfig"); f != nil {
 		f.Usage = "Kubeconfig of the cluster the controller serves (and runs in). Empty: the in-cluster service account."
 	}
@@ -69,6 +95,7 @@ func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "Secret namespace/name holding the CA (tls.crt, tls.key), instead of --ca-cert-file and --ca-key-file.")
 	fs.StringVar(&o.Allowlist, "allowlist-configmap", o.Allowlist, "ConfigMap namespace/name whose key "+standalone.AllowlistKey+" lists the nodes that may join: nodes: [{nodeName, providerID, identity}].")
 	fs.StringSliceVar(&o.AuthorizedAttestors, "authorized-attestors", o.AuthorizedAttestors, "Attestors whose evidence is accepted (e.g. tpm,aws).")
+	fs.DurationVar(&o.RevocationPeriod, "revocation-period", o.RevocationPeriod, "How often the allowlist is compared with the certificates issued: the certificates of a node whose entry was taken out (or given another provider ID) are refused by the cluster's admission policy within this period.")
 	fs.StringToStringVar(&o.PolicyFiles, "attestor-policy", o.PolicyFiles, "Policy document of an attestor, as <provider>=<file> (e.g. tpm=/etc/kubelet-authenticator/tpm-policy.yaml for the TPM boot-state policy). Repeatable. Without one, the attestor applies no policy.")
 }
 
@@ -92,6 +119,9 @@ func (o *StandaloneOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--allowlist-configmap: %w", err))
 	}
 	o.allowlist = nn
+	if o.RevocationPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--revocation-period must be positive, not %s", o.RevocationPeriod))
+	}
 	if len(o.AuthorizedAttestors) == 0 {
 		errs = append(errs, errors.New("--authorized-attestors must name at least one attestor"))
 	}
@@ -175,6 +205,15 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Trust on first use, as with Cluster API: the first stable identity
+	// an allowlist entry's node proves is recorded in the controller's
+	// namespace, and from then on belongs to that entry only. Records of
+	// entries taken out of the allowlist are swept away.
+	matcher := &standalone.Matcher{Client: cs, ConfigMap: o.allowlist}
+	identities := &tofu.Store{Namespace: o.LeaderElectionNamespace, Client: direct, Reader: direct, Owners: matcher}
+	if err := mgr.Add(&tofu.Cleaner{Store: identities}); err != nil {
+		return err
+	}
 	var running atomic.Pointer[controller.Controller]
 	err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		// The CA is read once this replica leads: a Secret it cannot read
@@ -183,6 +222,11 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// A node whose entry leaves the allowlist loses its certificates'
+		// access before they expire, as a deleted Machine's node does.
+		revocations := &standalone.Revocations{Matcher: matcher,
+			Revoker: &revoke.Revoker{Client: cs, Lifetime: o.MaxClientCertificateLifetime}}
+		go revocations.Run(ctx, o.RevocationPeriod)
 		c, err := controller.New(controller.Config{
 			Cluster: StandaloneCluster,
 			Client:  cs,
@@ -192,13 +236,18 @@ func (o *StandaloneOptions) Run(ctx context.Context) error {
 					ClientOnly: []string{insecure.Name},
 					Client:     &issue.Signer{CA: ca, MaxLifetime: o.MaxClientCertificateLifetime},
 				}),
-				Authorized:    o.AuthorizedAttestors,
-				Policies:      policies,
-				Machines:      &standalone.Matcher{Client: cs, ConfigMap: o.allowlist},
+				Authorized: o.AuthorizedAttestors,
+				Policies:   policies,
+				// The cluster is the one this signer runs in: its CA
+				// names it, and no other cluster shares its challenge key.
+				ClusterCAs:    [][]byte{ca.Cert.Raw},
+				Machines:      matcher,
+				Identities:    identities,
 				ChallengeKeys: challengeKeys,
 			},
 			Metrics: metrics,
 			Workers: o.WorkersPerCluster,
+			Issuing: revocations,
 		})
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
@@ -15,8 +16,8 @@ import (
 // tenant writes on its Clusters, Machines and infrastructure objects beyond
 // what the signer reads costs the shared controller nothing: of every
 // object, no managed fields; of a Cluster, only this project's annotations
-// (kubelet-authenticator.x-k8s.io/*: the switches, attestors and
-// policies); of a Machine, only its cluster-name label (the Machines of a
+// (kubelet-authenticator.x-k8s.io/*: the switch, and the deprecated
+// policy annotations); of a ClusterAttestation, its spec; of a Machine, only its cluster-name label (the Machines of a
 // Cluster are listed by it) and its endorsement key pin; of an
 // infrastructure object (cached as metadata only), only its endorsement key
 // pin. No labels, finalizers or owner references otherwise: the matcher,
@@ -26,8 +27,9 @@ func CacheOptions() ctrlcache.Options {
 	return ctrlcache.Options{
 		DefaultTransform: StripObject,
 		ByObject: map[client.Object]ctrlcache.ByObject{
-			&clusterv1.Cluster{}: {Transform: StripCluster},
-			&clusterv1.Machine{}: {Transform: StripMachine},
+			&clusterv1.Cluster{}:           {Transform: StripCluster},
+			&clusterv1.Machine{}:           {Transform: StripMachine},
+			&v1alpha1.ClusterAttestation{}: {Transform: StripClusterAttestation},
 		},
 	}
 }
@@ -83,6 +85,17 @@ func StripCluster(obj any) (any, error) {
 	meta.Annotations = only(c.Annotations, func(k string) bool { return strings.HasPrefix(k, AnnotationPolicyPrefix) })
 	c.ObjectMeta = meta
 	return c, nil
+}
+
+// StripClusterAttestation keeps of a ClusterAttestation who it is and its
+// spec (the policy, bounded by its schema); the status, which the
+// controller writes and reads live, is dropped.
+func StripClusterAttestation(obj any) (any, error) {
+	a, ok := obj.(*v1alpha1.ClusterAttestation)
+	if !ok {
+		return obj, nil
+	}
+	return &v1alpha1.ClusterAttestation{TypeMeta: a.TypeMeta, ObjectMeta: keptMeta(&a.ObjectMeta), Spec: a.Spec}, nil
 }
 
 // only returns the entries of in whose keys keep says to; nil when none.

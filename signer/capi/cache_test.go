@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
@@ -158,7 +160,23 @@ func TestCacheOptions(t *testing.T) {
 		t.Errorf("Cluster cached with %d annotations, %d labels, %d finalizers, generation %d; want only this project's %d annotations",
 			len(cc.Annotations), len(cc.Labels), len(cc.Finalizers), cc.Generation, len(ours))
 	}
-	if !Enabled(cc) || !Lockdown(cc) || strings.Join(AuthorizedAttestors(cc), ",") != "tpm,aws" || string(Policies(cc)["tpm"]) != `{"pcrs":[7]}` {
-		t.Errorf("the cached Cluster reads differently: enabled %t, lockdown %t, attestors %v, policies %v", Enabled(cc), Lockdown(cc), AuthorizedAttestors(cc), Policies(cc))
+	p, _ := ParseClusterPolicy(cc, nil, nil)
+	if !Enabled(cc) || !p.Lockdown || strings.Join(p.AuthorizedAttestors, ",") != "tpm,aws" || p.Policies["tpm"] != `{"pcrs":[7]}` {
+		t.Errorf("the cached Cluster reads differently: enabled %t, policy %+v", Enabled(cc), p)
+	}
+
+	spec := &v1alpha1.ClusterAttestationSpec{AuthorizedAttestors: []string{"tpm"}, Lockdown: true,
+		Policies: map[string]v1alpha1.PolicyDocument{"tpm": `{"pcrs":[7]}`}}
+	att := &v1alpha1.ClusterAttestation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", Generation: 3}, Spec: spec.DeepCopy(),
+		Status: v1alpha1.ClusterAttestationStatus{ClusterName: "c", SignerNames: []string{"x"}}}
+	tenantMetadata(&att.ObjectMeta, nil, nil)
+	out, err = transformFor(t, opts, att)(att)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := out.(*v1alpha1.ClusterAttestation)
+	if len(ca.Annotations)+len(ca.Labels)+len(ca.Finalizers)+len(ca.OwnerReferences)+len(ca.ManagedFields) != 0 || ca.Generation != 3 ||
+		ca.Status.ClusterName != "" || !equality.Semantic.DeepEqual(ca.Spec, spec) {
+		t.Errorf("ClusterAttestation cached as %+v; want its name, generation and spec only", ca)
 	}
 }

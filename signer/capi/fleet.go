@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 )
 
 // Defaults of the per-cluster loops.
@@ -94,9 +96,11 @@ type ClusterStatus struct {
 	RevokedNodes     int
 	RevocationErrors int
 	RevocationError  string
-	// PolicyErrors are the problems of the Cluster's annotations
-	// (ValidateAnnotations); empty when there are none.
+	// PolicyErrors are the problems of the Cluster's policy
+	// (ParseClusterPolicy); empty when there are none.
 	PolicyErrors string
+	// PolicySource says where the policy was read.
+	PolicySource v1alpha1.PolicySource
 	// LastDecision is the last CSR the controller approved, denied or
 	// failed in the workload cluster; zero before the first.
 	LastDecision Decision

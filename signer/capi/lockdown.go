@@ -7,22 +7,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
 )
-
-// AnnotationLockdown, "true" on an opted-in Cluster, makes the controller
-// disarm the workload cluster's bootstrap auto-approve bindings (package
-// lockdown) and keep them disarmed, so that no node registers without
-// attestation; nodes keep renewing their own certificates. Any other value
-// on an opted-in Cluster restores what lockdown disarmed.
-const AnnotationLockdown = "kubelet-authenticator.x-k8s.io/lockdown"
-
-// Lockdown reports whether cluster asks for lockdown.
-func Lockdown(cluster *clusterv1.Cluster) bool {
-	return cluster.Annotations[AnnotationLockdown] == "true"
-}
 
 // lockdown enforces lockdown in one workload cluster until ctx is done.
 func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {

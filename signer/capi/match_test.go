@@ -105,16 +105,10 @@ func TestMatch(t *testing.T) {
 	}
 }
 
-func TestAuthorizedAttestors(t *testing.T) {
-	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
-		AnnotationEnabled:             "true",
-		AnnotationAuthorizedAttestors: " tpm, aws,,tpm ",
-	}}}
+func TestEnabled(t *testing.T) {
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationEnabled: "true"}}}
 	if !Enabled(c) {
 		t.Error("not enabled")
-	}
-	if got := AuthorizedAttestors(c); len(got) != 2 || got[0] != "tpm" || got[1] != "aws" {
-		t.Errorf("AuthorizedAttestors() = %q", got)
 	}
 	c.Annotations[AnnotationEnabled] = "True"
 	if Enabled(c) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
@@ -25,13 +27,16 @@ import (
 	"k8s.io/utils/clock"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/bounds"
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
@@ -201,6 +206,11 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 		Named("kubelet-authenticator-cluster").
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4)}).
 		For(&clusterv1.Cluster{}).
+		// A ClusterAttestation's spec is its Cluster's policy: a change
+		// (a new generation) reconciles that Cluster.
+		Watches(&v1alpha1.ClusterAttestation{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&clusterv1.Machine{}, handler.Funcs{
 			CreateFunc: func(_ context.Context, e event.CreateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				r.resync(e.Object)
@@ -300,6 +310,10 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		r.setIdle(req.NamespacedName, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
 		return reconcile.Result{}, nil
 	}
+	policy, policyErrs, err := r.readPolicy(ctx, &cluster)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 
 	if d := r.inBackoff(&cluster); d > 0 {
 		return reconcile.Result{RequeueAfter: d}, nil
@@ -310,7 +324,19 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		period = DefaultRecheckPeriod
 	}
 	var next time.Time // when the serving CAs change next
-	kubeconfig, err := ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	// The CA first: a Secret whose certificate its key does not prove
+	// could name another cluster's CA, which evidence is bound to.
+	ca, err := ReadCA(ctx, r.APIReader, req.NamespacedName)
+	if refused := (*RefusedCAError)(nil); errors.As(err, &refused) {
+		r.refuseCA(logger, &cluster, refused)
+		r.setIdle(req.NamespacedName, &idleCluster{uid: cluster.UID, generation: cluster.Generation, optedIn: true, reason: ReasonCARefused,
+			message: refused.Error()})
+		return reconcile.Result{RequeueAfter: period}, nil
+	}
+	var kubeconfig []byte
+	if err == nil {
+		kubeconfig, err = ReadKubeconfig(ctx, r.APIReader, req.NamespacedName)
+	}
 	if err == nil {
 		// The kubeconfig is tenant input: checked before anything is
 		// read or connected to on its behalf.
@@ -323,12 +349,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 			return reconcile.Result{RequeueAfter: period}, nil
 		}
 		if err == nil {
-			var ca *issue.CA
-			var caPEM []byte
-			ca, caPEM, err = ReadCA(ctx, r.APIReader, req.NamespacedName)
-			if err == nil {
-				next, err = r.ensure(ctx, logger, &cluster, kubeconfig, cfg, ca, caPEM)
-			}
+			next, err = r.ensure(ctx, logger, &cluster, policy, policyErrs, kubeconfig, cfg, ca)
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -348,33 +369,29 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 
 // ensure runs a controller for cluster with this configuration, replacing
 // one with another. It returns when the serving CAs change next.
-func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, kubeconfig []byte, cfg *rest.Config, ca *issue.CA, caPEM []byte) (time.Time, error) {
+func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy ClusterPolicy, policyErrs field.ErrorList,
+	kubeconfig []byte, cfg *rest.Config, cca *ClusterCA) (time.Time, error) {
+	ca := cca.CA
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
-	authorized := AuthorizedAttestors(cluster)
+	authorized := policy.AuthorizedAttestors
 	servingCAs, err := r.ensureServingCA(ctx, cluster)
 	if err != nil {
 		return time.Time{}, err
 	}
 	next := servingCAs.NextChange
-	lockdown, approveServing := Lockdown(cluster), ApproveKubeletServing(cluster)
-	policies := Policies(cluster)
-	policyErrors := r.checkAnnotations(logger, cluster)
-	h := sha256.New()
-	parts := [][]byte{kubeconfig, caPEM, []byte(strings.Join(authorized, ",")), []byte(servingCAs.Fingerprint()), fmt.Appendf(nil, "%t,%t", lockdown, approveServing)}
-	for _, p := range slices.Sorted(maps.Keys(policies)) {
-		parts = append(parts, []byte(p), policies[p])
+	policyErrors := r.checkPolicy(logger, cluster, &policy, policyErrs)
+	hash, err := workloadInputs{Kubeconfig: kubeconfig, CA: cca.PEM, ClusterUID: string(cluster.UID), ServingCAs: servingCAs.Fingerprint(), Policy: policy.ClusterAttestationSpec}.hash()
+	if err != nil {
+		return next, err
 	}
-	for _, b := range parts {
-		fmt.Fprintf(h, "%d:", len(b))
-		h.Write(b)
-	}
-	hash := hex.EncodeToString(h.Sum(nil))
 
 	r.mu.Lock()
 	cur := r.running[nn]
 	r.mu.Unlock()
 	if cur != nil && cur.hash == hash {
-		cur.state.update(func(s *ClusterStatus) { s.ObservedGeneration, s.PolicyErrors = cluster.Generation, policyErrors })
+		cur.state.update(func(s *ClusterStatus) {
+			s.ObservedGeneration, s.PolicyErrors, s.PolicySource = cluster.Generation, policyErrors, policy.Source
+		})
 		return next, nil
 	}
 
@@ -405,10 +422,10 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		ClientOnly:     r.ClientOnly,
 		Client:         &issue.Signer{CA: ca, MaxLifetime: r.MaxLifetime},
 		Serving:        &issue.Signer{CA: servingCAs.Signing, Serving: true, MaxLifetime: r.MaxLifetime, Now: r.now},
-		KubeletServing: approveServing,
+		KubeletServing: policy.ApproveKubeletServing,
 	})
-	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, PolicyErrors: policyErrors, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
-		Lockdown: lockdown, ServingApproval: approveServing, Generation: generation,
+	st := &state{ClusterStatus: ClusterStatus{Cluster: nn, ClusterUID: cluster.UID, ObservedGeneration: cluster.Generation, PolicyErrors: policyErrors, PolicySource: policy.Source, AuthorizedAttestors: authorized, SignerNames: servedSignerNames(profiles, authorized),
+		Lockdown: policy.Lockdown, ServingApproval: policy.ApproveKubeletServing, Generation: generation,
 		ServingCAExpiry: servingCAs.Signing.Cert.NotAfter, ServingCAs: len(servingCAs.Trusted)}}
 	if cur != nil { // the last decision outlives a restart
 		st.LastDecision = cur.state.snapshot().LastDecision
@@ -443,12 +460,15 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		Cluster: nn.String(),
 		Client:  cs,
 		Engine: engine.Config{
-			Profiles:      profiles,
-			Authorized:    authorized,
-			Policies:      policies,
-			Machines:      machines,
-			Identities:    r.Identities,
-			ChallengeKeys: r.ChallengeKeys,
+			Profiles:              profiles,
+			Authorized:            authorized,
+			Policies:              policy.Documents(),
+			ClusterUID:            string(cluster.UID),
+			ClusterCAs:            cca.Bundle,
+			RequireClusterBinding: policy.RequireClusterBinding,
+			Machines:              machines,
+			Identities:            r.Identities,
+			ChallengeKeys:         r.ChallengeKeys,
 		},
 		Metrics:           r.Metrics,
 		Events:            r.decisionEvents(cluster, st),
@@ -489,7 +509,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		}
 		go id.Run(wctx)
 		go r.keepRevocations(wctx, klog.FromContext(wctx).WithValues("cluster", nn), clusterRef, revocation, st, r.revocationPeriod())
-		if lockdown {
+		if policy.Lockdown {
 			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 		} else {
 			go r.unlock(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
@@ -510,31 +530,90 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 	return next, nil
 }
 
-// ReasonPolicyInvalid is the reason of the Warning Event on a Cluster whose
-// annotations have problems (ValidateAnnotations).
-const ReasonPolicyInvalid = "PolicyInvalid"
+// Reasons of the Events on a Cluster about its policy.
+const (
+	// ReasonPolicyInvalid: the policy has problems (ParseClusterPolicy).
+	ReasonPolicyInvalid = "PolicyInvalid"
+	// ReasonPolicyAnnotationsDeprecated: the policy is read from the
+	// Cluster's deprecated annotations.
+	ReasonPolicyAnnotationsDeprecated = "PolicyAnnotationsDeprecated"
+	// ReasonPolicyAnnotationsIgnored: the Cluster carries deprecated
+	// policy annotations beside a ClusterAttestation spec, which wins.
+	ReasonPolicyAnnotationsIgnored = "PolicyAnnotationsIgnored"
+)
 
-// checkAnnotations validates cluster's annotations and returns the
-// problems, empty when there are none. It says so (log, Warning Event on
-// the Cluster) when they differ from what the Cluster's controller last
-// found.
-func (r *ClusterReconciler) checkAnnotations(logger klog.Logger, cluster *clusterv1.Cluster) string {
+// readPolicy reads cluster's policy: its ClusterAttestation (from the
+// cache) and its annotations, parsed once (ParseClusterPolicy).
+func (r *ClusterReconciler) readPolicy(ctx context.Context, cluster *clusterv1.Cluster) (ClusterPolicy, field.ErrorList, error) {
+	att := &v1alpha1.ClusterAttestation{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(cluster), att)
+	switch {
+	case apierrors.IsNotFound(err):
+		att = nil
+	case err != nil:
+		return ClusterPolicy{}, nil, fmt.Errorf("unable to read ClusterAttestation %s/%s: %w", cluster.Namespace, cluster.Name, err)
+	}
+	policy, errs := ParseClusterPolicy(cluster, att, r.Verifiers)
+	return policy, errs, nil
+}
+
+// workloadInputs is everything a workload's controller is built from: a
+// change restarts it.
+type workloadInputs struct {
+	Kubeconfig []byte
+	CA         []byte
+	ClusterUID string
+	ServingCAs string
+	Policy     v1alpha1.ClusterAttestationSpec
+}
+
+func (w workloadInputs) hash() (string, error) {
+	b, err := json.Marshal(w)
+	if err != nil {
+		return "", fmt.Errorf("unable to hash the workload's configuration: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// checkPolicy returns the problems of cluster's policy as one message,
+// empty when there are none. When they, or where the policy is read from,
+// differ from what the Cluster's controller last had, it says so: in the
+// log and in an Event on the Cluster (problems, deprecated annotations
+// read, or annotations ignored beside the spec).
+func (r *ClusterReconciler) checkPolicy(logger klog.Logger, cluster *clusterv1.Cluster, policy *ClusterPolicy, errs field.ErrorList) string {
 	var msg string
-	if errs := ValidateAnnotations(cluster, r.Verifiers); len(errs) > 0 {
+	if len(errs) > 0 {
 		msg = errs.ToAggregate().Error()
 	}
 	r.mu.Lock()
 	cur := r.running[types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}]
 	r.mu.Unlock()
-	if (cur == nil && msg == "") || (cur != nil && cur.state.snapshot().PolicyErrors == msg) {
+	var last ClusterStatus
+	if cur != nil {
+		last = cur.state.snapshot()
+	}
+	if cur == nil || last.PolicySource != policy.Source {
+		switch {
+		case policy.Source == v1alpha1.PolicySourceAnnotations:
+			logger.Info("The Cluster's policy is read from deprecated annotations: move it to the spec of its ClusterAttestation")
+			r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyAnnotationsDeprecated,
+				"The policy of Cluster %s is read from its annotations, which are deprecated: write it as the spec of ClusterAttestation %s (docs/status.md)", cluster.Name, cluster.Name)
+		case len(policy.IgnoredAnnotations) > 0:
+			logger.Info("The Cluster's deprecated policy annotations are ignored: its ClusterAttestation has a spec", "annotations", policy.IgnoredAnnotations)
+			r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyAnnotationsIgnored,
+				"Annotations %s of Cluster %s are ignored: the spec of ClusterAttestation %s is the policy; remove them", truncate(strings.Join(policy.IgnoredAnnotations, ", "), 1024), cluster.Name, cluster.Name)
+		}
+	}
+	if (cur == nil && msg == "") || (cur != nil && last.PolicyErrors == msg) {
 		return msg
 	}
 	if msg == "" {
-		logger.Info("The Cluster's annotations are valid again")
+		logger.Info("The Cluster's policy is valid again")
 		return msg
 	}
-	logger.Info("The Cluster's annotations have problems", "errors", msg)
-	r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyInvalid, "Annotations of Cluster %s: %s (details in its ClusterAttestation)", cluster.Name, truncate(msg, 1024))
+	logger.Info("The Cluster's policy has problems", "errors", msg)
+	r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyInvalid, "Policy of Cluster %s: %s (details in its ClusterAttestation)", cluster.Name, truncate(msg, 1024))
 	return msg
 }
 

@@ -358,15 +358,10 @@ func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, 
 	e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert)
 	if err != nil && !errors.Is(err, revoke.ErrRevokedMachine) {
 		a.st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
-		if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || errors.Is(err, revoke.ErrMalformed) {
-			// Revocation cannot work in this cluster until this is fixed
-			// (its RBAC, an API server without ValidatingAdmissionPolicy, or a
-			// record someone else edited): signing does not
-			// wait for it. Were the name revoked, the node would be refused
-			// until it is fixed and the certificate renewed.
-			klog.FromContext(ctx).Info("Issuing without checking the revoked node names", "node", node, "err", err.Error())
-			return nil
-		}
+	}
+	if revoke.Unenforceable(err) {
+		klog.FromContext(ctx).Info("Issuing without checking the revoked node names", "node", node, "err", err.Error())
+		return nil
 	}
 	if err != nil {
 		return err

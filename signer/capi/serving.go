@@ -10,23 +10,12 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
-// AnnotationApproveKubeletServing, "true" on an opted-in Cluster, makes the
-// controller approve (or deny) kubelet's own kubernetes.io/kubelet-serving
-// CSRs in its workload cluster; kube-controller-manager signs them.
-const AnnotationApproveKubeletServing = "kubelet-authenticator.x-k8s.io/approve-kubelet-serving"
-
 // ServingCASecretSuffix names `<cluster>-kubelet-serving-ca`, the serving
 // CAs the controller keeps for a workload cluster, in the Cluster's
 // namespace and owned by the Cluster: tls.crt and tls.key sign, and
 // trust.SecretPreviousKey holds the older CAs still published (package
 // trust).
 const ServingCASecretSuffix = "-kubelet-serving-ca"
-
-// ApproveKubeletServing reports whether cluster asks for kubelet-serving
-// approval.
-func ApproveKubeletServing(cluster *clusterv1.Cluster) bool {
-	return cluster.Annotations[AnnotationApproveKubeletServing] == "true"
-}
 
 // ensureServingCA returns the cluster's serving CAs, making, rotating and
 // dropping them as the reconciler's policy says (package trust). Changes

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -16,20 +17,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 )
-
-// ClusterAttestationGVK is the kind of the per-Cluster status object the
-// controller writes (deploy/crd): one ClusterAttestation per Cluster it
-// serves, of the same name and namespace, owned by the Cluster.
-var ClusterAttestationGVK = schema.GroupVersionKind{Group: "kubelet-authenticator.x-k8s.io", Version: "v1alpha1", Kind: "ClusterAttestation"}
 
 // StatusFieldManager is the field manager of the controller's
 // server-side applies of ClusterAttestations.
@@ -69,36 +65,6 @@ const (
 	ConditionPolicyValid        = "PolicyValid"
 )
 
-// ClusterAttestationStatus is the status of a ClusterAttestation, as
-// written (its schema is deploy/crd).
-type ClusterAttestationStatus struct {
-	// ClusterName is the Cluster served (the object's own name).
-	ClusterName string `json:"clusterName"`
-	// ObservedGeneration is the Cluster's metadata.generation the status
-	// was computed from.
-	ObservedGeneration  int64              `json:"observedGeneration,omitempty"`
-	Conditions          []metav1.Condition `json:"conditions,omitempty"`
-	AuthorizedAttestors []string           `json:"authorizedAttestors,omitempty"`
-	SignerNames         []string           `json:"signerNames,omitempty"`
-	// ServingCAExpiry is when the serving CA that signs expires.
-	ServingCAExpiry *metav1.Time `json:"servingCAExpiry,omitempty"`
-	// LastDecision is the last CSR approved, denied or failed.
-	LastDecision *LastDecision `json:"lastDecision,omitempty"`
-	// RevokedNodes is how many node names of deleted Machines are refused
-	// in the workload cluster.
-	RevokedNodes *int `json:"revokedNodes,omitempty"`
-}
-
-// LastDecision is a ClusterAttestation's last decision.
-type LastDecision struct {
-	Time    metav1.Time `json:"time"`
-	CSR     string      `json:"csr"`
-	Machine string      `json:"machine,omitempty"`
-	Outcome string      `json:"outcome"`
-	Reason  string      `json:"reason,omitempty"`
-	Message string      `json:"message,omitempty"`
-}
-
 // servedSignerNames are the signer names of profiles a request can be
 // signed or approved through, given the authorized providers: refused
 // signer names and those of providers not authorized are left out.
@@ -113,19 +79,21 @@ func servedSignerNames(profiles []*engine.Profile, authorized []string) []string
 }
 
 // attestationStatus is what a ClusterAttestation says of a Cluster served.
-func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStatus {
-	out := ClusterAttestationStatus{
+func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttestationStatus {
+	revoked := int32(min(s.RevokedNodes, math.MaxInt32))
+	out := v1alpha1.ClusterAttestationStatus{
 		ClusterName:         s.Cluster.Name,
 		ObservedGeneration:  generation,
+		PolicySource:        s.PolicySource,
 		AuthorizedAttestors: s.AuthorizedAttestors,
 		SignerNames:         s.SignerNames,
-		RevokedNodes:        &s.RevokedNodes,
+		RevokedNodes:        &revoked,
 	}
 	if !s.ServingCAExpiry.IsZero() {
 		out.ServingCAExpiry = &metav1.Time{Time: s.ServingCAExpiry.UTC().Truncate(time.Second)}
 	}
 	if d := s.LastDecision; d.CSR != "" {
-		out.LastDecision = &LastDecision{Time: metav1.Time{Time: d.Time.UTC().Truncate(time.Second)}, CSR: d.CSR, Machine: d.Machine,
+		out.LastDecision = &v1alpha1.LastDecision{Time: metav1.Time{Time: d.Time.UTC().Truncate(time.Second)}, CSR: d.CSR, Machine: d.Machine,
 			Outcome: d.Outcome, Reason: d.Reason, Message: truncate(d.Message, maxDecisionMessage)}
 	}
 	cond := func(t string, ok bool, reason, format string, args ...any) {
@@ -135,9 +103,10 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 		}
 		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format, args...)})
 	}
+	policy := ClusterPolicy{Source: s.PolicySource}
 	cond(ConditionOptedIn, true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)
 	if s.PolicyErrors == "" {
-		cond(ConditionPolicyValid, true, "Valid", "the Cluster's annotations are valid")
+		cond(ConditionPolicyValid, true, "Valid", "the Cluster's policy (%s) is valid", policySourceText(s.PolicySource))
 	} else {
 		cond(ConditionPolicyValid, false, "Invalid", "%s", truncate(s.PolicyErrors, maxConditionMessage))
 	}
@@ -155,7 +124,7 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 	served := s.Synced && len(s.SignerNames) > 0
 	switch {
 	case len(s.SignerNames) == 0:
-		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "annotation %s names no attestor this controller serves (%q): every request is denied", AnnotationAuthorizedAttestors, strings.Join(s.AuthorizedAttestors, ","))
+		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "%s names no attestor this controller serves (%q): every request is denied", policy.Setting("authorizedAttestors", AnnotationAuthorizedAttestors), strings.Join(s.AuthorizedAttestors, ","))
 	case !s.Synced:
 		cond(ConditionSignersServed, false, "NotSynced", "the CSRs of the workload cluster are not listed yet")
 	default:
@@ -170,9 +139,9 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 	case s.Lockdown:
 		cond(ConditionLockdownApplied, false, "Pending", "lockdown is asked for and not enforced yet")
 	case s.LockdownError != "":
-		cond(ConditionLockdownApplied, false, "RestoreFailed", "annotation %s is not \"true\", but restoring the bootstrap auto-approve bindings failed (retried): %s", AnnotationLockdown, s.LockdownError)
+		cond(ConditionLockdownApplied, false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s", policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)
 	default:
-		cond(ConditionLockdownApplied, false, "NotRequested", "annotation %s is not \"true\": kube-controller-manager's bootstrap auto-approval is left as it is", AnnotationLockdown)
+		cond(ConditionLockdownApplied, false, "NotRequested", "%s is not true: kube-controller-manager's bootstrap auto-approval is left as it is", policy.Setting("lockdown", AnnotationLockdown))
 	}
 
 	expiry := s.ServingCAExpiry.UTC().Format(time.RFC3339)
@@ -208,15 +177,15 @@ func attestationStatus(s ClusterStatus, generation int64) ClusterAttestationStat
 
 // idleStatus is what a ClusterAttestation says of a Cluster not served:
 // everything else is dropped by the apply.
-func idleStatus(cluster types.NamespacedName, c idleCluster) ClusterAttestationStatus {
+func idleStatus(cluster types.NamespacedName, c idleCluster) v1alpha1.ClusterAttestationStatus {
 	if !c.optedIn {
 		msg := fmt.Sprintf("annotation %s is not \"true\": no CSR of this Cluster is decided", AnnotationEnabled)
-		return ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
+		return v1alpha1.ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
 			{Type: ConditionOptedIn, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: ReasonOptedOut, Message: msg},
 			{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: ReasonOptedOut, Message: msg},
 		}}
 	}
-	out := ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
+	out := v1alpha1.ClusterAttestationStatus{ClusterName: cluster.Name, ObservedGeneration: c.generation, Conditions: []metav1.Condition{
 		{Type: ConditionOptedIn, Status: metav1.ConditionTrue, ObservedGeneration: c.generation, Reason: "Enabled",
 			Message: fmt.Sprintf("annotation %s is \"true\"", AnnotationEnabled)},
 		{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.generation, Reason: c.reason,
@@ -299,7 +268,7 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
 // write applies status to cluster's ClusterAttestation when it changed;
 // create makes the object (owned by the Cluster of uid) when this term has
 // not, otherwise a missing object is left missing.
-func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, uid types.UID, status ClusterAttestationStatus, create bool) error {
+func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, uid types.UID, status v1alpha1.ClusterAttestationStatus, create bool) error {
 	key, err := json.Marshal(status)
 	if err != nil {
 		return err
@@ -310,19 +279,14 @@ func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, 
 	if _, ok := w.conditions[cluster]; !ok {
 		// The transition times of the conditions written before (another
 		// leader, an earlier term) are kept.
-		prev := &unstructured.Unstructured{}
-		prev.SetGroupVersionKind(ClusterAttestationGVK)
+		prev := &v1alpha1.ClusterAttestation{}
 		err := w.r.APIReader.Get(ctx, cluster, prev)
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			return err
 		default:
-			var ps ClusterAttestationStatus
-			if m, ok := prev.Object["status"].(map[string]any); ok {
-				_ = runtime.DefaultUnstructuredConverter.FromUnstructured(m, &ps)
-			}
-			w.conditions[cluster] = ps.Conditions
+			w.conditions[cluster] = prev.Status.Conditions
 		}
 	}
 	conds := slices.Clone(w.conditions[cluster])
@@ -336,26 +300,26 @@ func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, 
 	applied.Conditions = conds
 
 	if create && !w.created[cluster] {
-		obj := &unstructured.Unstructured{}
-		obj.SetGroupVersionKind(ClusterAttestationGVK)
-		obj.SetNamespace(cluster.Namespace)
-		obj.SetName(cluster.Name)
-		obj.SetLabels(map[string]string{clusterv1.ClusterNameLabel: cluster.Name})
-		obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: uid}})
-		if err := w.r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(StatusFieldManager), client.ForceOwnership); err != nil {
+		obj := &v1alpha1.ClusterAttestation{ObjectMeta: metav1.ObjectMeta{
+			Namespace: cluster.Namespace, Name: cluster.Name,
+			Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: uid}},
+		}}
+		ac, err := applyConfiguration(obj)
+		if err != nil {
+			return err
+		}
+		if err := w.r.Client.Apply(ctx, ac, client.FieldOwner(StatusFieldManager), client.ForceOwnership); err != nil {
 			return fmt.Errorf("unable to apply ClusterAttestation %s: %w", cluster, err)
 		}
 		w.created[cluster] = true
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&applied)
+	obj := &v1alpha1.ClusterAttestation{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: cluster.Name}, Status: applied}
+	ac, err := applyConfiguration(obj)
 	if err != nil {
 		return err
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{"status": m}}
-	obj.SetGroupVersionKind(ClusterAttestationGVK)
-	obj.SetNamespace(cluster.Namespace)
-	obj.SetName(cluster.Name)
-	err = w.r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(StatusFieldManager), client.ForceOwnership)
+	err = w.r.Client.Status().Apply(ctx, ac, client.FieldOwner(StatusFieldManager), client.ForceOwnership)
 	if apierrors.IsNotFound(err) {
 		// Deleted by someone (made again next time), or a Cluster that
 		// opted out never had one.
@@ -370,4 +334,27 @@ func (w *statusWriter) write(ctx context.Context, cluster types.NamespacedName, 
 	}
 	w.written[cluster], w.conditions[cluster] = string(key), conds
 	return nil
+}
+
+// applyConfiguration is what the controller applies of obj (as its
+// field manager StatusFieldManager): the metadata it sets, or through the
+// status client the status. The spec is left to whoever writes it.
+func applyConfiguration(obj *v1alpha1.ClusterAttestation) (runtime.ApplyConfiguration, error) {
+	obj.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "creationTimestamp")
+	}
+	return client.ApplyConfigurationFromUnstructured(&unstructured.Unstructured{Object: m}), nil
+}
+
+// policySourceText says where a policy was read from, for a person.
+func policySourceText(src v1alpha1.PolicySource) string {
+	if src == v1alpha1.PolicySourceAnnotations {
+		return "the Cluster's deprecated annotations"
+	}
+	return "the ClusterAttestation's spec"
 }

@@ -1,7 +1,6 @@
 package capi
 
 import (
-	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -10,65 +9,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/insecure"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 )
-
-// policyVerifier accepts a policy document only when it is "good".
-type policyVerifier struct{ insecure.Verifier }
-
-func (policyVerifier) ValidatePolicy(doc []byte) error {
-	if string(doc) != "good" {
-		return errors.New("kind is missing")
-	}
-	return nil
-}
-
-func TestValidateAnnotations(t *testing.T) {
-	verifiers := map[string]attestor.Verifier{"insecure": insecure.Verifier{}, "tpm": policyVerifier{}}
-	for _, tc := range []struct {
-		name        string
-		annotations map[string]string
-		want        []string // "type field" of each error, in order
-	}{
-		{"valid", map[string]string{AnnotationAuthorizedAttestors: "tpm, insecure", "kubelet-authenticator.x-k8s.io/tpm-policy": "good", AnnotationLockdown: "true"}, nil},
-		{"unknown attestor", map[string]string{AnnotationAuthorizedAttestors: "tpm,tmp"},
-			[]string{"FieldValueNotSupported metadata.annotations[kubelet-authenticator.x-k8s.io/authorized-attestors]"}},
-		{"no attestor", map[string]string{AnnotationAuthorizedAttestors: " , "},
-			[]string{"FieldValueRequired metadata.annotations[kubelet-authenticator.x-k8s.io/authorized-attestors]"}},
-		{"malformed policy", map[string]string{AnnotationAuthorizedAttestors: "tpm", "kubelet-authenticator.x-k8s.io/tpm-policy": "bad"},
-			[]string{"FieldValueInvalid metadata.annotations[kubelet-authenticator.x-k8s.io/tpm-policy]"}},
-		{"oversize policy", map[string]string{AnnotationAuthorizedAttestors: "tpm", "kubelet-authenticator.x-k8s.io/tpm-policy": strings.Repeat("x", MaxPolicySize+1)},
-			[]string{"FieldValueTooLong metadata.annotations[kubelet-authenticator.x-k8s.io/tpm-policy]"}},
-		{"policy of an unknown provider", map[string]string{AnnotationAuthorizedAttestors: "tpm", "kubelet-authenticator.x-k8s.io/aws-policy": "{}"},
-			[]string{"FieldValueNotSupported metadata.annotations[kubelet-authenticator.x-k8s.io/aws-policy]"}},
-		{"switches", map[string]string{AnnotationAuthorizedAttestors: "tpm", AnnotationLockdown: "True", AnnotationApproveKubeletServing: "yes"},
-			[]string{"FieldValueNotSupported metadata.annotations[kubelet-authenticator.x-k8s.io/lockdown]",
-				"FieldValueNotSupported metadata.annotations[kubelet-authenticator.x-k8s.io/approve-kubelet-serving]"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations}}
-			errs := ValidateAnnotations(c, verifiers)
-			var got []string
-			for _, e := range errs {
-				got = append(got, string(e.Type)+" "+e.Field)
-			}
-			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
-				t.Errorf("errors:\n%v\nwant:\n%v", errs, tc.want)
-			}
-			for _, e := range errs {
-				if e.Type == field.ErrorTypeInvalid && strings.Contains(e.Error(), "bad") {
-					t.Errorf("the error repeats the policy document: %v", e)
-				}
-			}
-		})
-	}
-}
 
 func TestServedSignerNames(t *testing.T) {
 	profiles := engine.Profiles(engine.ProfileSet{

@@ -717,10 +717,10 @@ func TestSharedTokenFlood(t *testing.T) {
 		t.Helper()
 		seal := r.get(name).Annotations[attestor.AnnotationChallengeSeal]
 		parts := strings.Split(seal, ".")
-		if len(parts) != 3 {
+		if len(parts) != 4 {
 			t.Fatalf("%s: seal %q", name, seal)
 		}
-		unix, err := strconv.ParseInt(parts[1], 10, 64)
+		unix, err := strconv.ParseInt(parts[2], 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -947,7 +947,7 @@ func TestChallengeKeyRotation(t *testing.T) {
 	}
 
 	ch1 := challenge("first")
-	if seal := r.get("first").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v2.k1.") {
+	if seal := r.get("first").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v3.k1.") {
 		t.Fatalf("first round sealed %q, want under k1", seal)
 	}
 	old := challenge("old")
@@ -956,7 +956,7 @@ func TestChallengeKeyRotation(t *testing.T) {
 		t.Fatalf("answer to a challenge made before the rotation: %s %v, want issued", cond(second), second.Status.Conditions)
 	}
 	challenge("fresh")
-	if seal := r.get("fresh").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v2.k2.") {
+	if seal := r.get("fresh").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v3.k2.") {
 		t.Errorf("a challenge after the rotation sealed %q, want under k2", seal)
 	}
 

@@ -19,31 +19,47 @@ import (
 // is looked at again, so that the clock has passed it.
 const challengeSlack = time.Second
 
-const sealContext = "kubelet-authenticator/challenge-seal/v1\x00"
+// sealContext is the domain separator of seals; legacySealContext that of
+// the seals of earlier releases, which named no Cluster.
+const (
+	sealContext       = "kubelet-authenticator/challenge-seal/v3\x00"
+	legacySealContext = "kubelet-authenticator/challenge-seal/v1\x00"
+)
 
 // seal returns the value of the challenge-seal annotation for a challenge
-// written on the CSR with uid to signerName under the challenge key keyID:
-// "v1.<expiry unix>.<mac>" for the legacy key, "v2.<key id>.<expiry
-// unix>.<mac>" for the others, the MAC over the request, signer name,
-// expiry and the challenge's digest. Only a holder of the controller key
-// can make one, so a challenge annotation a node filed its CSR with is
-// never taken for one the signer wrote, and a challenge is bound to its
-// signer name. The key id only picks the key to check with (a seal under
+// written on the CSR with uid to signerName in the Cluster with clusterUID
+// under the challenge key keyID: "v3.<key id>.<expiry unix>.<mac>", the
+// MAC over the Cluster, the request, signer name, expiry and the
+// challenge's digest. Only a holder of the controller key can make one, so
+// a challenge annotation a node filed its CSR with is never taken for one
+// the signer wrote, and a challenge is bound to its signer name and its
+// Cluster. The key id only picks the key to check with (a seal under
 // another id does not verify); the node never reads the seal.
-func seal(keyID string, key []byte, uid, signerName string, expires time.Time, data []byte) string {
+//
+// Seals of the earlier formats ("v1.<expiry>.<mac>", "v2.<key
+// id>.<expiry>.<mac>", which named no Cluster) were written by an earlier
+// release; a challenge under one is closed ChallengeExpired, and its node
+// files anew, once, on its own.
+func seal(keyID string, key []byte, clusterUID, uid, signerName string, expires time.Time, data []byte) string {
 	exp := strconv.FormatInt(expires.Unix(), 10)
-	mac := base64.RawURLEncoding.EncodeToString(sealMAC(key, uid, signerName, exp, data))
-	if keyID == attestor.LegacyChallengeKeyID {
-		return "v1." + exp + "." + mac
-	}
-	return "v2." + keyID + "." + exp + "." + mac
+	mac := base64.RawURLEncoding.EncodeToString(sealMAC(key, clusterUID, uid, signerName, exp, data))
+	return "v3." + keyID + "." + exp + "." + mac
 }
 
-func sealMAC(key []byte, uid, signerName, exp string, data []byte) []byte {
+func sealMAC(key []byte, clusterUID, uid, signerName, exp string, data []byte) []byte {
+	return mac(key, sealContext, data, clusterUID, uid, signerName, exp)
+}
+
+// legacySealMAC is the MAC of a seal of an earlier release.
+func legacySealMAC(key []byte, uid, signerName, exp string, data []byte) []byte {
+	return mac(key, legacySealContext, data, uid, signerName, exp)
+}
+
+func mac(key []byte, context string, data []byte, fields ...string) []byte {
 	digest := sha256.Sum256(data)
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte(sealContext))
-	for _, s := range []string{uid, signerName, exp} {
+	m.Write([]byte(context))
+	for _, s := range fields {
 		m.Write([]byte(s))
 		m.Write([]byte{0})
 	}
@@ -56,6 +72,9 @@ type parsedSeal struct {
 	keyID, exp string
 	expires    time.Time
 	mac        []byte
+	// legacy is set for a seal of an earlier release (v1, v2), which
+	// names no Cluster: its challenge can no longer be answered.
+	legacy bool
 }
 
 // parseSeal splits a challenge-seal annotation into its fields.
@@ -64,11 +83,11 @@ func parseSeal(sealed string) (*parsedSeal, error) {
 	var p parsedSeal
 	switch {
 	case len(parts) == 3 && parts[0] == "v1":
-		p.keyID, parts = attestor.LegacyChallengeKeyID, parts[1:]
-	case len(parts) == 4 && parts[0] == "v2" && validKeyID(parts[1]):
-		p.keyID, parts = parts[1], parts[2:]
+		p.keyID, p.legacy, parts = attestor.LegacyChallengeKeyID, true, parts[1:]
+	case len(parts) == 4 && (parts[0] == "v2" || parts[0] == "v3") && validKeyID(parts[1]):
+		p.keyID, p.legacy, parts = parts[1], parts[0] == "v2", parts[2:]
 	default:
-		return nil, errors.New("the seal is not v1.<expiry>.<mac> or v2.<key id>.<expiry>.<mac>")
+		return nil, errors.New("the seal is not v3.<key id>.<expiry>.<mac>")
 	}
 	unix, err := strconv.ParseInt(parts[0], 10, 64)
 	if err != nil || strconv.FormatInt(unix, 10) != parts[0] {
@@ -105,6 +124,10 @@ func sealExpiry(sealed string) (time.Time, bool) {
 	return p.expires, true
 }
 
+// errLegacySeal is why a challenge sealed by an earlier release (a seal
+// that names no Cluster) can no longer be answered.
+var errLegacySeal = errors.New("the seal is of an earlier release and names no Cluster")
+
 // keyRetiredError says that a challenge was sealed under a challenge key
 // that has since been rotated out.
 type keyRetiredError struct {
@@ -113,6 +136,9 @@ type keyRetiredError struct {
 }
 
 func (e *keyRetiredError) Error() string {
+	if errors.Is(e.err, errLegacySeal) {
+		return fmt.Sprintf("it was sealed under challenge key %q by an earlier release: %v", e.keyID, e.err)
+	}
 	return fmt.Sprintf("it was sealed under challenge key %q, which has been rotated out: %v", e.keyID, e.err)
 }
 
@@ -154,7 +180,13 @@ func (e *Engine) openChallenge(csr *certificatesv1.CertificateSigningRequest) (*
 	case err != nil:
 		return nil, fmt.Errorf("the seal names no key of this signer: %w", err)
 	}
-	if !hmac.Equal(p.mac, sealMAC(key, string(csr.UID), csr.Spec.SignerName, p.exp, []byte(data))) {
+	if p.legacy {
+		if !hmac.Equal(p.mac, legacySealMAC(key, string(csr.UID), csr.Spec.SignerName, p.exp, []byte(data))) {
+			return nil, errors.New("the seal does not verify: the signer did not write this challenge on this request")
+		}
+		return nil, &keyRetiredError{keyID: p.keyID, err: errLegacySeal}
+	}
+	if !hmac.Equal(p.mac, sealMAC(key, e.cfg.ClusterUID, string(csr.UID), csr.Spec.SignerName, p.exp, []byte(data))) {
 		return nil, errors.New("the seal does not verify: the signer did not write this challenge on this request")
 	}
 	return &attestor.Challenge{CSRName: csr.Name, CSRUID: string(csr.UID), Data: []byte(data), Expires: p.expires, KeyID: p.keyID}, nil

@@ -98,11 +98,15 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return dd
 	}
 
-	if p.Verifier != nil && !slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
-		supported := strings.Join(p.Verifier.Versions(), ",")
+	if accepted := e.versions(p); p.Verifier != nil && !slices.Contains(accepted, checked.Request.Version) {
+		supported := strings.Join(accepted, ",")
 		d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
+		why := fmt.Sprintf("is not accepted by attestor %q", p.Provider)
+		if slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
+			why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
+		}
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
-			"evidence version %q is not accepted by attestor %q; file a new request with one of %s", checked.Request.Version, p.Provider, supported)})
+			"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why, supported)})
 	}
 
 	m, dd := e.machine(ctx, d, p, checked)
@@ -171,6 +175,20 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	return d
 }
 
+// versions returns the evidence versions p's verifier accepts in this
+// Cluster, newest first: all of them, or only those that commit to the
+// workload cluster when the Cluster requires it.
+func (e *Engine) versions(p *Profile) []string {
+	if p.Verifier == nil {
+		return nil
+	}
+	vs := slices.Clone(p.Verifier.Versions())
+	if cb, ok := p.Verifier.(attestor.ClusterBinder); ok && e.cfg.RequireClusterBinding {
+		vs = slices.DeleteFunc(vs, func(v string) bool { return !cb.ClusterBound(v) })
+	}
+	return vs
+}
+
 // close denies a request, or fails it when this signer approved it already
 // (an approved request cannot be denied).
 func (e *Engine) close(d *Decision, approved bool, ds ...*attestor.DenyError) *Decision {
@@ -216,6 +234,8 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 		Evidence:           c.Request.Evidence,
 		Version:            c.Request.Version,
 		Binding:            c.Binding,
+		ClusterCAs:         e.cfg.ClusterCAs,
+		ClusterUID:         e.cfg.ClusterUID,
 		CSR:                c.CSR,
 		NodeName:           c.NodeName,
 		ProviderID:         c.ProviderID,
@@ -235,7 +255,7 @@ func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certi
 				// The verifier knows the version but its policy refuses it
 				// (boot state needs TPM evidence v2): tell the node which
 				// of the others to file, as version negotiation does.
-				others := slices.DeleteFunc(slices.Clone(p.Verifier.Versions()), func(v string) bool { return v == c.Request.Version })
+				others := slices.DeleteFunc(e.versions(p), func(v string) bool { return v == c.Request.Version })
 				d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: strings.Join(others, ",")}
 			}
 			return nil, deny(d, ds...)
@@ -290,7 +310,7 @@ func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRe
 	d.Outcome = Challenge
 	d.Annotations = map[string]string{
 		attestor.AnnotationChallenge:     string(ch.Data),
-		attestor.AnnotationChallengeSeal: seal(keyID, key, string(csr.UID), csr.Spec.SignerName, expires, ch.Data),
+		attestor.AnnotationChallengeSeal: seal(keyID, key, e.cfg.ClusterUID, string(csr.UID), csr.Spec.SignerName, expires, ch.Data),
 	}
 	return d
 }

@@ -154,6 +154,20 @@ type Config struct {
 	// Policies are the Cluster's policy documents, by provider, handed to
 	// the provider's verifier (the TPM boot-state policy).
 	Policies map[string][]byte
+	// ClusterUID is the UID of the Cluster served: challenge seals and
+	// the challenge secrets verifiers derive name it.
+	ClusterUID string
+	// ClusterCAs are the DER certificates of the CA this workload
+	// cluster's clients are signed with, the signing one first, then the
+	// rest of its bundle: evidence of binding v2 must commit to one of
+	// them.
+	ClusterCAs [][]byte
+	// RequireClusterBinding refuses evidence that does not commit to the
+	// workload cluster (binding v1) for every provider whose verifier has
+	// versions that do (attestor.ClusterBinder): such requests are denied
+	// UnsupportedEvidenceVersion with the cluster-bound versions as the
+	// supported ones, and the node files anew in one of them.
+	RequireClusterBinding bool
 	// Machines matches requests to Machines.
 	Machines Machines
 	// Identities, when set, applies trust on first use.

@@ -100,7 +100,13 @@ type Machine struct {
 	Namespace string    `json:"namespace"`
 	Name      string    `json:"name"`
 	UID       types.UID `json:"uid"`
+	// Source is what the Machine is: "" a Cluster API Machine,
+	// SourceAllowlist an allowlist entry of standalone mode.
+	Source string `json:"source,omitempty"`
 }
+
+// SourceAllowlist is the Source of a standalone mode allowlist entry.
+const SourceAllowlist = "allowlist"
 
 func (m Machine) String() string { return m.Namespace + "/" + m.Name }
 
@@ -160,6 +166,12 @@ func (s *State) Find(node string) *Entry {
 
 // Message is what the policy answers a refused request of e's node.
 func (e *Entry) Message() string {
+	if e.Machine.Source == SourceAllowlist {
+		return fmt.Sprintf("node %s was revoked: its entry was taken out of the allowlist in namespace %s at %s; "+
+			"certificates issued to the node before then are refused until %s. A node allowlisted again joins through "+
+			"the node-attestation-controller, which accepts the certificates it issues to it",
+			e.Node, e.Machine.Namespace, e.RevokedAt.UTC().Format(time.RFC3339), e.Until.UTC().Format(time.RFC3339))
+	}
 	return fmt.Sprintf("node %s was revoked: its Machine %s was deleted from the management cluster at %s; "+
 		"certificates issued to the node before then are refused until %s. A new Machine of this name joins through "+
 		"the node-attestation-controller, which accepts the certificates it issues to it",
@@ -177,6 +189,16 @@ func Fingerprint(cert *x509.Certificate) string {
 // would drop revocations); delete it and the controller writes a new one
 // (and forgets the revocations it held).
 var ErrMalformed = errors.New("not written by node-attestation-controller")
+
+// Unenforceable reports whether err, from Accept, says that revocation
+// cannot work in the cluster until someone fixes it (its RBAC, an API
+// server without ValidatingAdmissionPolicy, a record someone else edited):
+// the certificate is then handed out without waiting for that, since were
+// its name revoked the node would be refused until the fix and a renewal.
+func Unenforceable(err error) bool {
+	return err != nil && !errors.Is(err, ErrRevokedMachine) &&
+		(apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || errors.Is(err, ErrMalformed))
+}
 
 // ErrRevokedMachine is returned by Accept for a certificate issued to the
 // very Machine whose deletion revoked the name.

@@ -10,6 +10,8 @@ package standalone
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -92,6 +94,13 @@ func ParseAllowlist(data []byte) (*Allowlist, error) {
 // engine.Machines; the ConfigMap is read on every request, so an
 // edit takes effect at once. A missing or invalid allowlist is an error
 // (retried), never a reason to deny: fixing it lets pending nodes in.
+//
+// An entry stands for a Machine: it has a UID of its own, derived from the
+// allowlist, the node name and the provider ID (so an entry given another
+// provider ID, a replaced machine, is another Machine to trust on first
+// use), and its node has joined once the cluster has a Node of that name.
+// It also implements tofu.Owners: a trust-on-first-use record belongs to
+// an entry for as long as the allowlist has it.
 type Matcher struct {
 	Client    kubernetes.Interface
 	ConfigMap types.NamespacedName
@@ -107,7 +116,7 @@ func (m *Matcher) MatchMachine(ctx context.Context, nodeName, providerID string)
 		return nil, &attestor.DenyError{Reason: ReasonAllowlistProviderIDMismatch, Message: fmt.Sprintf(
 			"node %q is allowed with provider ID %q, not %q (allowlist %s)", nodeName, e.ProviderID, providerID, m.ConfigMap)}
 	}
-	return m.machine(e), nil
+	return m.machine(ctx, e)
 }
 
 // ForNode implements engine.Machines: the allowlist entry of the node.
@@ -116,19 +125,64 @@ func (m *Matcher) ForNode(ctx context.Context, nodeName string) (*engine.Machine
 	if err != nil {
 		return nil, err
 	}
-	return m.machine(e), nil
+	return m.machine(ctx, e)
 }
 
-func (m *Matcher) machine(e *Entry) *engine.Machine {
-	return &engine.Machine{
-		Namespace: m.ConfigMap.Namespace, Name: "allowlist/" + e.NodeName,
-		ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity,
+// machinePrefix starts the name an entry goes by as a Machine (in
+// messages and trust-on-first-use records).
+const machinePrefix = "allowlist."
+
+func (m *Matcher) machine(ctx context.Context, e *Entry) (*engine.Machine, error) {
+	joined, err := m.joined(ctx, e.NodeName)
+	if err != nil {
+		return nil, err
 	}
+	return &engine.Machine{
+		Namespace: m.ConfigMap.Namespace, Name: machinePrefix + e.NodeName, UID: m.entryUID(e),
+		ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity, Joined: joined,
+	}, nil
 }
 
-// entry reads the allowlist (on every request, so an edit takes effect at
-// once) and returns the node's entry.
-func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
+// entryUID is the UID of an allowlist entry as a Machine.
+func (m *Matcher) entryUID(e *Entry) types.UID {
+	h := sha256.Sum256([]byte(m.ConfigMap.String() + "\x00" + e.NodeName + "\x00" + e.ProviderID))
+	return types.UID("allowlist-" + hex.EncodeToString(h[:16]))
+}
+
+// joined reports whether the cluster has a Node named nodeName: the node
+// registered, and a bootstrap token cannot ask for its identity again.
+func (m *Matcher) joined(ctx context.Context, nodeName string) (bool, error) {
+	_, err := m.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("unable to read Node %q: %w", nodeName, err)
+}
+
+// OwnerExists implements tofu.Owners: the allowlist still has the entry
+// whose UID a record names. An allowlist that cannot be read is an error,
+// never a reason to give an identity up.
+func (m *Matcher) OwnerExists(ctx context.Context, owner types.NamespacedName, uid types.UID) (bool, error) {
+	node, ok := strings.CutPrefix(owner.Name, machinePrefix)
+	if !ok || owner.Namespace != m.ConfigMap.Namespace {
+		return false, nil
+	}
+	e, err := m.entry(ctx, node)
+	if len(attestor.Denials(err)) > 0 {
+		return false, nil // not in the allowlist any more
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.entryUID(e) == uid, nil
+}
+
+// read reads and parses the allowlist. A missing or invalid one is an
+// error (retried), never a denial.
+func (m *Matcher) read(ctx context.Context) (*Allowlist, error) {
 	cm, err := m.Client.CoreV1().ConfigMaps(m.ConfigMap.Namespace).Get(ctx, m.ConfigMap.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("allowlist ConfigMap %s does not exist: create it", m.ConfigMap)
@@ -139,6 +193,16 @@ func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
 	a, err := ParseAllowlist([]byte(cm.Data[AllowlistKey]))
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s key %s: %w", m.ConfigMap, AllowlistKey, err)
+	}
+	return a, nil
+}
+
+// entry reads the allowlist (on every request, so an edit takes effect at
+// once) and returns the node's entry.
+func (m *Matcher) entry(ctx context.Context, nodeName string) (*Entry, error) {
+	a, err := m.read(ctx)
+	if err != nil {
+		return nil, err
 	}
 	for i := range a.Nodes {
 		if a.Nodes[i].NodeName == nodeName {

@@ -46,8 +46,7 @@ func (c *Cleaner) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error 
 	if c.Store == nil || c.Store.Namespace == "" {
 		return fmt.Errorf("trust-on-first-use cleaner: no store namespace")
 	}
-	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
-		workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "tofu-cleaner"})
+	c.newQueue()
 	c.Machines = mgr.GetCache()
 	informer, err := mgr.GetCache().GetInformer(ctx, &clusterv1.Machine{})
 	if err != nil {
@@ -57,6 +56,11 @@ func (c *Cleaner) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error 
 		return fmt.Errorf("unable to watch Machine deletions: %w", err)
 	}
 	return mgr.Add(c)
+}
+
+func (c *Cleaner) newQueue() {
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
+		workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "tofu-cleaner"})
 }
 
 func (c *Cleaner) deleted(obj any) {
@@ -74,8 +78,13 @@ func (c *Cleaner) deleted(obj any) {
 // NeedLeaderElection implements manager.LeaderElectionRunnable.
 func (c *Cleaner) NeedLeaderElection() bool { return true }
 
-// Start implements manager.Runnable.
+// Start implements manager.Runnable. A Cleaner added to a manager without
+// SetupWithManager (standalone mode, whose owners are allowlist entries)
+// only sweeps.
 func (c *Cleaner) Start(ctx context.Context) error {
+	if c.queue == nil {
+		c.newQueue()
+	}
 	logger := klog.FromContext(ctx).WithName("tofu-cleaner")
 	go func() {
 		<-ctx.Done()

@@ -100,6 +100,9 @@ type Store struct {
 	// a decision must see the other replica's and the last leader's
 	// records).
 	Reader client.Reader
+	// Owners, when set, says whether a record's owner still exists in
+	// place of Cluster API Machines (standalone mode: allowlist entries).
+	Owners Owners
 
 	// machines serializes Bind per Machine UID in this process (in
 	// bindLocks stripes), so that two CSRs of one Machine with different
@@ -111,6 +114,35 @@ type Store struct {
 	// that case.
 	machines     keymutex.KeyMutex
 	machinesOnce sync.Once
+}
+
+// Owners says whether the owner a record names still exists: the same
+// namespace, name and UID. A lookup error is transient.
+type Owners interface {
+	OwnerExists(ctx context.Context, owner types.NamespacedName, uid types.UID) (bool, error)
+}
+
+// machineOwners are Cluster API Machines read through a client.
+type machineOwners struct{ client.Reader }
+
+func (m machineOwners) OwnerExists(ctx context.Context, owner types.NamespacedName, uid types.UID) (bool, error) {
+	var machine clusterv1.Machine
+	err := m.Get(ctx, owner, &machine)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return machine.UID == uid, nil
+}
+
+// owners returns the owner lookup: Owners, else Machines read through r.
+func (s *Store) owners(r client.Reader) Owners {
+	if s.Owners != nil {
+		return s.Owners
+	}
+	return machineOwners{r}
 }
 
 // bindLocks is how many Binds of different Machines may run at once (the
@@ -206,10 +238,11 @@ func (s *Store) decide(ctx context.Context, rec *corev1.ConfigMap, m *engine.Mac
 // is removed and the caller retries.
 func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *engine.Machine, identity string) error {
 	owner := types.NamespacedName{Namespace: rec.Data[KeyMachineNamespace], Name: rec.Data[KeyMachine]}
-	var other clusterv1.Machine
-	err := s.Reader.Get(ctx, owner, &other)
+	exists, err := s.owners(s.Reader).OwnerExists(ctx, owner, types.UID(rec.Data[KeyMachineUID]))
 	switch {
-	case err == nil && string(other.UID) == rec.Data[KeyMachineUID]:
+	case err != nil:
+		return fmt.Errorf("unable to read Machine %s that identity %s is bound to: %w", owner, identity, err)
+	case exists:
 		// The other Machine may be another tenant's: the requester (the
 		// workload cluster's CSR condition, the Machine's Event) is told
 		// only that it is another; the management cluster's log says which.
@@ -219,14 +252,11 @@ func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *en
 			"record", types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}.String(),
 			"fix", "if the device moved on purpose, delete the bound Machine or the record")
 		return &attestor.DenyError{Reason: ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage}
-	case err == nil || apierrors.IsNotFound(err):
-		if err := s.remove(ctx, rec); err != nil {
-			return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, err)
-		}
-		return fmt.Errorf("removed the stale trust-on-first-use record %s/%s of deleted Machine %s; deciding again", rec.Namespace, rec.Name, owner)
-	default:
-		return fmt.Errorf("unable to read Machine %s that identity %s is bound to: %w", owner, identity, err)
 	}
+	if err := s.remove(ctx, rec); err != nil {
+		return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, err)
+	}
+	return fmt.Errorf("removed the stale trust-on-first-use record %s/%s of deleted Machine %s; deciding again", rec.Namespace, rec.Name, owner)
 }
 
 // remove deletes rec, the very object read (UID precondition).
@@ -313,18 +343,18 @@ func (s *Store) Sweep(ctx context.Context, cached client.Reader) ([]string, erro
 		if owner.Namespace == "" || owner.Name == "" {
 			continue // not a record this package wrote: not ours to remove
 		}
-		var m clusterv1.Machine
-		if cached != nil {
-			if err := cached.Get(ctx, owner, &m); err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
+		uid := types.UID(rec.Data[KeyMachineUID])
+		if cached != nil && s.Owners == nil {
+			if ok, err := s.owners(cached).OwnerExists(ctx, owner, uid); err == nil && ok {
 				continue
 			}
 		}
-		err := s.Reader.Get(ctx, owner, &m)
-		if err == nil && string(m.UID) == rec.Data[KeyMachineUID] {
+		ok, err := s.owners(s.Reader).OwnerExists(ctx, owner, uid)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unable to read Machine %s: %w", owner, err))
 			continue
 		}
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("unable to read Machine %s: %w", owner, err))
+		if ok {
 			continue
 		}
 		if err := s.remove(ctx, rec); err != nil {

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
@@ -96,10 +97,12 @@ func TestMachineDeploymentLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	createUnstructured(t, dyn, testClusters, ns, "TestCluster", clusterName, map[string]any{})
+	// Its policy: the spec of its ClusterAttestation (docs/status.md).
+	createUnstructured(t, dyn, v1alpha1.GroupVersion.WithResource("clusterattestations"), ns, "ClusterAttestation", clusterName,
+		map[string]any{"authorizedAttestors": []any{"insecure", "tpm"}})
 	mgmt.CreateWorkloadCluster(t, &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Name: clusterName, Namespace: ns, Annotations: map[string]string{
-			scenario.AnnotationEnabled:   "true",
-			scenario.AnnotationAttestors: "insecure,tpm",
+			scenario.AnnotationEnabled: "true",
 		}},
 		Spec: clusterv1.ClusterSpec{
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infraGroup, Kind: "TestCluster", Name: clusterName},

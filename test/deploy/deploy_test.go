@@ -39,6 +39,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
@@ -391,7 +392,7 @@ func TestRBACIsSufficient(t *testing.T) {
 	// Nor a ClusterAttestation that speaks for no Cluster, or for another.
 	for _, owner := range []string{"", cluster} {
 		att := &unstructured.Unstructured{}
-		att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+		att.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
 		att.SetNamespace(ns)
 		att.SetName("planted")
 		att.SetLabels(map[string]string{clusterv1.ClusterNameLabel: "planted"})
@@ -503,7 +504,7 @@ func TestRBACIsSufficient(t *testing.T) {
 	// with the ServiceAccount's rights through admission.yaml's policy.
 	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
 		att := &unstructured.Unstructured{}
-		att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+		att.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
 		if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: cluster}, att); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}

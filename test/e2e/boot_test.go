@@ -79,9 +79,18 @@ func TestBootState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.Version != tpm.VersionV2 || len(ev.Attestation.Quote) == 0 || !bytes.Equal(ev.Attestation.EventLog, sbRaw) {
-			t.Errorf("CSR #1 carries evidence %s, quote %d bytes, event log %d bytes; want v2 with a quote and the node's %d-byte log",
+		if ev.Version != tpm.VersionV3 || len(ev.Attestation.Quote) == 0 || !bytes.Equal(ev.Attestation.EventLog, sbRaw) {
+			t.Errorf("CSR #1 carries evidence %s, quote %d bytes, event log %d bytes; want v3 with a quote and the node's %d-byte log",
 				ev.Version, len(ev.Attestation.Quote), len(ev.Attestation.EventLog), len(sbRaw))
+		}
+		// The answer quotes the PCRs again, for the boot that answered.
+		_, second := tpmCSRs(t, env, sb.Name)
+		r2, err := attestor.ParseRequest(second.Spec.Request)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev2, err := tpm.DecodeEvidence(r2.Evidence); err != nil || ev2.Response == nil || len(ev2.Response.Quote) == 0 || len(ev2.Response.PCRs) != len(ev.Attestation.PCRs) {
+			t.Errorf("CSR #2 carries no fresh quote of the %d PCRs (%v)", len(ev.Attestation.PCRs), err)
 		}
 		wantEvent(t, env, "machine-"+sb.Name, corev1.EventTypeNormal, "", "approved")
 	})

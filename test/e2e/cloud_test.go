@@ -20,6 +20,8 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	awsatt "sigs.k8s.io/kubelet-authenticator/attestor/aws"
@@ -291,6 +293,70 @@ func (f *cloudFleet) attests(t *testing.T, n *scenario.Node, provider, providerI
 	}
 }
 
+// copiedIntoTenantB is the copy attack: tenant-b reads the victim node's
+// fresh request in the fleet's workload cluster (its bootstrap token is
+// enough to list CSRs) and files it, evidence and all, in its own cluster,
+// where a Machine of its own claims the victim's provider ID and node
+// name. The evidence names the victim's cluster CA (binding v2), so it is
+// denied with the provider's binding reason before trust on first use,
+// and no identity is bound to the copier's Machine.
+func (f *cloudFleet) copiedIntoTenantB(t *testing.T, victim, pid, provider, version, reason string) {
+	t.Helper()
+	csrs := nodeCSRs(t, f.env, victim)
+	if len(csrs) != 1 {
+		t.Fatalf("%d CSRs for %s, want 1", len(csrs), victim)
+	}
+	req, err := attestor.ParseRequest(csrs[0].Spec.Request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Version != version {
+		t.Fatalf("the victim filed evidence %s, want the cluster-bound %s", req.Version, version)
+	}
+	b := f.tenantB
+	m := b.Mgmt.CreateMachine(t, b.Namespace, b.Cluster, "machine-copy-"+victim, pid, true, victim)
+	t.Cleanup(func() { _ = b.Mgmt.Client.Delete(context.Background(), m) })
+	copied := &certificatesv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: "copy-" + victim},
+		Spec: certificatesv1.CertificateSigningRequestSpec{
+			Request: csrs[0].Spec.Request, SignerName: csrs[0].Spec.SignerName, Usages: csrs[0].Spec.Usages,
+		},
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", b.BootstrapKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CertificatesV1().CertificateSigningRequests().Create(f.ctx, copied, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // later cases count the node's CSRs in tenant-b
+		_ = b.Workload.Client.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), copied.Name, metav1.DeleteOptions{})
+	})
+	var got *certificatesv1.CertificateSigningRequest
+	harness.WaitFor(t, time.Minute, func() (bool, error) {
+		c, err := b.Workload.Client.CertificatesV1().CertificateSigningRequests().Get(f.ctx, copied.Name, metav1.GetOptions{})
+		got = c
+		return err == nil && (len(c.Status.Certificate) > 0 || cloudDenial(c) != ""), err
+	})
+	if d := cloudDenial(got); d != reason {
+		t.Fatalf("the copied request in tenant-b: %q, want denied %s\ncontroller log:\n%s", cloudConditions(got), reason, cloudTail(f.env.ControllerLog(), 30))
+	}
+	cms, err := f.env.Mgmt.ControlPlane.Client.CoreV1().ConfigMaps(scenario.ControllerNamespace).List(f.ctx, metav1.ListOptions{LabelSelector: tofu.LabelIdentity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range cms.Items {
+		if cm.Data[tofu.KeyMachine] == m.Name {
+			t.Errorf("trust on first use bound %q to the copier's Machine", cm.Data[tofu.KeyIdentity])
+		}
+	}
+	t.Logf("copied into tenant-b: %s", cloudConditions(got))
+}
+
 // deniedWith asserts that the node's credential call fails with the
 // controller's denial, and that its one CSR is denied with reason.
 func (f *cloudFleet) deniedWith(t *testing.T, env *scenario.Env, n *scenario.Node, reason string) {
@@ -321,6 +387,9 @@ func (f *cloudFleet) testAWS(t *testing.T) {
 		if a.main.STSCalls() == 0 {
 			t.Error("the controller never replayed the presigned request to STS")
 		}
+	})
+	t.Run("request and evidence copied into another cluster", func(t *testing.T) {
+		f.copiedIntoTenantB(t, "aws-1", pid, awsatt.Name, awsatt.VersionV2, awsatt.ReasonBindingMismatch)
 	})
 	t.Run("account not allowed", func(t *testing.T) {
 		n := f.node(t, f.env, "aws-other", "", awsProviderID(a.otherAccount), awsatt.Name, awsNodeConfig(a.otherAccount, ""))
@@ -382,6 +451,9 @@ func (f *cloudFleet) testAzure(t *testing.T) {
 		n := f.node(t, f.env, "azure-1", pid, pid, azureatt.Name, azureNodeConfig(z.main))
 		f.attests(t, n, azureatt.Name, pid, "azure:"+z.main.VM.VMID)
 	})
+	t.Run("request and evidence copied into another cluster", func(t *testing.T) {
+		f.copiedIntoTenantB(t, "azure-1", azureProviderID(sub, "azure-1"), azureatt.Name, azureatt.VersionV2, azureatt.ReasonNonceMismatch)
+	})
 	t.Run("subscription not allowed", func(t *testing.T) {
 		pid := azureProviderID(azureSubscriptionB, "azure-other")
 		n := f.node(t, f.env, "azure-other", pid, pid, azureatt.Name, azureNodeConfig(z.otherSubscription))
@@ -416,6 +488,9 @@ func (f *cloudFleet) testGCP(t *testing.T) {
 		if g.main.JWKSFetches() == 0 {
 			t.Error("the controller never fetched the JWKS")
 		}
+	})
+	t.Run("request and evidence copied into another cluster", func(t *testing.T) {
+		f.copiedIntoTenantB(t, "gcp-1", pid, gcpatt.Name, gcpatt.VersionV2, gcpatt.ReasonAudienceMismatch)
 	})
 	t.Run("project not allowed", func(t *testing.T) {
 		n := f.node(t, f.env, "gcp-other", "", gcpProviderID(g.otherProject), gcpatt.Name, gcpNodeConfig(g.otherProject))

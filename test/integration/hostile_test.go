@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/bounds"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
@@ -165,7 +166,7 @@ func TestHostileWorkloadAPIServer(t *testing.T) {
 			nn := types.NamespacedName{Namespace: ns, Name: mode}
 			marked := func() (bool, error) {
 				att := &unstructured.Unstructured{}
-				att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+				att.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
 				if err := mgmt.Client.Get(context.Background(), nn, att); err != nil {
 					return false, client.IgnoreNotFound(err)
 				}

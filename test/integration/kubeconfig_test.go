@@ -23,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -215,7 +216,7 @@ func TestWorkloadKubeconfigIsTenantInput(t *testing.T) {
 			// The Cluster's ClusterAttestation says so too.
 			harness.WaitFor(t, 30*time.Second, func() (bool, error) {
 				att := &unstructured.Unstructured{}
-				att.SetGroupVersionKind(capi.ClusterAttestationGVK)
+				att.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
 				if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: tc.cluster}, att); err != nil {
 					return false, client.IgnoreNotFound(err)
 				}

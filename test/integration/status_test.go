@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
@@ -26,16 +27,16 @@ import (
 
 // attestation reads the Cluster's ClusterAttestation; ok is false while
 // there is none.
-func (e *signerEnv) attestation(t *testing.T) (obj *unstructured.Unstructured, status capi.ClusterAttestationStatus, ok bool) {
+func (e *signerEnv) attestation(t *testing.T) (obj *unstructured.Unstructured, status v1alpha1.ClusterAttestationStatus, ok bool) {
 	t.Helper()
 	return e.attestationOf(t, signerCluster)
 }
 
 // attestationOf reads the ClusterAttestation of Cluster name.
-func (e *signerEnv) attestationOf(t *testing.T, name string) (obj *unstructured.Unstructured, status capi.ClusterAttestationStatus, ok bool) {
+func (e *signerEnv) attestationOf(t *testing.T, name string) (obj *unstructured.Unstructured, status v1alpha1.ClusterAttestationStatus, ok bool) {
 	t.Helper()
 	obj = &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(capi.ClusterAttestationGVK)
+	obj.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
 	if err := e.mgmt.Client.Get(context.Background(), types.NamespacedName{Namespace: signerNS, Name: name}, obj); err != nil {
 		return nil, status, false
 	}
@@ -49,14 +50,14 @@ func (e *signerEnv) attestationOf(t *testing.T, name string) (obj *unstructured.
 
 // waitAttestation waits until the ClusterAttestation's status satisfies
 // cond (which says what it still lacks, or ""), and returns it.
-func (e *signerEnv) waitAttestation(t *testing.T, what string, cond func(capi.ClusterAttestationStatus) string) capi.ClusterAttestationStatus {
+func (e *signerEnv) waitAttestation(t *testing.T, what string, cond func(v1alpha1.ClusterAttestationStatus) string) v1alpha1.ClusterAttestationStatus {
 	t.Helper()
 	return e.waitAttestationOf(t, signerCluster, what, cond)
 }
 
-func (e *signerEnv) waitAttestationOf(t *testing.T, name, what string, cond func(capi.ClusterAttestationStatus) string) capi.ClusterAttestationStatus {
+func (e *signerEnv) waitAttestationOf(t *testing.T, name, what string, cond func(v1alpha1.ClusterAttestationStatus) string) v1alpha1.ClusterAttestationStatus {
 	t.Helper()
-	var last capi.ClusterAttestationStatus
+	var last v1alpha1.ClusterAttestationStatus
 	lacking := "no ClusterAttestation"
 	if err := pollFor(60*time.Second, func() bool {
 		_, st, ok := e.attestationOf(t, name)
@@ -73,7 +74,7 @@ func (e *signerEnv) waitAttestationOf(t *testing.T, name, what string, cond func
 }
 
 // hasCondition says what is wrong with condition typ of st, or "".
-func hasCondition(st capi.ClusterAttestationStatus, typ string, status metav1.ConditionStatus, reason string) string {
+func hasCondition(st v1alpha1.ClusterAttestationStatus, typ string, status metav1.ConditionStatus, reason string) string {
 	c := meta.FindStatusCondition(st.Conditions, typ)
 	switch {
 	case c == nil:
@@ -114,7 +115,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 	if err := mgmt.Client.Create(ctx, pending); err != nil {
 		t.Fatal(err)
 	}
-	e.waitAttestationOf(t, "pending", "while the Cluster's Secrets are missing", func(st capi.ClusterAttestationStatus) string {
+	e.waitAttestationOf(t, "pending", "while the Cluster's Secrets are missing", func(st v1alpha1.ClusterAttestationStatus) string {
 		if w := hasCondition(st, capi.ConditionOptedIn, metav1.ConditionTrue, "Enabled"); w != "" {
 			return w
 		}
@@ -131,7 +132,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 	e.expectIssued(t, "join-worker-0", "worker-0", "test:///0", 24*time.Hour)
 
 	clientSigner := attestor.ClientSignerName("insecure")
-	st := e.waitAttestation(t, "after a node joined", func(st capi.ClusterAttestationStatus) string {
+	st := e.waitAttestation(t, "after a node joined", func(st v1alpha1.ClusterAttestationStatus) string {
 		for _, c := range []struct {
 			typ    string
 			status metav1.ConditionStatus
@@ -228,11 +229,11 @@ func TestClusterAttestationStatus(t *testing.T) {
 		}
 	}
 	setAnnotation(capi.AnnotationLockdown, "true")
-	e.waitAttestation(t, "with lockdown", func(st capi.ClusterAttestationStatus) string {
+	e.waitAttestation(t, "with lockdown", func(st v1alpha1.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionLockdownApplied, metav1.ConditionTrue, "Enforced")
 	})
 	setAnnotation(capi.AnnotationLockdown, "false")
-	st = e.waitAttestation(t, "with lockdown lifted", func(st capi.ClusterAttestationStatus) string {
+	st = e.waitAttestation(t, "with lockdown lifted", func(st v1alpha1.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionLockdownApplied, metav1.ConditionFalse, "NotRequested")
 	})
 	if st.LastDecision == nil || st.LastDecision.CSR != "join-worker-0" {
@@ -247,7 +248,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 	if denied == nil {
 		t.Fatalf("CSR of a node without a Machine was not denied: %+v", csr.Status)
 	}
-	st = e.waitAttestation(t, "after a denial", func(st capi.ClusterAttestationStatus) string {
+	st = e.waitAttestation(t, "after a denial", func(st v1alpha1.ClusterAttestationStatus) string {
 		if st.LastDecision == nil || st.LastDecision.CSR != "stranger-0" {
 			return "lastDecision does not name stranger-0"
 		}
@@ -259,12 +260,12 @@ func TestClusterAttestationStatus(t *testing.T) {
 
 	// Annotations with problems: reported once per Cluster (condition and
 	// Event), not silently ignored; fixed, the condition says so.
-	e.waitAttestation(t, "with valid annotations", func(st capi.ClusterAttestationStatus) string {
+	e.waitAttestation(t, "with valid annotations", func(st v1alpha1.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionTrue, "Valid")
 	})
 	setAnnotation(capi.AnnotationAuthorizedAttestors, "insecure,nosuch")
 	setAnnotation(capi.AnnotationPolicyPrefix+"tpm"+capi.AnnotationPolicySuffix, "apiVersion: wrong\nkind: Nonsense\n")
-	st = e.waitAttestation(t, "with bad annotations", func(st capi.ClusterAttestationStatus) string {
+	st = e.waitAttestation(t, "with bad annotations", func(st v1alpha1.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionFalse, "Invalid")
 	})
 	msg := meta.FindStatusCondition(st.Conditions, capi.ConditionPolicyValid).Message
@@ -286,7 +287,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 	if err := mgmt.Client.Update(ctx, &c); err != nil {
 		t.Fatal(err)
 	}
-	e.waitAttestation(t, "with the annotations fixed", func(st capi.ClusterAttestationStatus) string {
+	e.waitAttestation(t, "with the annotations fixed", func(st v1alpha1.ClusterAttestationStatus) string {
 		return hasCondition(st, capi.ConditionPolicyValid, metav1.ConditionTrue, "Valid")
 	})
 	if v, ok := gauge(t, "kubelet_authenticator_signer_cluster_policy_valid", signerNS+"/"+signerCluster); !ok || v != 1 {
@@ -295,7 +296,7 @@ func TestClusterAttestationStatus(t *testing.T) {
 
 	// Opted out: the object says so, and keeps nothing else.
 	setAnnotation(capi.AnnotationEnabled, "false")
-	st = e.waitAttestation(t, "after opting out", func(st capi.ClusterAttestationStatus) string {
+	st = e.waitAttestation(t, "after opting out", func(st v1alpha1.ClusterAttestationStatus) string {
 		if w := hasCondition(st, capi.ConditionOptedIn, metav1.ConditionFalse, "OptedOut"); w != "" {
 			return w
 		}
