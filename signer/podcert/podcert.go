@@ -1,6 +1,6 @@
 // Package podcert holds the pod-certificate pieces that do not need the API
-// server: the per-Cluster policy (read from the Cluster's annotations in one
-// place, so it can move into the typed API), the structural and policy checks
+// server: the per-Cluster policy (spec.podCertificates of its
+// ClusterAttestation, read by NewPolicy), the structural and policy checks
 // of a PodCertificateRequest, and the certificate it issues. The node checks
 // (issued and not superseded client certificate, live Machine, current
 // attestation) and the write through the status subresource belong to the
@@ -20,11 +20,13 @@ import (
 	"fmt"
 	"math/big"
 	"net/url"
-	"strings"
 	"time"
 
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
@@ -33,28 +35,11 @@ import (
 // DefaultSignerName is the pod signer name, dotted like the CSR signer names.
 const DefaultSignerName = "cluster.x-k8s.io/pod-identity"
 
-// Cluster annotations that hold the pod-certificate policy. They are read by
-// ParsePolicy only.
-const (
-	// AnnotationEnabled set to "true" turns pod certificates on for the Cluster.
-	AnnotationEnabled = "kubelet-authenticator.x-k8s.io/pod-certificates"
-	// AnnotationTrustDomain is the SPIFFE trust domain; required, no
-	// default is guessed.
-	AnnotationTrustDomain = "kubelet-authenticator.x-k8s.io/pod-certificates-trust-domain"
-	// AnnotationAllowed is a comma-separated list of "namespace/serviceaccount"
-	// or "namespace/*" entries. Nothing is allowed without it.
-	AnnotationAllowed = "kubelet-authenticator.x-k8s.io/pod-certificates-allowed"
-	// AnnotationMaxLifetime caps the lifetime (Go duration, 1h to 91 days).
-	AnnotationMaxLifetime = "kubelet-authenticator.x-k8s.io/pod-certificates-max-lifetime"
-)
-
 // Lifetime bounds kube-apiserver enforces on a pod certificate.
 const (
-	MinLifetime     = time.Hour
-	MaxLifetime     = 91 * 24 * time.Hour
+	MinLifetime     = v1alpha1.MinPodCertificateLifetimeSeconds * time.Second
+	MaxLifetime     = v1alpha1.MaxPodCertificateLifetimeSeconds * time.Second
 	DefaultLifetime = 24 * time.Hour
-	// maxAllowed bounds the allow list read from an annotation.
-	maxAllowed = 256
 )
 
 // Policy is one Cluster's pod-certificate policy.
@@ -66,43 +51,56 @@ type Policy struct {
 	MaxLifetime time.Duration
 }
 
-// ParsePolicy reads the policy from a Cluster's annotations. It returns nil
-// and no error when pod certificates are not enabled, and an error naming the
-// annotation to fix when they are enabled but the policy is malformed.
-func ParsePolicy(ann map[string]string) (*Policy, error) {
-	if ann[AnnotationEnabled] != "true" {
+// NewPolicy reads the policy from spec.podCertificates of a
+// ClusterAttestation (path), checking again what its schema checks. It
+// returns nil and no error when spec is nil (pod certificates off), and the
+// problems at the path of the setting to fix otherwise.
+func NewPolicy(spec *v1alpha1.PodCertificatePolicy, path *field.Path) (*Policy, field.ErrorList) {
+	if spec == nil {
 		return nil, nil
 	}
+	var errs field.ErrorList
 	p := &Policy{Allowed: map[string]map[string]bool{}, MaxLifetime: DefaultLifetime}
-	td := ann[AnnotationTrustDomain]
-	if !validTrustDomain(td) {
-		return nil, fmt.Errorf("annotation %s: %q is not a SPIFFE trust domain (lower-case letters, digits, '.', '-', '_')", AnnotationTrustDomain, td)
+	if !validTrustDomain(spec.TrustDomain) {
+		errs = append(errs, field.Invalid(path.Child("trustDomain"), spec.TrustDomain, "not a SPIFFE trust domain (lower-case letters, digits, '.', '-', '_')"))
 	}
-	p.TrustDomain = td
-	entries := strings.Split(ann[AnnotationAllowed], ",")
-	if len(entries) > maxAllowed {
-		return nil, fmt.Errorf("annotation %s: at most %d entries", AnnotationAllowed, maxAllowed)
+	p.TrustDomain = spec.TrustDomain
+	allowed := spec.Allowed
+	if len(allowed) > v1alpha1.MaxPodCertificateServiceAccounts {
+		errs = append(errs, field.TooMany(path.Child("allowed"), len(allowed), v1alpha1.MaxPodCertificateServiceAccounts))
+		allowed = allowed[:v1alpha1.MaxPodCertificateServiceAccounts]
 	}
-	for _, e := range entries {
-		e = strings.TrimSpace(e)
-		if e == "" {
+	for i, a := range allowed {
+		ap := path.Child("allowed").Index(i)
+		if len(validation.IsDNS1123Label(a.Namespace)) > 0 {
+			errs = append(errs, field.Invalid(ap.Child("namespace"), a.Namespace, "not a namespace name"))
 			continue
 		}
-		ns, sa, ok := strings.Cut(e, "/")
-		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || (sa != "*" && len(validation.IsDNS1123Subdomain(sa)) > 0) {
-			return nil, fmt.Errorf("annotation %s: entry %q is not namespace/serviceaccount or namespace/*", AnnotationAllowed, e)
+		if len(a.ServiceAccounts) > v1alpha1.MaxPodCertificateServiceAccounts {
+			errs = append(errs, field.TooMany(ap.Child("serviceAccounts"), len(a.ServiceAccounts), v1alpha1.MaxPodCertificateServiceAccounts))
+			continue
 		}
-		if p.Allowed[ns] == nil {
-			p.Allowed[ns] = map[string]bool{}
+		for j, sa := range a.ServiceAccounts {
+			if sa != "*" && len(validation.IsDNS1123Subdomain(sa)) > 0 {
+				errs = append(errs, field.Invalid(ap.Child("serviceAccounts").Index(j), sa, "not a ServiceAccount name nor *"))
+				continue
+			}
+			if p.Allowed[a.Namespace] == nil {
+				p.Allowed[a.Namespace] = map[string]bool{}
+			}
+			p.Allowed[a.Namespace][sa] = true
 		}
-		p.Allowed[ns][sa] = true
 	}
-	if v, ok := ann[AnnotationMaxLifetime]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < MinLifetime || d > MaxLifetime {
-			return nil, fmt.Errorf("annotation %s: %q is not a duration between %s and %s", AnnotationMaxLifetime, v, MinLifetime, MaxLifetime)
+	if spec.MaxLifetimeSeconds != nil {
+		d := time.Duration(*spec.MaxLifetimeSeconds) * time.Second
+		if d < MinLifetime || d > MaxLifetime {
+			errs = append(errs, field.Invalid(path.Child("maxLifetimeSeconds"), *spec.MaxLifetimeSeconds, fmt.Sprintf("must be between %d and %d", v1alpha1.MinPodCertificateLifetimeSeconds, v1alpha1.MaxPodCertificateLifetimeSeconds)))
+		} else {
+			p.MaxLifetime = d
 		}
-		p.MaxLifetime = d
+	}
+	if len(errs) > 0 {
+		return nil, errs
 	}
 	return p, nil
 }
@@ -152,13 +150,13 @@ func Check(pcr *certificatesv1beta1.PodCertificateRequest, signerName string, p 
 		return nil, attestor.Deny(ReasonWrongSigner, "signer %q is not %q", s.SignerName, signerName)
 	}
 	if p == nil {
-		return nil, attestor.Deny(ReasonPodCertsDisabled, "pod certificates are not enabled for this cluster: set annotation %s=true on the Cluster", AnnotationEnabled)
+		return nil, attestor.Deny(ReasonPodCertsDisabled, "pod certificates are not enabled for this cluster: set spec.podCertificates of its ClusterAttestation")
 	}
 	if len(validation.IsDNS1123Label(pcr.Namespace)) > 0 || len(validation.IsDNS1123Subdomain(s.ServiceAccountName)) > 0 || s.NodeName == "" {
 		return nil, attestor.Deny(ReasonMalformedRequest, "namespace %q, serviceAccountName %q and nodeName %q must be set and valid", pcr.Namespace, s.ServiceAccountName, s.NodeName)
 	}
 	if !p.allows(pcr.Namespace, s.ServiceAccountName) {
-		return nil, attestor.Deny(ReasonNotAllowed, "ServiceAccount %s/%s may not have pod certificates: add %q to the Cluster's annotation %s", pcr.Namespace, s.ServiceAccountName, pcr.Namespace+"/"+s.ServiceAccountName, AnnotationAllowed)
+		return nil, attestor.Deny(ReasonNotAllowed, "ServiceAccount %s/%s may not have pod certificates: add it to spec.podCertificates.allowed of the Cluster's ClusterAttestation", pcr.Namespace, s.ServiceAccountName)
 	}
 	if len(s.PKIXPublicKey) > 4096 {
 		return nil, attestor.Deny(ReasonMalformedRequest, "pkixPublicKey is %d bytes, longer than any supported key", len(s.PKIXPublicKey))

@@ -13,22 +13,27 @@ import (
 
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 )
 
-var enabled = map[string]string{
-	AnnotationEnabled:     "true",
-	AnnotationTrustDomain: "prod.example",
-	AnnotationAllowed:     "payments/api, web/*",
+var enabled = &v1alpha1.PodCertificatePolicy{
+	TrustDomain: "prod.example",
+	Allowed: []v1alpha1.PodCertificateServiceAccounts{
+		{Namespace: "payments", ServiceAccounts: []string{"api"}},
+		{Namespace: "web", ServiceAccounts: []string{"*"}},
+	},
 }
 
-func policy(t *testing.T, ann map[string]string) *Policy {
+func policy(t *testing.T, spec *v1alpha1.PodCertificatePolicy) *Policy {
 	t.Helper()
-	p, err := ParsePolicy(ann)
-	if err != nil {
-		t.Fatal(err)
+	p, errs := NewPolicy(spec, field.NewPath("spec", "podCertificates"))
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
 	}
 	return p
 }
@@ -66,20 +71,34 @@ func denial(t *testing.T, err error, reason string) {
 	}
 }
 
-func TestParsePolicy(t *testing.T) {
-	if p, err := ParsePolicy(map[string]string{AnnotationTrustDomain: "x"}); p != nil || err != nil {
-		t.Fatalf("not enabled: got %v, %v", p, err)
+func TestNewPolicy(t *testing.T) {
+	path := field.NewPath("spec", "podCertificates")
+	if p, errs := NewPolicy(nil, path); p != nil || errs != nil {
+		t.Fatalf("not enabled: got %v, %v", p, errs)
 	}
-	for name, ann := range map[string]map[string]string{
-		"no trust domain":    {AnnotationEnabled: "true"},
-		"bad trust domain":   {AnnotationEnabled: "true", AnnotationTrustDomain: "Prod/x"},
-		"bad entry":          {AnnotationEnabled: "true", AnnotationTrustDomain: "a", AnnotationAllowed: "payments"},
-		"lifetime too long":  {AnnotationEnabled: "true", AnnotationTrustDomain: "a", AnnotationMaxLifetime: "2500h"},
-		"lifetime too short": {AnnotationEnabled: "true", AnnotationTrustDomain: "a", AnnotationMaxLifetime: "30m"},
+	secs := func(s int32) *int32 { return &s }
+	sa := func(ns string, names ...string) []v1alpha1.PodCertificateServiceAccounts {
+		return []v1alpha1.PodCertificateServiceAccounts{{Namespace: ns, ServiceAccounts: names}}
+	}
+	for name, c := range map[string]struct {
+		spec  v1alpha1.PodCertificatePolicy
+		field string
+	}{
+		"no trust domain":    {v1alpha1.PodCertificatePolicy{Allowed: sa("a", "b")}, "spec.podCertificates.trustDomain"},
+		"bad trust domain":   {v1alpha1.PodCertificatePolicy{TrustDomain: "Prod/x", Allowed: sa("a", "b")}, "spec.podCertificates.trustDomain"},
+		"bad namespace":      {v1alpha1.PodCertificatePolicy{TrustDomain: "a", Allowed: sa("Pay/ments", "b")}, "spec.podCertificates.allowed[0].namespace"},
+		"bad account":        {v1alpha1.PodCertificatePolicy{TrustDomain: "a", Allowed: sa("a", "b", "x/y")}, "spec.podCertificates.allowed[0].serviceAccounts[1]"},
+		"lifetime too long":  {v1alpha1.PodCertificatePolicy{TrustDomain: "a", Allowed: sa("a", "b"), MaxLifetimeSeconds: secs(v1alpha1.MaxPodCertificateLifetimeSeconds + 1)}, "spec.podCertificates.maxLifetimeSeconds"},
+		"lifetime too short": {v1alpha1.PodCertificatePolicy{TrustDomain: "a", Allowed: sa("a", "b"), MaxLifetimeSeconds: secs(1800)}, "spec.podCertificates.maxLifetimeSeconds"},
 	} {
-		if _, err := ParsePolicy(ann); err == nil {
-			t.Errorf("%s: accepted", name)
+		p, errs := NewPolicy(&c.spec, path)
+		if p != nil || len(errs) != 1 || errs[0].Field != c.field {
+			t.Errorf("%s: got %v, %v; want one error at %s", name, p, errs, c.field)
 		}
+	}
+	p := policy(t, &v1alpha1.PodCertificatePolicy{TrustDomain: "a", Allowed: sa("a", "b"), MaxLifetimeSeconds: secs(7200)})
+	if p.MaxLifetime != 2*time.Hour || !p.allows("a", "b") || p.allows("a", "c") {
+		t.Errorf("got %+v", p)
 	}
 }
 
