@@ -120,6 +120,16 @@ func TestStoreRotation(t *testing.T) {
 	}
 
 	first := ensure(newStore())
+	if cn := first.Signing.Cert.Subject.CommonName; !strings.HasPrefix(cn, "kubelet-serving-ca default/wl ") {
+		t.Errorf("serving CA named %q", cn)
+	}
+	podRef := ref
+	podRef.Name, podRef.CommonName = "wl-pod-ca", "pod-identity-ca"
+	if pod, err := newStore().Ensure(ctx, podRef); err != nil {
+		t.Fatal(err)
+	} else if cn := pod.Signing.Cert.Subject.CommonName; !strings.HasPrefix(cn, "pod-identity-ca default/wl ") {
+		t.Errorf("pod CA named %q", cn)
+	}
 	if len(first.Trusted) != 1 || first.Signing.Cert.NotAfter.Sub(t0) != 10*time.Hour {
 		t.Fatalf("first CA: %d trusted, expires %s", len(first.Trusted), first.Signing.Cert.NotAfter)
 	}
