@@ -509,6 +509,7 @@ func (r *ClusterReconciler) ensure(ctx context.Context, logger klog.Logger, clus
 		}
 		go id.Run(wctx)
 		go r.keepRevocations(wctx, klog.FromContext(wctx).WithValues("cluster", nn), clusterRef, revocation, st, r.revocationPeriod())
+		go r.keepPodCertificates(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cluster, policy.Pods, cfg, cs, c.Engine())
 		if policy.Lockdown {
 			go r.lockdown(wctx, klog.FromContext(wctx).WithValues("cluster", nn), cs, st)
 		} else {
