@@ -52,6 +52,7 @@ type podSigner struct {
 	engine *engine.Engine
 	policy *podcert.Policy
 	ca     atomic.Pointer[issue.CA]
+	since  atomic.Pointer[time.Time]
 	lister certlisters.PodCertificateRequestLister
 	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	logger klog.Logger
@@ -127,7 +128,10 @@ func (r *ClusterReconciler) keepPodCA(ctx context.Context, logger klog.Logger, c
 		next, err := func() (time.Duration, error) {
 			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 			defer cancel()
-			err := podcert.EnsureAdmissionPolicy(pctx, cs)
+			since, err := podcert.EnsureAdmissionPolicy(pctx, cs)
+			if err == nil {
+				s.since.Store(&since)
+			}
 			a, aerr := store.Ensure(pctx, ref)
 			if aerr != nil {
 				return 0, errors.Join(err, aerr)
@@ -136,7 +140,7 @@ func (r *ClusterReconciler) keepPodCA(ctx context.Context, logger klog.Logger, c
 				return 0, errors.Join(err, perr)
 			}
 			s.ca.Store(a.Signing)
-			if ready != nil {
+			if ready != nil && s.since.Load() != nil {
 				close(ready)
 				ready = nil
 			}
@@ -196,7 +200,8 @@ func (s *podSigner) next(ctx context.Context) bool {
 	}
 	dctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	d := s.engine.DecidePod(dctx, pcr, &engine.PodSigner{SignerName: podcert.DefaultSignerName, Policy: s.policy, CA: s.ca.Load(), Issued: s.issued})
+	d := s.engine.DecidePod(dctx, pcr, &engine.PodSigner{SignerName: podcert.DefaultSignerName, Policy: s.policy, CA: s.ca.Load(),
+		StampedSince: *s.since.Load(), Issued: s.issued})
 	logger := s.logger.WithValues("podCertificateRequest", klog.KObj(pcr), "node", pcr.Spec.NodeName)
 	switch d.Outcome {
 	case engine.Skip:

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"strings"
+	"time"
 
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 
@@ -22,6 +23,10 @@ type PodSigner struct {
 	Policy *podcert.Policy
 	// CA signs the certificates.
 	CA *issue.CA
+	// StampedSince is when the admission policy that stamps the creator
+	// (podcert.EnsureAdmissionPolicy) is in force from: a request created
+	// before is denied, its stamp possibly the creator's own.
+	StampedSince time.Time
 	// Issued reads the client certificates the controller issued after
 	// attestation (revocation's record, package revoke); an error is
 	// transient.
@@ -60,6 +65,11 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return denyOrRetry(d, err)
 	}
 	d.NodeName = c.NodeName
+	if ps.StampedSince.IsZero() || pcr.CreationTimestamp.Time.Before(ps.StampedSince) {
+		return denyOrRetry(d, attestor.Deny(podcert.ReasonCreatedUnstamped,
+			"the request was created at %s, before the admission policy %s that records its creator was in force (%s); file a new one",
+			pcr.CreationTimestamp.UTC().Format(time.RFC3339), podcert.AdmissionPolicyName, ps.StampedSince.UTC().Format(time.RFC3339)))
+	}
 	fp, ok := strings.CutPrefix(pcr.Annotations[podcert.AnnotationCreatorCredential], podcert.CredentialIDPrefix)
 	if !ok || fp == "" {
 		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,

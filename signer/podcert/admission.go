@@ -3,6 +3,7 @@ package podcert
 import (
 	"context"
 	"fmt"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -93,35 +94,56 @@ func AdmissionPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBi
 	}
 }
 
+// AdmissionSettle is how long after its binding is created the admission
+// policy is taken to be in force: kube-apiserver loads a new policy within
+// a second or so. Requests created before are not trusted (Stamped).
+const AdmissionSettle = 10 * time.Second
+
+// ReasonCreatedUnstamped denies a request created before the admission
+// policy was in force: its creator stamp may be the creator's own.
+const ReasonCreatedUnstamped = "CreatedBeforeAdmissionPolicy"
+
 // EnsureAdmissionPolicy creates, restores or corrects the policy, then its
-// binding, in the workload cluster of cs.
-func EnsureAdmissionPolicy(ctx context.Context, cs kubernetes.Interface) error {
+// binding, in the workload cluster of cs. It returns when requests are
+// stamped from: AdmissionSettle after the binding was created.
+func EnsureAdmissionPolicy(ctx context.Context, cs kubernetes.Interface) (time.Time, error) {
 	api := cs.AdmissionregistrationV1()
+	// since is the latest time the policy or its binding changed.
+	var since time.Time
+	changed := func(t time.Time) {
+		if t.After(since) {
+			since = t
+		}
+	}
 	want := AdmissionPolicy()
 	got, err := api.MutatingAdmissionPolicies().Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = api.MutatingAdmissionPolicies().Create(ctx, want, metav1.CreateOptions{FieldManager: revoke.FieldManager})
+		got, err = api.MutatingAdmissionPolicies().Create(ctx, want, metav1.CreateOptions{FieldManager: revoke.FieldManager})
 	case err == nil && !equality.Semantic.DeepEqual(got.Spec, want.Spec):
 		got = got.DeepCopy()
 		got.Spec = want.Spec
 		_, err = api.MutatingAdmissionPolicies().Update(ctx, got, metav1.UpdateOptions{FieldManager: revoke.FieldManager})
+		changed(time.Now())
 	}
 	if err != nil {
-		return fmt.Errorf("unable to write MutatingAdmissionPolicy %s: %w", want.Name, err)
+		return time.Time{}, fmt.Errorf("unable to write MutatingAdmissionPolicy %s: %w", want.Name, err)
 	}
+	changed(got.CreationTimestamp.Time)
 	wantB := AdmissionPolicyBinding()
 	gotB, err := api.MutatingAdmissionPolicyBindings().Get(ctx, wantB.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = api.MutatingAdmissionPolicyBindings().Create(ctx, wantB, metav1.CreateOptions{FieldManager: revoke.FieldManager})
+		gotB, err = api.MutatingAdmissionPolicyBindings().Create(ctx, wantB, metav1.CreateOptions{FieldManager: revoke.FieldManager})
 	case err == nil && !equality.Semantic.DeepEqual(gotB.Spec, wantB.Spec):
 		gotB = gotB.DeepCopy()
 		gotB.Spec = wantB.Spec
 		_, err = api.MutatingAdmissionPolicyBindings().Update(ctx, gotB, metav1.UpdateOptions{FieldManager: revoke.FieldManager})
+		changed(time.Now())
 	}
 	if err != nil {
-		return fmt.Errorf("unable to write MutatingAdmissionPolicyBinding %s: %w", wantB.Name, err)
+		return time.Time{}, fmt.Errorf("unable to write MutatingAdmissionPolicyBinding %s: %w", wantB.Name, err)
 	}
-	return nil
+	changed(gotB.CreationTimestamp.Time)
+	return since.Add(AdmissionSettle), nil
 }

@@ -203,6 +203,10 @@ func supportedKey(pub crypto.PublicKey) error {
 	return nil
 }
 
+// Backdate is how far before now a pod certificate starts, for clock skew:
+// kube-apiserver refuses a notBefore more than five minutes from its time.
+const Backdate = time.Minute
+
 // Issued is a signed pod certificate and the times the status carries.
 type Issued struct {
 	CertificateChain                    string
@@ -219,11 +223,12 @@ var ErrNodeCertExpiring = errors.New("the node's client certificate expires with
 // node's own client certificate) nor past the CA. beginRefreshAt is at half
 // the lifetime.
 func Sign(ca *issue.CA, c *Checked, nodeNotAfter, now time.Time) (*Issued, error) {
-	notBefore := now.Add(-issue.DefaultBackdate)
+	notBefore := now.Add(-Backdate)
 	if notBefore.Before(ca.Cert.NotBefore) {
 		notBefore = ca.Cert.NotBefore
 	}
-	notAfter := now.Add(c.Lifetime)
+	// kube-apiserver measures the lifetime from notBefore.
+	notAfter := notBefore.Add(c.Lifetime)
 	if nodeNotAfter.Before(notAfter) {
 		notAfter = nodeNotAfter
 	}

@@ -65,6 +65,13 @@ func startPodSigner(t *testing.T) *podEnv {
 	harness.WaitFor(t, 90*time.Second, func() (bool, error) {
 		return len(e.podBundle(t)) > 0, nil
 	})
+	// Requests are trusted once the admission policy that stamps their
+	// creator is in force.
+	b, err := wl.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, podcert.AdmissionPolicyName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(b.CreationTimestamp.Add(podcert.AdmissionSettle + time.Second)))
 	return e
 }
 
