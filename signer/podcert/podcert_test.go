@@ -193,7 +193,7 @@ func TestSign(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := got.NotAfter.Sub(now); d != 6*time.Hour {
+	if d := got.NotAfter.Sub(got.NotBefore); d != 6*time.Hour {
 		t.Errorf("lifetime %s, want maxExpirationSeconds 6h", d)
 	}
 

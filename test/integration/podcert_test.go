@@ -265,7 +265,9 @@ func handshake(t *testing.T, server, client tls.Certificate, roots *x509.CertPoo
 		}
 		srvErr <- err
 	}()
-	c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{Certificates: []tls.Certificate{client}, RootCAs: roots, MinVersion: tls.VersionTLS13,
+	c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13,
+		// Sent whatever CAs the server names.
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &client, nil },
 		// SPIFFE peers are named by their URI SAN, not a host name.
 		InsecureSkipVerify: true, VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
 			leaf, err := x509.ParseCertificate(raw[0])
