@@ -69,6 +69,78 @@ type ClusterAttestationSpec struct {
 	//
 	// +optional
 	RequireClusterBinding bool `json:"requireClusterBinding,omitempty"`
+
+	// PodCertificates, when set, makes the controller sign the workload
+	// cluster's PodCertificateRequests of the pod signer
+	// (cluster.x-k8s.io/pod-identity) for pods on attested nodes
+	// (docs/pod-certificates.md). Absent, none are signed.
+	//
+	// +optional
+	PodCertificates *PodCertificatePolicy `json:"podCertificates,omitempty"`
+}
+
+// Bounds of spec.podCertificates.
+const (
+	// MaxPodCertificateServiceAccounts bounds spec.podCertificates.allowed.
+	MaxPodCertificateServiceAccounts = 256
+	// MinPodCertificateLifetimeSeconds and MaxPodCertificateLifetimeSeconds
+	// are the bounds kube-apiserver puts on a pod certificate's lifetime.
+	MinPodCertificateLifetimeSeconds = 3600
+	MaxPodCertificateLifetimeSeconds = 91 * 24 * 3600
+)
+
+// PodCertificatePolicy is who gets pod certificates and what they say.
+type PodCertificatePolicy struct {
+	// TrustDomain is the SPIFFE trust domain of the certificates' URI SAN,
+	// spiffe://<trustDomain>/ns/<namespace>/sa/<serviceAccount>.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[a-z0-9._-]+$`
+	TrustDomain string `json:"trustDomain"`
+
+	// Allowed are the ServiceAccounts whose pods may have certificates;
+	// a request of any other is denied.
+	//
+	// +required
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	Allowed []PodCertificateServiceAccounts `json:"allowed"`
+
+	// MaxLifetimeSeconds caps a certificate's lifetime (a pod asks for
+	// less with maxExpirationSeconds); default 86400 (a day).
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=3600
+	// +kubebuilder:validation:Maximum=7862400
+	MaxLifetimeSeconds *int32 `json:"maxLifetimeSeconds,omitempty"`
+}
+
+// PodCertificateServiceAccounts are ServiceAccounts of one namespace.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.serviceAccounts) || !('*' in self.serviceAccounts) || size(self.serviceAccounts) == 1",message="'*' allows every ServiceAccount of the namespace and stands alone"
+type PodCertificateServiceAccounts struct {
+	// Namespace is the namespace.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+
+	// ServiceAccounts are ServiceAccount names of the namespace, or "*"
+	// for all of them.
+	//
+	// +required
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)$`
+	ServiceAccounts []string `json:"serviceAccounts"`
 }
 
 // PolicyDocument is one provider's policy, as its verifier reads it.

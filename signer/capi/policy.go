@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 )
 
 // The deprecated annotations that held a Cluster's policy before its
@@ -55,6 +56,10 @@ type ClusterPolicy struct {
 	// IgnoredAnnotations are the deprecated policy annotations the Cluster
 	// still carries while its ClusterAttestation's spec is the policy.
 	IgnoredAnnotations []string
+	// Pods is the pod-certificate policy (spec.podCertificates), nil when
+	// pod certificates are off or their policy has problems. The
+	// deprecated annotations never turn them on.
+	Pods *podcert.Policy
 }
 
 // Documents returns the policy documents by provider, as the engine takes
@@ -116,6 +121,9 @@ func ParseClusterPolicy(cluster *clusterv1.Cluster, att *v1alpha1.ClusterAttesta
 		}
 		policiesPath = spec.Child("policies")
 		policies = func(k string) *field.Path { return policiesPath.Key(k) }
+		var podErrs field.ErrorList
+		p.Pods, podErrs = podcert.NewPolicy(p.PodCertificates, spec.Child("podCertificates"))
+		errs = append(errs, podErrs...)
 	} else {
 		p.Source = v1alpha1.PolicySourceAnnotations
 		annotations := field.NewPath("metadata", "annotations")

@@ -231,6 +231,8 @@ func TestWorkloadInputsHash(t *testing.T) {
 				f.Set(reflect.Append(f, reflect.ValueOf("insecure").Convert(f.Type().Elem())))
 			case reflect.Map:
 				f.SetMapIndex(reflect.ValueOf("tpm").Convert(f.Type().Key()), reflect.ValueOf("c").Convert(f.Type().Elem()))
+			case reflect.Pointer:
+				f.Set(reflect.New(f.Type().Elem()))
 			default:
 				t.Fatalf("field %s of kind %s: teach this test to change it", typ.Field(i).Name, f.Kind())
 			}

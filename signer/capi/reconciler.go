@@ -199,6 +199,7 @@ type workload struct {
 type workloadRun struct {
 	id         *scoped.Identity
 	obs        *identityObserver
+	cfg        *rest.Config // the controller's own identity's, bounded
 	cs         kubernetes.Interface
 	pub        *trust.Publisher
 	clusterRef *corev1.ObjectReference
@@ -565,7 +566,7 @@ func (r *ClusterReconciler) newWorkload(s *clusterScope, servingCAs *trust.Autho
 		return nil, err
 	}
 	return &workload{hash: hash, state: st, revocation: revocation, ctrl: c, done: make(chan struct{}),
-		run: workloadRun{id: id, obs: obs, cs: cs, pub: pub, clusterRef: clusterRef, trusted: servingCAs.Trusted, over: over}}, nil
+		run: workloadRun{id: id, obs: obs, cfg: cfg, cs: cs, pub: pub, clusterRef: clusterRef, trusted: servingCAs.Trusted, over: over}}, nil
 }
 
 // start runs w as the Cluster's controller under the manager's context.
@@ -595,6 +596,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 		}
 		go run.id.Run(wctx)
 		go r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
+		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, run.cs, w.ctrl.Engine())
 		if s.policy.Lockdown {
 			go r.lockdown(wctx, background, run.cs, w.state)
 		} else {

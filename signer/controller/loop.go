@@ -435,3 +435,7 @@ func (c *Controller) sync(ctx context.Context, k key) (after time.Duration, err 
 	}
 	return c.apply(ctx, csr, d)
 }
+
+// Engine returns the engine that decides this workload cluster's
+// requests: the pod certificate requests are decided by it too.
+func (c *Controller) Engine() *engine.Engine { return c.engine }

@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 )
 
 // Outcome is what the writer does with a request.
@@ -58,6 +59,9 @@ type Decision struct {
 	Consume *certificatesv1.CertificateSigningRequest
 	// Issue is what to sign (Approve with a signing profile, Sign).
 	Issue *issue.Request
+	// PodCertificate is the pod certificate to write (Approve of a pod
+	// certificate request, DecidePod).
+	PodCertificate *podcert.Issued
 	// Machine is the matched Machine, when one was.
 	Machine *Machine
 	// NodeName and ProviderID are what the request claims, once parsed.

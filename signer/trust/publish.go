@@ -55,6 +55,11 @@ type Publisher struct {
 	Discovery discovery.DiscoveryInterface
 	// SignerNames are the serving signer names the CAs are published for.
 	SignerNames []string
+	// Label marks (value "true") the bundles this publisher keeps and
+	// removes; empty means LabelServingCA. Publishers of different CAs
+	// (the serving CA, the pod CA) use different labels, so that neither
+	// removes the other's bundles.
+	Label string
 
 	mu  sync.Mutex
 	gvr schema.GroupVersionResource
@@ -69,6 +74,10 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 		return err
 	}
 	res := p.Client.Resource(gvr)
+	label := p.Label
+	if label == "" {
+		label = LabelServingCA
+	}
 	want := map[string]*unstructured.Unstructured{}
 	for _, signer := range p.SignerNames {
 		for _, c := range cas {
@@ -76,12 +85,12 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 			want[name] = &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": gvr.GroupVersion().String(),
 				"kind":       "ClusterTrustBundle",
-				"metadata":   map[string]any{"name": name, "labels": map[string]any{LabelServingCA: "true"}},
+				"metadata":   map[string]any{"name": name, "labels": map[string]any{label: "true"}},
 				"spec":       map[string]any{"signerName": signer, "trustBundle": string(encodeCerts([]*x509.Certificate{c}))},
 			}}
 		}
 	}
-	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelServingCA + "=true"})
+	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: label + "=true"})
 	if err != nil {
 		return fmt.Errorf("unable to list ClusterTrustBundles: %w", err)
 	}

@@ -2,6 +2,7 @@ package trust
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -42,6 +43,9 @@ type SecretRef struct {
 	// Cluster names the workload cluster in certificate subjects and
 	// metrics.
 	Cluster string
+	// CommonName begins the subject common name of the CAs made, which
+	// goes on with Cluster and the time; empty means "kubelet-serving-ca".
+	CommonName string
 	// Labels and OwnerReferences are set on a Secret this package creates.
 	Labels          map[string]string
 	OwnerReferences []metav1.OwnerReference
@@ -153,7 +157,7 @@ func (s *Store) ensure(ctx context.Context, ref SecretRef) (*Authority, error) {
 }
 
 func (s *Store) newCA(ref SecretRef, now time.Time) (*issue.CA, []byte, []byte, error) {
-	cn := fmt.Sprintf("kubelet-serving-ca %s %s", ref.Cluster, now.UTC().Format("20060102T150405Z"))
+	cn := fmt.Sprintf("%s %s %s", cmp.Or(ref.CommonName, "kubelet-serving-ca"), ref.Cluster, now.UTC().Format("20060102T150405Z"))
 	certPEM, keyPEM, err := issue.NewCA(cn, now, s.Policy.lifetime())
 	if err != nil {
 		return nil, nil, nil, err

@@ -120,6 +120,16 @@ func TestStoreRotation(t *testing.T) {
 	}
 
 	first := ensure(newStore())
+	if cn := first.Signing.Cert.Subject.CommonName; !strings.HasPrefix(cn, "kubelet-serving-ca default/wl ") {
+		t.Errorf("serving CA named %q", cn)
+	}
+	podRef := ref
+	podRef.Name, podRef.CommonName = "wl-pod-ca", "pod-identity-ca"
+	if pod, err := newStore().Ensure(ctx, podRef); err != nil {
+		t.Fatal(err)
+	} else if cn := pod.Signing.Cert.Subject.CommonName; !strings.HasPrefix(cn, "pod-identity-ca default/wl ") {
+		t.Errorf("pod CA named %q", cn)
+	}
 	if len(first.Trusted) != 1 || first.Signing.Cert.NotAfter.Sub(t0) != 10*time.Hour {
 		t.Fatalf("first CA: %d trusted, expires %s", len(first.Trusted), first.Signing.Cert.NotAfter)
 	}
@@ -290,6 +300,19 @@ func TestPublish(t *testing.T) {
 
 	publish(ca2)
 	expect(ca2)
+
+	// A publisher of another CA under its own label (the pod CA) leaves
+	// the serving bundles alone, and they leave its bundles alone.
+	podPub := newTestPublisher(t, cfg, []string{"cluster.x-k8s.io/pod-identity"})
+	podPub.Label = "kubelet-authenticator.x-k8s.io/pod-ca"
+	if err := podPub.Publish(ctx, []*x509.Certificate{ca1}); err != nil {
+		t.Fatal(err)
+	}
+	expect(ca2)
+	publish(ca2)
+	if _, err := ctbs.Get(ctx, BundleName("cluster.x-k8s.io/pod-identity", ca1), metav1.GetOptions{}); err != nil {
+		t.Fatalf("pod CA bundle after the serving publisher ran: %v", err)
+	}
 }
 
 func newTestPublisher(t *testing.T, cfg *rest.Config, signers []string) *Publisher {

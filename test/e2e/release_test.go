@@ -1,3 +1,5 @@
+//go:build tpmsimulator
+
 package e2e
 
 import (

@@ -95,6 +95,15 @@ func WithAPIServerArgs(args ...string) Option {
 	return func(o *options) { o.apiServerArgs = append(o.apiServerArgs, args...) }
 }
 
+// WithPodCertificates turns on the PodCertificateRequest API
+// (certificates.k8s.io/v1beta1, beta and off by default in 1.36). The
+// node authorizer's selector checks (AuthorizeNodeWithSelectors) and
+// MutatingAdmissionPolicy are GA and on in 1.36: no flag.
+func WithPodCertificates() Option {
+	return WithAPIServerArgs("--feature-gates=PodCertificateRequest=true",
+		"--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true")
+}
+
 // StartControlPlane starts etcd and kube-apiserver on free ports of 127.0.0.1
 // with a new PKI, and returns once /readyz answers ok. The kube-apiserver
 // runs with Node,RBAC authorization, NodeRestriction, bootstrap token

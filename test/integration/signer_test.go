@@ -36,12 +36,12 @@ type signerEnv struct {
 	bootstrap kubernetes.Interface
 }
 
-func startSigner(t *testing.T) *signerEnv {
+func startSigner(t *testing.T, opts ...harness.Option) *signerEnv {
 	t.Helper()
 	harness.Binaries(t)
 	start := time.Now()
 	mgmt := harness.StartManagement(t)
-	wl := harness.StartControlPlane(t, "workload")
+	wl := harness.StartControlPlane(t, "workload", opts...)
 	mgmt.AddWorkloadCluster(t, signerNS, signerCluster, wl, map[string]string{
 		capi.AnnotationEnabled:             "true",
 		capi.AnnotationAuthorizedAttestors: "insecure",

@@ -1,0 +1,250 @@
+package capi
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	certinformers "k8s.io/client-go/informers/certificates/v1beta1"
+	"k8s.io/client-go/kubernetes"
+	certlisters "k8s.io/client-go/listers/certificates/v1beta1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
+	"sigs.k8s.io/kubelet-authenticator/signer/trust"
+)
+
+// Pod certificates (docs/pod-certificates.md). A Cluster whose
+// ClusterAttestation has spec.podCertificates has its own pod CA, kept
+// like its serving CA (package trust) in `<cluster>-pod-ca` and published
+// in the workload cluster as ClusterTrustBundles of the pod signer name,
+// labelled LabelPodCA; the controller stamps each PodCertificateRequest's
+// creator (podcert.AdmissionPolicy) and decides the requests of the pod
+// signer name through the engine (engine.DecidePod).
+const (
+	PodCASecretSuffix = "-pod-ca"
+	// PodCACommonName begins the pod CAs' subject common name.
+	PodCACommonName = "pod-identity-ca"
+	// LabelPodCA marks the pod CA's ClusterTrustBundles.
+	LabelPodCA = "kubelet-authenticator.x-k8s.io/pod-ca"
+	// podWorkers decide pod certificate requests in parallel.
+	podWorkers = 2
+)
+
+// podSigner decides one workload cluster's pod certificate requests.
+type podSigner struct {
+	cs     kubernetes.Interface
+	engine *engine.Engine
+	policy *podcert.Policy
+	ca     atomic.Pointer[issue.CA]
+	since  atomic.Pointer[time.Time]
+	lister certlisters.PodCertificateRequestLister
+	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	logger klog.Logger
+}
+
+// keepPodCertificates serves pod certificates for cluster until ctx is
+// done, when its policy turns them on: the admission policy that stamps
+// the requests' creator, the pod CA (made, rotated, published), and the
+// decisions of the pod signer's requests.
+func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy *podcert.Policy, cfg *rest.Config, cs kubernetes.Interface, eng *engine.Engine) {
+	if policy == nil {
+		return
+	}
+	pub, err := newPublisher(cfg, []string{podcert.DefaultSignerName})
+	if err != nil {
+		logger.Error(err, "Unable to serve pod certificates")
+		return
+	}
+	pub.Label = LabelPodCA
+	s := &podSigner{cs: cs, engine: eng, policy: policy, logger: logger,
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](
+			cmp.Or(r.MinRetry, time.Second), cmp.Or(r.MaxRetry, 5*time.Minute)))}
+	defer s.queue.ShutDown()
+	ready := make(chan struct{})
+	go r.keepPodCA(ctx, logger, cluster, cs, pub, s, ready)
+	select {
+	case <-ready: // the first CA signs once it is published
+	case <-ctx.Done():
+		return
+	}
+	inf := certinformers.NewFilteredPodCertificateRequestInformer(cs, metav1.NamespaceAll, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", podcert.DefaultSignerName).String()
+	})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    s.enqueue,
+		UpdateFunc: func(_, obj any) { s.enqueue(obj) },
+	}); err != nil {
+		logger.Error(err, "Unable to watch pod certificate requests")
+		return
+	}
+	s.lister = certlisters.NewPodCertificateRequestLister(inf.GetIndexer())
+	go inf.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return
+	}
+	logger.Info("Serving pod certificates", "signerName", podcert.DefaultSignerName, "trustDomain", policy.TrustDomain)
+	for range podWorkers {
+		go func() {
+			for s.next(ctx) {
+			}
+		}()
+	}
+	<-ctx.Done()
+}
+
+// keepPodCA keeps the pod CA made, rotated and published (and the
+// admission policy in place) until ctx is done; ready is closed once a CA
+// is published for the first time.
+func (r *ClusterReconciler) keepPodCA(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, cs kubernetes.Interface, pub *trust.Publisher, s *podSigner, ready chan struct{}) {
+	store := &trust.Store{Client: r.Client, Reader: r.APIReader, Clock: r.Clock, Policy: r.ServingCA, Metrics: r.TrustMetrics}
+	ref := trust.SecretRef{
+		NamespacedName: types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name + PodCASecretSuffix},
+		Cluster:        cluster.Namespace + "/" + cluster.Name,
+		CommonName:     PodCACommonName,
+		Labels:         map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
+		OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
+		}},
+	}
+	period := cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod)
+	retry := time.Second
+	for {
+		next, err := func() (time.Duration, error) {
+			pctx, cancel := context.WithTimeout(ctx, trust.PublishTimeout)
+			defer cancel()
+			since, err := podcert.EnsureAdmissionPolicy(pctx, cs)
+			if err == nil {
+				s.since.Store(&since)
+			}
+			a, aerr := store.Ensure(pctx, ref)
+			if aerr != nil {
+				return 0, errors.Join(err, aerr)
+			}
+			if perr := pub.Publish(pctx, a.Trusted); perr != nil {
+				return 0, errors.Join(err, perr)
+			}
+			s.ca.Store(a.Signing)
+			if ready != nil && s.since.Load() != nil {
+				close(ready)
+				ready = nil
+			}
+			wait := period
+			if !a.NextChange.IsZero() {
+				wait = min(wait, max(time.Until(a.NextChange), time.Second))
+			}
+			return wait, err
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			logger.Info("Pod CA or admission policy not written yet, will retry", "err", err.Error(), "in", retry)
+			next, retry = min(retry, period), min(2*retry, period)
+		} else {
+			retry = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
+
+func (s *podSigner) enqueue(obj any) {
+	if pcr, ok := obj.(*certificatesv1beta1.PodCertificateRequest); ok && !engine.PodDecided(pcr) {
+		s.queue.Add(types.NamespacedName{Namespace: pcr.Namespace, Name: pcr.Name})
+	}
+}
+
+// issued reads revocation's record of the client certificates issued.
+func (s *podSigner) issued(ctx context.Context) (*revoke.State, error) {
+	cm, err := s.cs.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the issued client certificates: %w", err)
+	}
+	return revoke.Decode(cm)
+}
+
+// next decides and writes one request; false once the queue is shut down.
+func (s *podSigner) next(ctx context.Context) bool {
+	k, quit := s.queue.Get()
+	if quit {
+		return false
+	}
+	defer s.queue.Done(k)
+	pcr, err := s.lister.PodCertificateRequests(k.Namespace).Get(k.Name)
+	if apierrors.IsNotFound(err) {
+		s.queue.Forget(k)
+		return true
+	}
+	if err != nil {
+		s.queue.AddRateLimited(k)
+		return true
+	}
+	dctx, cancel := context.WithTimeout(ctx, trust.PublishTimeout)
+	defer cancel()
+	d := s.engine.DecidePod(dctx, pcr, &engine.PodSigner{SignerName: podcert.DefaultSignerName, Policy: s.policy, CA: s.ca.Load(),
+		StampedSince: *s.since.Load(), Issued: s.issued})
+	logger := s.logger.WithValues("podCertificateRequest", klog.KObj(pcr), "node", pcr.Spec.NodeName)
+	switch d.Outcome {
+	case engine.Skip:
+		s.queue.Forget(k)
+		return true
+	case engine.Retry:
+		logger.Info("Pod certificate request not decided yet, will retry", "err", d.Err.Error())
+		s.queue.AddRateLimited(k)
+		return true
+	}
+	err = s.write(dctx, pcr, d)
+	switch {
+	case err == nil:
+		s.queue.Forget(k)
+		logger.Info("Decided a pod certificate request", "outcome", d.Outcome, "reason", d.Reason, "message", d.Message)
+	case apierrors.IsNotFound(err):
+		s.queue.Forget(k)
+	default:
+		logger.Info("Unable to write a pod certificate request's status, will retry", "err", err.Error())
+		s.queue.AddRateLimited(k)
+	}
+	return true
+}
+
+// write writes decision d (Approve or Deny) on pcr's status subresource.
+func (s *podSigner) write(ctx context.Context, pcr *certificatesv1beta1.PodCertificateRequest, d *engine.Decision) error {
+	pcr = pcr.DeepCopy()
+	cond := metav1.Condition{Status: metav1.ConditionTrue, Reason: d.Reason, Message: d.Message,
+		LastTransitionTime: metav1.Now(), ObservedGeneration: pcr.Generation}
+	switch d.Outcome {
+	case engine.Approve:
+		c := d.PodCertificate
+		cond.Type = certificatesv1beta1.PodCertificateRequestConditionTypeIssued
+		pcr.Status.CertificateChain = c.CertificateChain
+		pcr.Status.NotBefore = &metav1.Time{Time: c.NotBefore}
+		pcr.Status.BeginRefreshAt = &metav1.Time{Time: c.BeginRefreshAt}
+		pcr.Status.NotAfter = &metav1.Time{Time: c.NotAfter}
+	case engine.Deny:
+		cond.Type = certificatesv1beta1.PodCertificateRequestConditionTypeDenied
+	default:
+		return fmt.Errorf("outcome %s is not written", d.Outcome)
+	}
+	pcr.Status.Conditions = append(pcr.Status.Conditions, cond)
+	_, err := s.cs.CertificatesV1beta1().PodCertificateRequests(pcr.Namespace).UpdateStatus(ctx, pcr, metav1.UpdateOptions{FieldManager: revoke.FieldManager})
+	return err
+}

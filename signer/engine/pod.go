@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
+)
+
+// PodSigner is what the engine decides pod certificate requests with, for
+// one workload cluster.
+type PodSigner struct {
+	// SignerName is the pod signer name served.
+	SignerName string
+	// Policy is the Cluster's pod-certificate policy; nil denies every
+	// request (pod certificates off).
+	Policy *podcert.Policy
+	// CA signs the certificates.
+	CA *issue.CA
+	// StampedSince is when the admission policy that stamps the creator
+	// (podcert.EnsureAdmissionPolicy) is in force from: a request created
+	// before is denied, its stamp possibly the creator's own.
+	StampedSince time.Time
+	// Issued reads the client certificates the controller issued after
+	// attestation (revocation's record, package revoke); an error is
+	// transient.
+	Issued func(ctx context.Context) (*revoke.State, error)
+}
+
+// PodDecided reports whether a pod certificate request carries a final
+// condition (Issued, Denied or Failed): nothing more is done with it.
+func PodDecided(pcr *certificatesv1beta1.PodCertificateRequest) bool {
+	for _, c := range pcr.Status.Conditions {
+		switch c.Type {
+		case certificatesv1beta1.PodCertificateRequestConditionTypeIssued,
+			certificatesv1beta1.PodCertificateRequestConditionTypeDenied,
+			certificatesv1beta1.PodCertificateRequestConditionTypeFailed:
+			return true
+		}
+	}
+	return false
+}
+
+// DecidePod decides a pod certificate request: Skip (decided, or another
+// signer's), Deny (malformed or not allowed: the policy, a creator that is
+// not the node's current attested client certificate, a Machine that is
+// gone or being deleted), Retry (a transient error: never denied for it),
+// or Approve with PodCertificate, the certificate to write. The creator's
+// fingerprint is the annotation podcert.AnnotationCreatorCredential, which
+// the workload cluster's admission policy sets from the creator's
+// credential ID and nothing else can set (podcert.AdmissionPolicy).
+func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCertificateRequest, ps *PodSigner) *Decision {
+	d := &Decision{Outcome: Skip}
+	if pcr.Spec.SignerName != ps.SignerName || PodDecided(pcr) {
+		return d
+	}
+	c, err := podcert.Check(pcr, ps.SignerName, ps.Policy)
+	if err != nil {
+		return denyOrRetry(d, err)
+	}
+	d.NodeName = c.NodeName
+	if ps.StampedSince.IsZero() || pcr.CreationTimestamp.Time.Before(ps.StampedSince) {
+		return denyOrRetry(d, attestor.Deny(podcert.ReasonCreatedUnstamped,
+			"the request was created at %s, before the admission policy %s that records its creator was in force (%s); file a new one",
+			pcr.CreationTimestamp.UTC().Format(time.RFC3339), podcert.AdmissionPolicyName, ps.StampedSince.UTC().Format(time.RFC3339)))
+	}
+	fp, ok := strings.CutPrefix(pcr.Annotations[podcert.AnnotationCreatorCredential], podcert.CredentialIDPrefix)
+	if !ok || fp == "" {
+		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,
+			"the request was not created with a client certificate (no %s recorded by the admission policy); only a node's attested client certificate gets pod certificates from this signer", podcert.AnnotationCreatorCredential))
+	}
+	s, err := ps.Issued(ctx)
+	if err != nil {
+		return retry(d, err)
+	}
+	now := e.now()
+	cred, err := podcert.NodeCredential(s, c.NodeName, fp, now)
+	if err != nil {
+		return denyOrRetry(d, err)
+	}
+	m, err := e.cfg.Machines.ForNode(ctx, c.NodeName)
+	if err != nil {
+		return denyOrRetry(d, err)
+	}
+	d.Machine = m
+	if m.UID != cred.Machine.UID {
+		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,
+			"node %s is Machine %s now, not Machine %s its client certificate was issued to; the node must join again", c.NodeName, m, cred.Machine))
+	}
+	out, err := podcert.Sign(ps.CA, c, cred.NotAfter, now)
+	if err != nil {
+		return retry(d, err)
+	}
+	d.Outcome = Approve
+	d.Reason = podcert.ReasonIssued
+	d.Message = "issued for " + c.SPIFFEID.String() + " on attested node " + c.NodeName + " (Machine " + m.String() + ")"
+	d.PodCertificate = out
+	return d
+}
+
+// denyOrRetry denies for the denials err carries, and retries any other
+// error.
+func denyOrRetry(d *Decision, err error) *Decision {
+	if ds := attestor.Denials(err); len(ds) > 0 {
+		return deny(d, ds...)
+	}
+	return retry(d, err)
+}
