@@ -18,7 +18,7 @@ var (
 )
 
 // approvals are reasons of approvals, not denials.
-var approvals = map[string]bool{"AttestationVerified": true, "ServingAddressesVerified": true, "AttestedServingVerified": true}
+var approvals = map[string]bool{"AttestationVerified": true, "ServingAddressesVerified": true, "AttestedServingVerified": true, "AttestedNode": true}
 
 // TestEveryDenialReasonIsDocumented: an operator who meets a denial reason
 // finds it, and what to do about it, in docs/troubleshooting.md.
