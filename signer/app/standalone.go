@@ -306,7 +306,8 @@ func (r *standaloneRun) addRunnables(context.Context) error {
 	// namespace, and from then on belongs to that entry only. Records of
 	// entries taken out of the allowlist are swept away.
 	r.matcher = &standalone.Matcher{Client: r.cs, ConfigMap: r.o.allowlist}
-	r.identities = &tofu.Store{Namespace: r.o.LeaderElectionNamespace, Client: r.direct, Reader: r.direct, Owners: r.matcher}
+	r.identities = &tofu.Store{Namespace: r.o.LeaderElectionNamespace, Client: r.direct, Reader: r.direct, Owners: r.matcher,
+		Administrator: "the cluster's administrator"}
 	if err := r.mgr.Add(&tofu.Cleaner{Store: r.identities}); err != nil {
 		return err
 	}

@@ -48,9 +48,15 @@ import (
 
 // ClaimedByOtherMessage is all a denied requester learns when its identity
 // is bound to another Machine: that Machine may be another tenant's, so the
-// workload cluster is not told which one. The management cluster's log
-// says.
-const ClaimedByOtherMessage = "this identity is bound to another Machine; one device serves one Machine. The management cluster's administrator can see which one in the controller's log"
+// workload cluster is not told which one. The controller's log says, which
+// admin (Store.Administrator) can read.
+func ClaimedByOtherMessage(admin string) string {
+	return "this identity is bound to another Machine; one device serves one Machine; " + admin + " can see which one in the controller's log"
+}
+
+// DefaultAdministrator is who, in denial messages, can read the
+// controller's log and delete records when Store.Administrator is empty.
+const DefaultAdministrator = "the management cluster's administrator"
 
 // Names, labels and keys of a record.
 const (
@@ -93,6 +99,10 @@ type Store struct {
 	// Owners, when set, says whether a record's owner still exists in
 	// place of Cluster API Machines (standalone mode: allowlist entries).
 	Owners Owners
+	// Administrator names, in denial messages, who can read the
+	// controller's log and delete its records; empty means
+	// DefaultAdministrator.
+	Administrator string
 
 	// machines serializes Bind per Machine UID in this process (in
 	// bindLocks stripes), so that two CSRs of one Machine with different
@@ -175,7 +185,7 @@ func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) er
 	}
 	for i := range mine {
 		if mine[i].Data[KeyIdentity] != identity {
-			return mismatch(m, identity, &mine[i])
+			return s.mismatch(m, identity, &mine[i])
 		}
 	}
 
@@ -241,7 +251,7 @@ func (s *Store) claimedByOther(ctx context.Context, rec *corev1.ConfigMap, m *en
 			"boundSince", rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"),
 			"record", types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}.String(),
 			"fix", "if the device moved on purpose, delete the bound Machine or the record")
-		return &attestor.DenyError{Reason: attestor.ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage}
+		return &attestor.DenyError{Reason: attestor.ReasonIdentityClaimedByOtherMachine, Message: ClaimedByOtherMessage(s.administrator())}
 	}
 	if err := s.remove(ctx, rec); err != nil {
 		return fmt.Errorf("unable to remove the stale trust-on-first-use record %s/%s of deleted Machine %s: %w", rec.Namespace, rec.Name, owner, err)
@@ -289,15 +299,22 @@ func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identit
 	if err := s.remove(ctx, created); err != nil {
 		return fmt.Errorf("unable to withdraw trust-on-first-use record %s/%s: %w", created.Namespace, created.Name, err)
 	}
-	return mismatch(m, identity, &mine[0])
+	return s.mismatch(m, identity, &mine[0])
 }
 
 // mismatch denies m another identity than its recorded one. The message
 // names only the requester's own Machine and identities.
-func mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
+func (s *Store) mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
 	return &attestor.DenyError{Reason: attestor.ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
-		"Machine %s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, the management cluster's administrator deletes the record %s/%s",
-		m, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, rec.Namespace, rec.Name)}
+		"Machine %s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, %s deletes the record %s/%s",
+		m, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, s.administrator(), rec.Namespace, rec.Name)}
+}
+
+func (s *Store) administrator() string {
+	if s.Administrator == "" {
+		return DefaultAdministrator
+	}
+	return s.Administrator
 }
 
 // Forget removes the records of the Machine with uid, once it is deleted.

@@ -119,7 +119,7 @@ func TestClaimedByOtherNamesNoOne(t *testing.T) {
 			t.Errorf("the denial names %q: %s", leak, msg)
 		}
 	}
-	if msg != ClaimedByOtherMessage {
+	if msg != ClaimedByOtherMessage(DefaultAdministrator) {
 		t.Errorf("message %q", msg)
 	}
 	logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,6 +102,13 @@ func TestSignerStandaloneGuarantees(t *testing.T) {
 	e.expectDenied(t, "b-steals", attestor.ReasonIdentityClaimedByOtherMachine)
 	nullCSR("a-swapped", "node-a", "test:///a", "device-2")
 	e.expectDenied(t, "a-swapped", attestor.ReasonMachineIdentityMismatch)
+	// Without a management cluster, the denials name who can act here.
+	for _, name := range []string{"b-steals", "a-swapped"} {
+		if msg := condition(e.get(t, name), certificatesv1.CertificateDenied).Message; strings.Contains(msg, "management cluster") ||
+			!strings.Contains(msg, "the cluster's administrator") {
+			t.Errorf("CSR %s's denial points to another administrator: %s", name, msg)
+		}
+	}
 	nullCSR("a-again", "node-a", "test:///a", "device-1")
 	e.expectIssued(t, "a-again", "node-a", "test:///a", 24*time.Hour)
 
