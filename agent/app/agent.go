@@ -344,7 +344,7 @@ func (a *agent) sdStatus(cert string) {
 func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.Attestor) {
 	rec := status.NewRecorder(cfg.CacheDir)
 	a.mu.Lock()
-	a.recorder, a.bundles, a.serving = rec, map[string]trustbundle.Status{}, ""
+	a.recorder, a.bundles, a.serving, a.cert = rec, map[string]trustbundle.Status{}, "", ""
 	listener := a.listener
 	a.mu.Unlock()
 	a.cleanUp(ctx, cfg)
@@ -365,9 +365,8 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		},
 	}
 	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-	line := &certLine{text: "no client certificate yet", onSet: a.sdStatus}
 	haveCert := make(chan struct{})
-	ren := a.clientRenewal(cfg, src, dialer, line, haveCert)
+	ren := a.clientRenewal(cfg, src, dialer, haveCert)
 	a.mu.Lock()
 	a.renewal, a.beatLimit = ren, 2*daemon.Heartbeat+cfg.RequestTimeout.Duration
 	a.mu.Unlock()
@@ -393,37 +392,16 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		afterCert(func() { a.runServing(ctx, cfg, src) })
 	}
 	if len(cfg.TrustBundles) > 0 {
-		afterCert(func() { a.projectTrustBundles(ctx, cfg, dialer, line) })
+		afterCert(func() { a.projectTrustBundles(ctx, cfg, dialer) })
 	}
 	wg.Wait()
-}
-
-// certLine is the one-line state of the client certificate that systemd's
-// STATUS= and the trust bundles' status show.
-type certLine struct {
-	mu    sync.Mutex
-	text  string
-	onSet func(string)
-}
-
-func (l *certLine) set(s string) {
-	l.mu.Lock()
-	l.text = s
-	l.mu.Unlock()
-	l.onSet(s)
-}
-
-func (l *certLine) get() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.text
 }
 
 // clientRenewal is the client certificate's renewal loop: it closes
 // haveCert once there is a certificate, closes every connection after a
 // renewal so that new ones present the new certificate, and tells systemd
 // the agent is ready once it holds a usable certificate.
-func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, dialer *connrotation.Dialer, line *certLine, haveCert chan struct{}) *daemon.Renewal {
+func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, dialer *connrotation.Dialer, haveCert chan struct{}) *daemon.Renewal {
 	var haveCertOnce sync.Once
 	renewalState := func(s *status.State) *status.RenewalState { return &s.Renewal }
 	return &daemon.Renewal{
@@ -436,7 +414,7 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 		OnSchedule: func(cert *x509.Certificate, next time.Time) {
 			if cert != nil {
 				haveCertOnce.Do(func() { close(haveCert) })
-				line.set(fmt.Sprintf("certificate valid until %s, renewal at %s", cert.NotAfter.UTC().Format(time.RFC3339), next.UTC().Format(time.RFC3339)))
+				a.sdStatus(fmt.Sprintf("certificate valid until %s, renewal at %s", cert.NotAfter.UTC().Format(time.RFC3339), next.UTC().Format(time.RFC3339)))
 			}
 			a.record(func(s *status.State) { renewalState(s).NextAttempt = next })
 		},
@@ -444,7 +422,7 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
 				a.log.Error(at.Err, "client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
-				line.set(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
+				a.sdStatus(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
 			// New connections present the new certificate at once.
@@ -463,7 +441,7 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 		},
 		OnReady: func() {
 			notify("READY=1")
-			a.sdStatus(line.get())
+			a.sdStatus(a.certLine())
 			a.log.Info("ready")
 		},
 	}
@@ -487,7 +465,7 @@ func (a *agent) recordAttempt(which func(*status.State) *status.RenewalState, at
 // projectTrustBundles keeps the configured trust bundle projections
 // current, as the node, once it can build the node's client
 // configuration (retried with backoff up to agent.renewalRetryMax).
-func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig, dialer *connrotation.Dialer, line *certLine) {
+func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig, dialer *connrotation.Dialer) {
 	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: max(time.Second, cfg.Agent.RenewalRetryMax.Duration), Steps: math.MaxInt32}
 	var restCfg *rest.Config
 	for {
@@ -512,7 +490,7 @@ func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig,
 		MaxBundles:  cfg.Agent.MaxTrustBundles,
 		MaxBytes:    cfg.Agent.MaxTrustBundleBytes,
 		Metrics:     a.metrics,
-		OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, line.get()) },
+		OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, a.certLine()) },
 	}
 	if err := mgr.Run(ctx); err != nil {
 		a.log.Error(err, "trust bundle projection stopped")
