@@ -277,7 +277,7 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 			tried[version] = true
 			next, supported, ok := s.nextVersion(ctx, client, denied.Name, tried)
 			if ok {
-				log.Info("Re-filing with another evidence version", "csr", denied.Name, "rejected", s.requestedVersion(version), "next", next)
+				log.Info("Re-filing with another evidence version", "csr", denied.Name, "rejected", j.version, "next", next)
 				version = next
 				continue
 			}
@@ -328,15 +328,6 @@ func (s *Source) store(ctx context.Context, r *Request, key *ecdsa.PrivateKey, c
 	return nil
 }
 
-// requestedVersion is the evidence version a request for version asks
-// for: version, or when empty the attestor's newest.
-func (s *Source) requestedVersion(version string) string {
-	if vs := s.Attestor.Versions(); version == "" && len(vs) > 0 {
-		return vs[0]
-	}
-	return version
-}
-
 // fileAndWait files one CSR (and, for attestors that answer a challenge, the
 // second) and returns the issued certificate. Its log lines give the time
 // since it started (elapsed).
@@ -348,8 +339,11 @@ func (s *Source) fileAndWait(ctx context.Context, j *filing, req *attestor.Reque
 	// requested one, else the attestor's newest): the watch on it opens,
 	// and with it the connection to the API server, while the attestor
 	// works.
-	version := s.requestedVersion(req.Version)
-	name, err := j.name(version, "1")
+	j.version = req.Version
+	if vs := s.Attestor.Versions(); j.version == "" && len(vs) > 0 {
+		j.version = vs[0]
+	}
+	name, err := j.name("1")
 	if err != nil {
 		return nil, err
 	}
@@ -363,16 +357,16 @@ func (s *Source) fileAndWait(ctx context.Context, j *filing, req *attestor.Reque
 				return nil, "", fmt.Errorf("attestation failed: %w", err)
 			}
 			log.Info("Attested", "attestor", j.provider, "elapsed", j.since())
-			if att.Version != version {
-				version = att.Version
-				if name, err = j.name(version, "1"); err != nil {
+			if att.Version != j.version {
+				j.version = att.Version
+				if name, err = j.name("1"); err != nil {
 					return nil, "", err
 				}
 			}
 			return att, name, nil
 		},
 		filed: func() {
-			log.Info("Filed the certificate signing request", "csr", name, "signer", j.r.SignerName, "attestor", j.provider, "evidenceVersion", version, "elapsed", j.since())
+			log.Info("Filed the certificate signing request", "csr", name, "signer", j.r.SignerName, "attestor", j.provider, "evidenceVersion", j.version, "elapsed", j.since())
 		},
 		done: func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 			if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
@@ -390,15 +384,15 @@ func (s *Source) fileAndWait(ctx context.Context, j *filing, req *attestor.Reque
 		return csr.Outcome(obj)
 	}
 	log.Info("Challenged", "csr", name, "elapsed", j.since())
-	return j.answer(ctx, responder, req, challenge, obj, version)
+	return j.answer(ctx, responder, req, challenge, obj)
 }
 
 // answer is the second round: it answers the challenge on first in a new
 // CSR over the same key, watched from before the answer is worked out.
 func (j *filing) answer(ctx context.Context, responder attestor.Responder, req *attestor.Request, challenge *attestor.Challenge,
-	first *certificatesv1.CertificateSigningRequest, version string) ([]byte, error) {
+	first *certificatesv1.CertificateSigningRequest) ([]byte, error) {
 	log := klog.FromContext(ctx)
-	name2, err := j.name(version, "2:"+string(first.UID))
+	name2, err := j.name("2:" + string(first.UID))
 	if err != nil {
 		return nil, err
 	}
@@ -432,18 +426,21 @@ type filing struct {
 	nodeName   string
 	expiration *int32
 	r          *Request
-	// start is when the current attempt (fileAndWait) started.
-	start time.Time
+	// start is when the current attempt (fileAndWait) started, and
+	// version its evidence version: the one requested, else the
+	// attestor's newest, until the evidence says which it is.
+	start   time.Time
+	version string
 }
 
 // since is the time since the current attempt started, as its log lines
 // give it.
 func (j *filing) since() time.Duration { return time.Since(j.start).Round(100 * time.Microsecond) }
 
-// name is the name of a CSR of the join over its key, in evidence version
-// version, for round ("1", or "2:" and the challenged CSR's UID).
-func (j *filing) name(version, round string) (string, error) {
-	return csr.Name(j.r.SignerName, j.nodeName, j.key, version, round)
+// name is the name of a CSR of the current attempt, for round ("1", or
+// "2:" and the challenged CSR's UID).
+func (j *filing) name(round string) (string, error) {
+	return csr.Name(j.r.SignerName, j.nodeName, j.key, j.version, round)
 }
 
 // round is one CSR of a join.
