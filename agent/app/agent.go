@@ -421,7 +421,8 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 		OnAttempt: func(at daemon.Attempt) {
 			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
-				a.log.Error(at.Err, "Client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				a.log.Error(at.Err, "Client certificate renewal failed",
+					"consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
 				a.sdStatus(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
@@ -525,7 +526,8 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 		Metrics:      a.metrics.ServingRenewal(),
 		OnSchedule: func(cert *x509.Certificate, next time.Time) {
 			if cert != nil && mgr.Stale(cert) {
-				log.Info("The serving certificate's addresses differ from the ones to request; replacing it now", "dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
+				log.Info("The serving certificate's addresses differ from the ones to request; replacing it now",
+					"dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
 			}
 			if cert != nil {
 				setLine(fmt.Sprintf("serving certificate valid until %s", cert.NotAfter.UTC().Format(time.RFC3339)))
@@ -535,11 +537,13 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 		OnAttempt: func(at daemon.Attempt) {
 			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
-				log.Error(at.Err, "Serving certificate renewal failed; kubelet keeps serving the installed one", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				log.Error(at.Err, "Serving certificate renewal failed; kubelet keeps serving the installed one",
+					"consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
 				setLine(fmt.Sprintf("serving renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
-			log.Info("Installed a new kubelet serving certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
+			log.Info("Installed a new kubelet serving certificate",
+				"serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
 				"dnsNames", at.Certificate.DNSNames, "ipAddresses", at.Certificate.IPAddresses, "took", at.Duration.Round(time.Millisecond))
 		},
 	}

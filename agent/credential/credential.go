@@ -366,7 +366,8 @@ func (s *Source) fileAndWait(ctx context.Context, j *filing, req *attestor.Reque
 			return att, name, nil
 		},
 		filed: func() {
-			log.Info("Filed the certificate signing request", "csr", name, "signer", j.r.SignerName, "attestor", j.provider, "evidenceVersion", j.version, "elapsed", j.since())
+			log.Info("Filed the certificate signing request",
+				"csr", name, "signer", j.r.SignerName, "attestor", j.provider, "evidenceVersion", j.version, "elapsed", j.since())
 		},
 		done: func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 			if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
@@ -586,7 +587,8 @@ func (s *Source) bootstrapConfig(ctx context.Context) (*rest.Config, error) {
 		return nil, err
 	}
 	if s.Cluster != nil && s.Cluster.Server != "" && s.Cluster.Server != boot.Host {
-		klog.FromContext(ctx).Info("Bootstrapping with the bootstrap kubeconfig's server, not the one in KUBERNETES_EXEC_INFO: the bootstrap credential goes only to its own server",
+		klog.FromContext(ctx).Info("Bootstrapping with the bootstrap kubeconfig's server, not the one in KUBERNETES_EXEC_INFO: "+
+			"the bootstrap credential goes only to its own server",
 			"kubeconfig", s.Config.BootstrapKubeconfig, "server", boot.Host, "execInfoServer", s.Cluster.Server)
 	}
 	cfg := &rest.Config{

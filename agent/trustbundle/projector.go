@@ -220,7 +220,8 @@ func selection(pr config.TrustBundleProjection) (metav1.ListOptions, labels.Sele
 
 // newInformer watches the selection through a gate (the caps, and admit
 // checked again on the client), and pokes on every change.
-func (p *Projector) newInformer(client rest.Interface, opts metav1.ListOptions, admit func(*clusterTrustBundle) bool, poke func()) (cache.SharedIndexInformer, error) {
+func (p *Projector) newInformer(client rest.Interface, opts metav1.ListOptions, admit func(*clusterTrustBundle) bool,
+	poke func()) (cache.SharedIndexInformer, error) {
 	rejected := func(reason string) {
 		if p.Metrics != nil {
 			p.Metrics.Rejected(p.Projection.Key(), reason)
@@ -254,7 +255,8 @@ func (p *Projector) newInformer(client rest.Interface, opts metav1.ListOptions, 
 // confirm reads the selected objects from the API server (a LIST), with
 // the same caps as the watch's, on a gate of its own: an object the watch
 // keeps out is not assembled here either.
-func (p *Projector) confirm(ctx context.Context, client rest.Interface, opts metav1.ListOptions, admit func(*clusterTrustBundle) bool) (map[string]string, error) {
+func (p *Projector) confirm(ctx context.Context, client rest.Interface, opts metav1.ListOptions,
+	admit func(*clusterTrustBundle) bool) (map[string]string, error) {
 	list := &clusterTrustBundleList{}
 	if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
 		return nil, err
