@@ -234,12 +234,21 @@ func (r *repository) components(t *testing.T, env ...string) ([]byte, objects) {
 	return y, decode(t, "clusterctl generate provider", y)
 }
 
+// standaloneValues are the helm flags of a standalone install, as
+// docs/standalone.md gives them: standalone mode uses no ClusterAttestation,
+// so its CRD is skipped.
+var standaloneValues = []string{"--set", "mode=standalone", "--skip-crds"}
+
 // chart renders the Helm chart into namespace with the given helm flags
-// (--set ...).
+// (--set ...). It renders the chart's crds/ too, as helm install installs
+// them, unless the flags say --skip-crds.
 func chart(t *testing.T, tl tools, namespace string, flags ...string) ([]byte, objects) {
 	t.Helper()
-	// --include-crds: helm install installs the chart's crds/ too.
-	args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace, "--include-crds"}, flags...)
+	args := []string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace}
+	if !slices.Contains(flags, "--skip-crds") {
+		args = append(args, "--include-crds")
+	}
+	args = append(args, slices.DeleteFunc(slices.Clone(flags), func(f string) bool { return f == "--skip-crds" })...)
 	y := run(t, nil, nil, tl.helm, args...)
 	return y, decode(t, "helm template", y)
 }
@@ -251,13 +260,18 @@ func write(t *testing.T, path string, b []byte) {
 	}
 }
 
-// controllerArgs parses args with the controller's own flags and returns
+// controllerArgs parses args with the controller's own flags (those of its
+// subcommand when args start with one, as standalone mode's do) and returns
 // the value of each flag.
 func controllerArgs(t *testing.T, args []string) func(string) string {
 	t.Helper()
-	fs := app.NewCommand().Flags()
-	if err := fs.Parse(args); err != nil {
+	cmd, rest, err := app.NewCommand().Find(args)
+	if err != nil {
 		t.Fatalf("container args %q: %v", args, err)
+	}
+	fs := cmd.Flags()
+	if err := fs.Parse(rest); err != nil || fs.NArg() > 0 {
+		t.Fatalf("container args %q: %v (arguments %q)", args, err, fs.Args())
 	}
 	return func(name string) string {
 		f := fs.Lookup(name)
@@ -379,49 +393,68 @@ func TestClusterctlReadsTheReleaseArtifacts(t *testing.T) {
 
 // TestChartAndComponentsAgree: with its default values, the chart renders
 // the very objects the clusterctl components install (metadata aside: Helm
-// adds its labels), so that the two ways to install cannot drift; and the
-// Deployment's arguments are the controller's flags.
+// adds its labels), and with mode: standalone those of deploy/standalone
+// (same arguments, same RBAC rules, no Cluster API rule, no admission
+// policy or CRD of Cluster API mode), so that the ways to install cannot
+// drift; and the Deployment's arguments are the controller's flags (of
+// its standalone command in standalone mode).
 func TestChartAndComponentsAgree(t *testing.T) {
 	tl := getTools(t)
-	r := newRepository(t, tl)
-	_, comps := r.components(t)
-	_, charted := chart(t, tl, namespace)
+	for _, c := range []struct {
+		mode string
+		// what, and what to change with the chart's templates.
+		what, change string
+		reference    func(t *testing.T) objects
+		values       []string
+	}{
+		{"capi", "deploy/release (clusterctl)", "deploy/controller", func(t *testing.T) objects {
+			_, comps := newRepository(t, tl).components(t)
+			return comps
+		}, nil},
+		{"standalone", "deploy/standalone", "deploy/standalone", func(t *testing.T) objects {
+			return decode(t, "kustomize deploy/standalone", run(t, nil, nil, tl.kubectl, "kustomize", filepath.Join(repoRoot(t), "deploy", "standalone")))
+		}, standaloneValues},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			reference := c.reference(t)
+			_, charted := chart(t, tl, namespace, c.values...)
+			seen := map[string]bool{}
+			for _, r := range reference {
+				if r.GetKind() == "Namespace" {
+					continue // Helm installs into a namespace it is given
+				}
+				key := objectKey(r)
+				seen[key] = true
+				h := charted.find(r.GetKind(), r.GetName())
+				if h == nil || objectKey(h) != key {
+					t.Errorf("the chart does not render %s", key)
+					continue
+				}
+				if diff := differences(content(r), content(h)); len(diff) > 0 {
+					t.Errorf("%s differs between %s and the chart (change deploy/helm/kubelet-authenticator/templates with %s):\n%s", key, c.what, c.change, strings.Join(diff, "\n"))
+				}
+			}
+			for _, h := range charted {
+				if key := objectKey(h); !seen[key] {
+					t.Errorf("the chart renders %s, which %s does not install", key, c.what)
+				}
+			}
 
-	seen := map[string]bool{}
-	for _, c := range comps {
-		if c.GetKind() == "Namespace" {
-			continue // Helm installs into a namespace it is given
-		}
-		key := objectKey(c)
-		seen[key] = true
-		h := charted.find(c.GetKind(), c.GetName())
-		if h == nil || objectKey(h) != key {
-			t.Errorf("the chart does not render %s", key)
-			continue
-		}
-		if diff := differences(content(c), content(h)); len(diff) > 0 {
-			t.Errorf("%s differs between deploy/release (clusterctl) and the chart (change deploy/helm/kubelet-authenticator/templates with deploy/controller):\n%s", key, strings.Join(diff, "\n"))
-		}
-	}
-	for _, h := range charted {
-		if key := objectKey(h); !seen[key] {
-			t.Errorf("the chart renders %s, which the components do not install", key)
-		}
-	}
-
-	var d struct {
-		Spec struct {
-			Template struct {
+			var d struct {
 				Spec struct {
-					Containers []struct {
-						Args []string `json:"args"`
-					} `json:"containers"`
+					Template struct {
+						Spec struct {
+							Containers []struct {
+								Args []string `json:"args"`
+							} `json:"containers"`
+						} `json:"spec"`
+					} `json:"template"`
 				} `json:"spec"`
-			} `json:"template"`
-		} `json:"spec"`
+			}
+			charted.get(t, "Deployment", deployment, &d)
+			controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
+		})
 	}
-	charted.get(t, "Deployment", deployment, &d)
-	controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
 }
 
 // clusterScoped are the cluster-scoped kinds the manifests hold. clusterctl
@@ -469,7 +502,7 @@ func differences(a, b any) []string {
 			return
 		}
 		if !reflect.DeepEqual(a, b) {
-			out = append(out, fmt.Sprintf("  %s: components %v, chart %v", path, a, b))
+			out = append(out, fmt.Sprintf("  %s: reference %v, chart %v", path, a, b))
 		}
 	}
 	walk("", a, b)
