@@ -516,7 +516,9 @@ func differences(a, b any) []string {
 // controller is told); attestorConfig becomes a valid AttestorConfig that
 // --attestor-config reads from its mount; metrics.certSecretName is the
 // directory --metrics-cert-dir names; metrics.readers are bound to the
-// metrics-reader ClusterRole.
+// metrics-reader ClusterRole; the standalone values become the standalone
+// command's flags and the names its Role grants; a combination that cannot
+// work fails helm template with the value to change.
 func TestChartValues(t *testing.T) {
 	tl := getTools(t)
 	const ns = "ka"
@@ -680,6 +682,84 @@ func TestChartValues(t *testing.T) {
 		want := []map[string]string{{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}}
 		if crb.RoleRef.Name != "kubelet-authenticator:node-attestation-controller-metrics-reader" || !reflect.DeepEqual(crb.Subjects, want) {
 			t.Errorf("metrics reader binding %+v", crb)
+		}
+	})
+
+	t.Run("standalone", func(t *testing.T) {
+		_, objs := chart(t, tl, ns, append(append([]string(nil), standaloneValues...),
+			"--set", "standalone.caSecret=kubeadm-ca,standalone.servingCASecret=kubelet-serving-ca,standalone.allowlistConfigMap=nodes",
+			"--set", "standalone.authorizedAttestors={tpm,aws}",
+			"--set-json", `attestorConfig={"aws":{"accounts":["111122223333"],"allowedRoles":["nodes"]}}`,
+			"--set", "standalone.lockdown=true,standalone.approveKubeletServing=true,standalone.revocationPeriod=1m")...)
+		var d deploymentSpec
+		objs.get(t, "Deployment", deployment, &d)
+		args := d.Spec.Template.Spec.Containers[0].Args
+		if len(args) == 0 || args[0] != "standalone" {
+			t.Fatalf("args %q do not run the standalone command", args)
+		}
+		flag := controllerArgs(t, args)
+		for name, want := range map[string]string{
+			"ca-secret":               ns + "/kubeadm-ca",
+			"serving-ca-secret":       ns + "/kubelet-serving-ca",
+			"allowlist-configmap":     ns + "/nodes",
+			"authorized-attestors":    "[tpm,aws]",
+			"lockdown":                "true",
+			"approve-kubelet-serving": "true",
+			"revocation-period":       "1m0s",
+			"attestor-config":         "/etc/node-attestation-controller/attestor-config.yaml",
+		} {
+			if got := flag(name); got != want {
+				t.Errorf("--%s=%s, want %s", name, got, want)
+			}
+		}
+		var role struct {
+			Rules []struct {
+				Resources     []string `json:"resources"`
+				ResourceNames []string `json:"resourceNames"`
+			} `json:"rules"`
+		}
+		objs.get(t, "Role", "node-attestation-controller-standalone", &role)
+		granted := false
+		for _, r := range role.Rules {
+			granted = granted || (slices.Equal(r.Resources, []string{"secrets"}) &&
+				slices.Contains(r.ResourceNames, "kubeadm-ca") && slices.Contains(r.ResourceNames, "kubelet-serving-ca"))
+		}
+		if !granted {
+			t.Errorf("the Role does not grant the Secrets the values name: %+v", role.Rules)
+		}
+		for _, u := range objs {
+			if u.GetKind() == "CustomResourceDefinition" || u.GetKind() == "ValidatingAdmissionPolicy" || u.GetName() == "kubelet-authenticator:node-attestation-controller" {
+				t.Errorf("standalone mode renders Cluster API mode's %s %s", u.GetKind(), u.GetName())
+			}
+		}
+	})
+
+	t.Run("combinations that cannot work", func(t *testing.T) {
+		for _, c := range []struct {
+			name  string
+			flags []string
+			// want is what the message must say: the value to change.
+			want string
+		}{
+			{"unknown mode", []string{"--set", "mode=clusterapi"}, "/mode"},
+			{"a name with a namespace", []string{"--set", "mode=standalone,standalone.caSecret=kube-system/ca"}, "standalone.caSecret"},
+			{"the serving CA in the client CA's Secret", []string{"--set", "mode=standalone,standalone.servingCASecret=cluster-ca"}, "standalone.servingCASecret must differ from standalone.caSecret"},
+			{"a cloud attestor without configuration", []string{"--set", "mode=standalone,standalone.authorizedAttestors={tpm,gcp}"}, "attestorConfig.gcp"},
+			{"no attestor", []string{"--set", "mode=standalone,standalone.authorizedAttestors=null"}, "authorizedAttestors"},
+			{"an unknown attestor", []string{"--set", "mode=standalone,standalone.authorizedAttestors={tmp}"}, "/standalone/authorizedAttestors/0"},
+			{"a misspelt standalone value", []string{"--set", "mode=standalone,standalone.lockdwon=true"}, "lockdwon"},
+			{"lockdown in Cluster API mode", []string{"--set", "standalone.lockdown=true"}, "apply only with mode: standalone"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", ns}, c.flags...)
+				out, err := exec.Command(tl.helm, args...).CombinedOutput()
+				if err == nil {
+					t.Fatalf("helm template %s renders; want it refused", strings.Join(c.flags, " "))
+				}
+				if !strings.Contains(string(out), c.want) {
+					t.Errorf("helm template %s fails without naming %q:\n%s", strings.Join(c.flags, " "), c.want, out)
+				}
+			})
 		}
 	})
 }
