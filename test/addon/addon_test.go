@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -686,11 +687,16 @@ func TestChartValues(t *testing.T) {
 	})
 
 	t.Run("standalone", func(t *testing.T) {
+		// A TPM boot-state policy, as tpm-boot-policy writes one.
+		policyFile := filepath.Join(t.TempDir(), "tpm-policy.yaml")
+		policy := fmt.Sprintf("apiVersion: %s\nkind: %s\nrequireSecureBoot: true\n", tpm.PolicyAPIVersion, tpm.PolicyKind)
+		write(t, policyFile, []byte(policy))
 		_, objs := chart(t, tl, ns, append(append([]string(nil), standaloneValues...),
 			"--set", "standalone.caSecret=kubeadm-ca,standalone.servingCASecret=kubelet-serving-ca,standalone.allowlistConfigMap=nodes",
 			"--set", "standalone.authorizedAttestors={tpm,aws}",
 			"--set-json", `attestorConfig={"aws":{"accounts":["111122223333"],"allowedRoles":["nodes"]}}`,
-			"--set", "standalone.lockdown=true,standalone.approveKubeletServing=true,standalone.revocationPeriod=1m")...)
+			"--set", "standalone.lockdown=true,standalone.approveKubeletServing=true,standalone.revocationPeriod=1m",
+			"--set-file", "standalone.attestorPolicies.tpm="+policyFile)...)
 		var d deploymentSpec
 		objs.get(t, "Deployment", deployment, &d)
 		args := d.Spec.Template.Spec.Containers[0].Args
@@ -707,10 +713,31 @@ func TestChartValues(t *testing.T) {
 			"approve-kubelet-serving": "true",
 			"revocation-period":       "1m0s",
 			"attestor-config":         "/etc/node-attestation-controller/attestor-config.yaml",
+			"attestor-policy":         "[tpm=/etc/node-attestation-controller-policies/tpm.yaml]",
 		} {
 			if got := flag(name); got != want {
 				t.Errorf("--%s=%s, want %s", name, got, want)
 			}
+		}
+		// The policy is the document given, where --attestor-policy reads it.
+		c := d.Spec.Template.Spec.Containers[0]
+		var policyCM string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil && mountOf(c, v.Name) == "/etc/node-attestation-controller-policies" {
+				policyCM = v.ConfigMap.Name
+			}
+		}
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if policyCM == "" {
+			t.Fatal("no ConfigMap is mounted where --attestor-policy reads")
+		}
+		objs.get(t, "ConfigMap", policyCM, &cm)
+		if got := cm.Data["tpm.yaml"]; got != policy {
+			t.Errorf("the mounted policy is %q, want %q", got, policy)
+		} else if _, err := tpm.ParsePolicy([]byte(got)); err != nil {
+			t.Errorf("the mounted policy: %v", err)
 		}
 		var role struct {
 			Rules []struct {
@@ -749,6 +776,8 @@ func TestChartValues(t *testing.T) {
 			{"an unknown attestor", []string{"--set", "mode=standalone,standalone.authorizedAttestors={tmp}"}, "/standalone/authorizedAttestors/0"},
 			{"a misspelt standalone value", []string{"--set", "mode=standalone,standalone.lockdwon=true"}, "lockdwon"},
 			{"lockdown in Cluster API mode", []string{"--set", "standalone.lockdown=true"}, "apply only with mode: standalone"},
+			{"a policy in Cluster API mode", []string{"--set", "standalone.attestorPolicies.tpm=x"}, "apply only with mode: standalone"},
+			{"a policy of an attestor not authorized", []string{"--set", "mode=standalone,standalone.attestorPolicies.aws=x"}, "standalone.attestorPolicies.aws"},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", ns}, c.flags...)

@@ -49,14 +49,24 @@ change (values.schema.json checks each value on its own).
 {{- if or (eq $s.caSecret "node-attestation-controller-tpm-key") (eq $s.servingCASecret "node-attestation-controller-tpm-key") }}
 {{- fail "standalone.caSecret and standalone.servingCASecret must not be node-attestation-controller-tpm-key, the Secret of the TPM attestor's challenge key" }}
 {{- end }}
+{{- range $p, $doc := $s.attestorPolicies }}
+{{- if not (has $p $s.authorizedAttestors) }}
+{{- fail (printf "standalone.attestorPolicies.%s: attestor %s is not in standalone.authorizedAttestors" $p $p) }}
+{{- end }}
+{{- end }}
 {{- range $s.authorizedAttestors }}
 {{- if and (has . (list "aws" "azure" "gcp")) (not (hasKey $.Values.attestorConfig .)) (not $.Values.existingAttestorConfigMap) }}
 {{- fail (printf "standalone.authorizedAttestors names %s, which has no configuration: set attestorConfig.%s (or existingAttestorConfigMap)" . .) }}
 {{- end }}
 {{- end }}
 {{- else }}
-{{- if or $s.lockdown $s.approveKubeletServing $s.revocationPeriod }}
-{{- fail "standalone.lockdown, standalone.approveKubeletServing and standalone.revocationPeriod apply only with mode: standalone; in Cluster API mode each Cluster's ClusterAttestation policy sets lockdown and approveKubeletServing (docs/install.md, Lockdown)" }}
+{{- if or $s.lockdown $s.approveKubeletServing $s.revocationPeriod $s.attestorPolicies }}
+{{- fail "standalone.lockdown, standalone.approveKubeletServing, standalone.revocationPeriod and standalone.attestorPolicies apply only with mode: standalone; in Cluster API mode each Cluster's ClusterAttestation policy sets them (docs/install.md)" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* Where the attestor policy documents are mounted (mode: standalone). */}}
+{{- define "kubelet-authenticator.policyDir" -}}
+/etc/node-attestation-controller-policies
 {{- end }}
