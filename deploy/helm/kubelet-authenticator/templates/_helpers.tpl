@@ -61,7 +61,7 @@ change (values.schema.json checks each value on its own).
 {{- end }}
 {{- else }}
 {{- if or $s.lockdown $s.approveKubeletServing $s.revocationPeriod $s.attestorPolicies }}
-{{- fail "standalone.lockdown, standalone.approveKubeletServing, standalone.revocationPeriod and standalone.attestorPolicies apply only with mode: standalone; in Cluster API mode each Cluster's ClusterAttestation policy sets them (docs/install.md)" }}
+{{- fail "standalone.lockdown, standalone.approveKubeletServing, standalone.revocationPeriod and standalone.attestorPolicies apply only with mode: standalone; Cluster API mode takes lockdown, approveKubeletServing and policies from each Cluster's ClusterAttestation spec (docs/install.md) and revokes a node when its Machine is deleted" }}
 {{- end }}
 {{- end }}
 {{- end }}
