@@ -248,19 +248,39 @@ func TestSignerShards(t *testing.T) {
 		return time.Since(t0)
 	}
 
-	// Kill the replica serving c0: its Clusters move within its Lease
-	// duration (and the periods in which the others see it renewed and
-	// see it expire) and nodes join again.
+	// Cut the replica serving c0 off from the management API server: it
+	// stops its controllers before the others may take its claims (two
+	// thirds of the Lease duration after its last renewal, against a full
+	// duration after they saw it), then it is killed. Its Clusters move
+	// within its Lease duration (and the periods in which the others see
+	// it renewed and see it expire) and nodes join again.
 	victim := replicas[owners["c0"]]
 	killed := time.Now()
-	victim.kill(t)
+	victim.cut.Store(true)
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		var d time.Duration
+		if pollFor(3*lease, func() bool {
+			v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", victim.id)
+			return v == 0
+		}) == nil {
+			d = time.Since(killed)
+		}
+		stopped <- d
+	}()
 	live := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == victim.id })
 	moved := claimsMoved(t, live, killed, 3*lease)
+	stoppedServing := <-stopped
+	if stoppedServing == 0 || stoppedServing > moved {
+		t.Errorf("the cut-off replica stopped serving after %s, its Clusters were claimed by others after %s", stoppedServing, moved)
+	}
+	victim.kill(t)
 	if limit := lease + 2*lease/3 + time.Second; moved > limit {
 		t.Errorf("Clusters of the killed replica moved in %s, want under %s", moved.Round(time.Millisecond), limit)
 	}
 	owners = servedBy(t, live, 30*time.Second)
-	t.Logf("killed %s: claims moved after %s, Clusters served by %v after %s", victim.id, moved.Round(time.Millisecond), owners, time.Since(killed).Round(time.Millisecond))
+	t.Logf("cut off and killed %s: it stopped serving after %s, claims moved after %s, Clusters served by %v after %s",
+		victim.id, stoppedServing.Round(time.Millisecond), moved.Round(time.Millisecond), owners, time.Since(killed).Round(time.Millisecond))
 	checkServed(t, owners, live)
 	for _, n := range names {
 		join(t, n)
@@ -268,13 +288,13 @@ func TestSignerShards(t *testing.T) {
 
 	// Stop a second one gracefully: it releases its claims and leaves the
 	// ring, and its Clusters move at once to the last replica.
-	stopped := replicas[live[0]]
+	leaving := replicas[live[0]]
 	stoppedAt := time.Now()
-	stopped.stop(t)
+	leaving.stop(t)
 	last := live[1:]
 	moved = claimsMoved(t, last, stoppedAt, lease)
 	owners = servedBy(t, last, 30*time.Second)
-	t.Logf("stopped %s: claims moved after %s, Clusters served by %v after %s", stopped.id, moved.Round(time.Millisecond), owners, time.Since(stoppedAt).Round(time.Millisecond))
+	t.Logf("stopped %s: claims moved after %s, Clusters served by %v after %s", leaving.id, moved.Round(time.Millisecond), owners, time.Since(stoppedAt).Round(time.Millisecond))
 	if moved > lease/2 {
 		t.Errorf("Clusters of the stopped replica moved in %s, want under %s", moved.Round(time.Millisecond), lease/2)
 	}
