@@ -287,16 +287,14 @@ func (r *ClusterReconciler) Start(ctx context.Context) error {
 	go r.keepStatus(ctx)
 	<-ctx.Done()
 	r.mu.Lock()
-	served := make([]types.NamespacedName, 0, len(r.running))
 	for nn, w := range r.running {
 		w.cancel()
 		<-w.done
 		delete(r.running, nn)
-		served = append(served, nn)
 	}
 	r.mu.Unlock()
 	if r.Shards != nil {
-		r.leaveRing(klog.FromContext(ctx), served)
+		r.leaveRing(klog.FromContext(ctx))
 	}
 	return nil
 }

@@ -54,10 +54,13 @@ func (r *ClusterReconciler) notAssigned(ctx context.Context, logger klog.Logger,
 // this replica holds it; when another live replica still does, the
 // Cluster is looked at again shortly (that replica releases it once it
 // sees the Cluster assigned elsewhere, or its membership expires).
+//
+// A claim this replica took and kept is known without a read (only this
+// replica releases its claims, and it stops serving before any other can
+// see its membership expire); after a break in its membership it reads the
+// claim again, and stops serving a Cluster another replica took meanwhile.
 func (r *ClusterReconciler) claim(ctx context.Context, logger klog.Logger, nn types.NamespacedName) (bool, reconcile.Result, error) {
-	if r.Shards == nil || r.Running(nn) {
-		// Running: only this replica releases its claims, and it stops
-		// serving before any other can see its membership expire.
+	if r.Shards == nil {
 		return true, reconcile.Result{}, nil
 	}
 	holder, err := r.Shards.Claim(ctx, nn.String())
@@ -65,6 +68,7 @@ func (r *ClusterReconciler) claim(ctx context.Context, logger klog.Logger, nn ty
 		return false, reconcile.Result{}, err
 	}
 	if holder != r.Shards.Identity {
+		r.stop(logger, nn, "served by replica "+holder)
 		logger.V(2).Info("Waiting for the replica that serves the Cluster to hand it over", "servedBy", holder)
 		r.setIdle(nn, nil)
 		return false, reconcile.Result{RequeueAfter: claimRetry}, nil
@@ -107,16 +111,14 @@ func (r *ClusterReconciler) reassign(ctx context.Context) {
 	}
 }
 
-// leaveRing releases the claims of the Clusters this replica served (their
-// controllers are stopped) and deletes its membership Lease, so that its
-// Clusters move at once rather than after the Lease expires.
-func (r *ClusterReconciler) leaveRing(logger klog.Logger, served []types.NamespacedName) {
+// leaveRing releases the claims this replica holds (its controllers are
+// stopped) and deletes its membership Lease, so that its Clusters move at
+// once rather than after the Lease expires.
+func (r *ClusterReconciler) leaveRing(logger klog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), shardTimeout)
 	defer cancel()
-	for _, nn := range served {
-		if err := r.Shards.Release(ctx, nn.String()); err != nil {
-			logger.Info("Unable to release a Cluster's claim: it moves when this replica's membership expires", "cluster", nn, "err", err.Error())
-		}
+	if err := r.Shards.ReleaseAll(ctx); err != nil {
+		logger.Info("Unable to release every claim: those Clusters move when this replica's membership expires", "err", err.Error())
 	}
 	if err := r.Shards.Leave(ctx); err != nil {
 		logger.Info("Unable to leave the shard ring: its Clusters move when its membership expires", "err", err.Error())

@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,13 @@ type Ring struct {
 	listed time.Time
 	live   []string
 	joined bool
+	// held are the keys whose claim this replica may hold: true when it
+	// took the claim and has been a member without a break since (only
+	// this replica releases its claims, so it need not read them again);
+	// false when it must read the claim to know (a write whose outcome is
+	// unknown, or it stopped counting itself a member since, and others
+	// may have taken its claims).
+	held map[string]bool
 
 	handovers atomic.Int64
 }
@@ -207,6 +215,9 @@ func (r *Ring) tick(ctx context.Context) error {
 	live := r.liveLocked()
 	changed := !slices.Equal(live, r.live)
 	r.live = live
+	if !slices.Contains(live, r.Identity) {
+		r.doubtLocked()
+	}
 	r.mu.Unlock()
 	if changed && r.Changed != nil {
 		r.Changed()
@@ -264,7 +275,17 @@ func (r *Ring) memberSpec(now time.Time) coordinationv1.LeaseSpec {
 func (r *Ring) renewedAt(own *coordinationv1.Lease, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if now.Sub(r.renewed) >= r.renewDeadline() {
+		r.doubtLocked() // a break in the membership: claims may be taken
+	}
 	r.own, r.renewed = own, now
+}
+
+// doubtLocked marks every claim this replica holds as to be read again.
+func (r *Ring) doubtLocked() {
+	for k := range r.held {
+		r.held[k] = false
+	}
 }
 
 // list reads the members' Leases and records when each changed.
@@ -375,11 +396,53 @@ func ClaimName(ring, key string) string {
 // Lease expired: of replicas racing, one wins and the others read it.
 func (r *Ring) Claim(ctx context.Context, key string) (string, error) {
 	r.mu.Lock()
-	joined := r.joined
+	joined, certain := r.joined, r.held[key]
 	r.mu.Unlock()
 	if !joined {
 		return "", errors.New("not a member of the shard ring")
 	}
+	if certain {
+		return r.Identity, nil
+	}
+	holder, err := r.claim(ctx, key)
+	switch {
+	case holder == r.Identity:
+		r.hold(key, true)
+	case err != nil && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err):
+		r.mayHold(key) // perhaps taken: Release reads it back
+	default:
+		r.hold(key, false)
+	}
+	return holder, err
+}
+
+// hold records that this replica holds key's claim (true) or does not.
+func (r *Ring) hold(key string, held bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held == nil {
+		r.held = map[string]bool{}
+	}
+	if held {
+		r.held[key] = true
+	} else {
+		delete(r.held, key)
+	}
+}
+
+// mayHold records that this replica may hold key's claim.
+func (r *Ring) mayHold(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held == nil {
+		r.held = map[string]bool{}
+	}
+	if !r.held[key] {
+		r.held[key] = false
+	}
+}
+
+func (r *Ring) claim(ctx context.Context, key string) (string, error) {
 	nn := client.ObjectKey{Namespace: r.Namespace, Name: ClaimName(r.Name, key)}
 	var lastErr error
 	for range 3 {
@@ -437,22 +500,44 @@ func (r *Ring) claimSpec(transitions int32) coordinationv1.LeaseSpec {
 // it is assigned to takes it at once. Call it after this replica stopped
 // serving key.
 func (r *Ring) Release(ctx context.Context, key string) error {
+	r.mu.Lock()
+	_, held := r.held[key]
+	r.mu.Unlock()
+	if !held {
+		return nil
+	}
 	var l coordinationv1.Lease
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: ClaimName(r.Name, key)}, &l)
 	if apierrors.IsNotFound(err) {
+		r.hold(key, false)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("unable to read the claim of %s: %w", key, err)
 	}
 	if ptr.Deref(l.Spec.HolderIdentity, "") != r.Identity {
+		r.hold(key, false)
 		return nil
 	}
 	l.Spec.HolderIdentity, l.Spec.RenewTime = nil, &metav1.MicroTime{Time: r.now()}
 	if err := r.Client.Update(ctx, &l); err != nil { // conditional on l.ResourceVersion
 		return fmt.Errorf("unable to release the claim of %s: %w", key, err)
 	}
+	r.hold(key, false)
 	return nil
+}
+
+// ReleaseAll releases every claim this replica holds (it is stopping and
+// serves nothing any more).
+func (r *Ring) ReleaseAll(ctx context.Context) error {
+	r.mu.Lock()
+	keys := slices.Sorted(maps.Keys(r.held))
+	r.mu.Unlock()
+	var errs []error
+	for _, k := range keys {
+		errs = append(errs, r.Release(ctx, k))
+	}
+	return errors.Join(errs...)
 }
 
 // Forget deletes key's claim (key is no longer served by anyone: its
@@ -462,17 +547,20 @@ func (r *Ring) Forget(ctx context.Context, key string) error {
 	var l coordinationv1.Lease
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: ClaimName(r.Name, key)}, &l)
 	if apierrors.IsNotFound(err) {
+		r.hold(key, false)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("unable to read the claim of %s: %w", key, err)
 	}
 	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != "" && holder != r.Identity && r.alive(holder) {
+		r.hold(key, false)
 		return nil
 	}
 	uid, rv := l.UID, l.ResourceVersion
 	if err := r.Client.Delete(ctx, &l, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("unable to delete the claim of %s: %w", key, err)
 	}
+	r.hold(key, false)
 	return nil
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -54,8 +55,9 @@ func holderOf(t *testing.T, c client.Client, key string) string {
 
 // TestClaim covers the claim's rules against a real API server: replicas
 // racing for one claim end with one owner; a live holder keeps it; a
-// released claim, or one whose holder's membership expired, is taken; and
-// membership follows the Leases.
+// released claim, or one whose holder's membership expired, is taken; a
+// replica back from a break in its membership reads its claims again
+// rather than trusting them; and membership follows the Leases.
 func TestClaim(t *testing.T) {
 	c, clk, rings := newRings(t, "replica-a", "replica-b", "replica-c")
 	a, b, cr := rings[0], rings[1], rings[2]
@@ -164,6 +166,16 @@ func TestClaim(t *testing.T) {
 		if err := b.Forget(t.Context(), key); err != nil || holderOf(t, c, key) != a.Identity {
 			t.Fatalf("b forgot a's claim: %v", err)
 		}
+		// c comes back: it must not believe it still holds the claim.
+		if err := cr.tick(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := cr.Claim(t.Context(), key); err != nil || h != a.Identity {
+			t.Fatalf("c after its break: holder %q, %v; want %s", h, err, a.Identity)
+		}
+		if err := cr.Release(t.Context(), key); err != nil || holderOf(t, c, key) != a.Identity {
+			t.Fatalf("c released a's claim: %v", err)
+		}
 	})
 
 	t.Run("leave", func(t *testing.T) {
@@ -173,11 +185,14 @@ func TestClaim(t *testing.T) {
 		if err := a.tick(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if got := a.Members(); len(got) != 1 || got[0] != a.Identity {
-			t.Fatalf("a sees members %v after b left and c expired", got)
+		// c came back above; b is gone at once, not a Lease later.
+		if got := a.Members(); !slices.Equal(got, []string{a.Identity, cr.Identity}) {
+			t.Fatalf("a sees members %v after b left", got)
 		}
-		if !a.Mine("any/cluster") {
-			t.Error("the last member is not assigned every key")
+		for i := range 50 {
+			if key := fmt.Sprintf("ns/c%d", i); a.Owner(key) == b.Identity {
+				t.Fatalf("%s is still assigned to b, which left", key)
+			}
 		}
 	})
 }
