@@ -274,7 +274,9 @@ func (r *ClusterReconciler) NeedLeaderElection() bool { return r.Shards == nil }
 func (r *ClusterReconciler) Start(ctx context.Context) error {
 	r.init()
 	if r.Shards != nil {
-		r.Shards.Changed = func() { r.reassign(ctx) }
+		// Never in the ring's goroutine: its renewals must not wait for
+		// thousands of Clusters to be queued.
+		r.Shards.Changed = func() { go r.reassign(ctx) }
 		if err := r.Shards.Join(ctx); err != nil {
 			return err
 		}
