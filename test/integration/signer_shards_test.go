@@ -108,9 +108,11 @@ func (r *replica) kill(t *testing.T) {
 
 // TestSignerShards runs three replicas sharing three labelled Clusters:
 // each Cluster is served by exactly one replica, which its status names
-// and its claim Lease holds; nodes join in every Cluster. A replica is
-// killed: its Clusters move to the others within its Lease duration and
-// nodes join again. A second stops gracefully: its Clusters move at once.
+// and its claim Lease holds; nodes join in every Cluster. A replica is cut
+// off from the management API server, and stops serving before the others
+// take its claims; it is killed, its Clusters have moved within its Lease
+// duration, nodes join again, and a Machine deleted then has its node
+// revoked. A second stops gracefully: its Clusters move at once.
 // A Cluster without the --watch-filter label is served by none.
 func TestSignerShards(t *testing.T) {
 	harness.Binaries(t)
@@ -151,7 +153,7 @@ func TestSignerShards(t *testing.T) {
 	}
 
 	csrs := 0
-	join := func(t *testing.T, cluster string) {
+	join := func(t *testing.T, cluster string) string {
 		t.Helper()
 		csrs++
 		node, pid := fmt.Sprintf("%s-node-%d", cluster, csrs), fmt.Sprintf("test:///%s/%d", cluster, csrs)
@@ -159,6 +161,7 @@ func TestSignerShards(t *testing.T) {
 		b, _ := signertest.Request{NodeName: node, ProviderID: pid}.Build(t)
 		envs[cluster].file(t, signertest.CSR(node, b))
 		envs[cluster].expectIssued(t, node, node, pid, 24*time.Hour)
+		return node
 	}
 	// servedBy waits until every labelled Cluster is served by one of
 	// live, its status and its claim naming the same replica, and
@@ -221,8 +224,9 @@ func TestSignerShards(t *testing.T) {
 	owners := servedBy(t, ids, 60*time.Second)
 	t.Logf("Clusters served by %v, %s after start", owners, time.Since(start).Round(time.Millisecond))
 	checkServed(t, owners, ids)
+	first := map[string]string{}
 	for _, n := range names {
-		join(t, n)
+		first[n] = join(t, n)
 	}
 	if _, ok := attestationIn(t, mgmt, ns, "unlabelled"); ok {
 		t.Error("the Cluster without the --watch-filter label has a ClusterAttestation: a replica serves it")
@@ -284,6 +288,14 @@ func TestSignerShards(t *testing.T) {
 	checkServed(t, owners, live)
 	for _, n := range names {
 		join(t, n)
+	}
+	// A Machine whose node joined through the killed replica is deleted:
+	// the replica serving its Cluster now revokes the node's name.
+	if err := mgmt.Client.Delete(context.Background(), &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first["c0"]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pollFor(20*time.Second, func() bool { return envs["c0"].revocationState(t).Find(first["c0"]) != nil }); err != nil {
+		t.Errorf("the node of a deleted Machine is not revoked after its Cluster moved: %v", err)
 	}
 
 	// Stop a second one gracefully: it releases its claims and leaves the
