@@ -278,6 +278,9 @@ func (r *ClusterReconciler) Start(ctx context.Context) error {
 		// thousands of Clusters to be queued.
 		r.Shards.Changed = func() { go r.reassign(ctx) }
 		if err := r.Shards.Join(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped before it joined
+			}
 			return err
 		}
 		go r.Shards.Run(ctx)
