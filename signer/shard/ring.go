@@ -180,6 +180,7 @@ func (r *Ring) Join(ctx context.Context) error {
 // Lease duration until ctx is done.
 func (r *Ring) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithValues("ring", r.Name)
+	go r.watchdog(ctx)
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if err := r.tick(ctx); err != nil && ctx.Err() == nil {
 			logger.Info("Unable to renew the shard membership or list the members, will retry", "err", err.Error())
@@ -211,6 +212,12 @@ func (r *Ring) tick(ctx context.Context) error {
 	defer cancel()
 	renewErr := r.renew(ctx)
 	listErr := r.list(ctx)
+	r.refresh()
+	return errors.Join(renewErr, listErr)
+}
+
+// refresh recomputes the live members, calling Changed when they changed.
+func (r *Ring) refresh() {
 	r.mu.Lock()
 	live := r.liveLocked()
 	changed := !slices.Equal(live, r.live)
@@ -222,7 +229,26 @@ func (r *Ring) tick(ctx context.Context) error {
 	if changed && r.Changed != nil {
 		r.Changed()
 	}
-	return errors.Join(renewErr, listErr)
+}
+
+// watchdog drops this replica from its own view of the members as soon as
+// its renew deadline passes without a renewal, whatever its renewals are
+// waiting for: it must stop serving before the others can take its claims.
+func (r *Ring) watchdog(ctx context.Context) {
+	for {
+		r.mu.Lock()
+		wait := r.renewed.Add(r.renewDeadline()).Sub(r.now())
+		r.mu.Unlock()
+		if wait <= 0 {
+			wait = r.period() / 4 // lapsed: look again soon
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait + 10*time.Millisecond):
+		}
+		r.refresh()
+	}
 }
 
 // renew creates or updates this replica's membership Lease.
@@ -347,10 +373,15 @@ func (r *Ring) Members() []string {
 func (r *Ring) Handovers() int64 { return r.handovers.Load() }
 
 // Owner is the live member key is assigned to, "" when none is live.
+// This replica is left out as soon as its renew deadline passed.
 func (r *Ring) Owner(key string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Assign(key, r.live)
+	live := r.live
+	if r.now().Sub(r.renewed) >= r.renewDeadline() {
+		live = slices.DeleteFunc(slices.Clone(live), func(m string) bool { return m == r.Identity })
+	}
+	return Assign(key, live)
 }
 
 // Mine reports whether key is assigned to this replica.
@@ -397,9 +428,10 @@ func ClaimName(ring, key string) string {
 func (r *Ring) Claim(ctx context.Context, key string) (string, error) {
 	r.mu.Lock()
 	joined, certain := r.joined, r.held[key]
+	lapsed := r.now().Sub(r.renewed) >= r.renewDeadline()
 	r.mu.Unlock()
-	if !joined {
-		return "", errors.New("not a member of the shard ring")
+	if !joined || lapsed {
+		return "", errors.New("not a live member of the shard ring")
 	}
 	if certain {
 		return r.Identity, nil

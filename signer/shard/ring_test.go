@@ -160,6 +160,14 @@ func TestClaim(t *testing.T) {
 				t.Errorf("c still counts itself a member %s after its last renewal", 3500*time.Millisecond)
 			}
 		}
+		for i := range 50 {
+			if k := fmt.Sprintf("ns/c%d", i); cr.Mine(k) {
+				t.Fatalf("c, past its renew deadline, is still assigned %s", k)
+			}
+		}
+		if _, err := cr.Claim(t.Context(), "ns/new"); err == nil {
+			t.Error("c, past its renew deadline, took a claim")
+		}
 		if h, err := a.Claim(t.Context(), key); err != nil || h != a.Identity {
 			t.Fatalf("a after c expired: holder %q, %v", h, err)
 		}

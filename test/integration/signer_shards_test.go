@@ -31,10 +31,12 @@ import (
 )
 
 // replica is one controller replica run in-process; its connection to the
-// management API server can be cut, as a crashed process's is.
+// management API server can be cut: requests hang, as they do across a
+// partition, until they time out or the replica is killed.
 type replica struct {
 	id     string
 	cut    atomic.Bool
+	killed chan struct{}
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -49,6 +51,10 @@ type cutTransport struct {
 
 func (c cutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c.r.cut.Load() {
+		select {
+		case <-req.Context().Done():
+		case <-c.r.killed:
+		}
 		return nil, errCut
 	}
 	return c.next.RoundTrip(req)
@@ -57,7 +63,7 @@ func (c cutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // startReplica runs a sharded controller replica named id.
 func startReplica(t *testing.T, mgmt *harness.Management, id string, adjust func(*app.Options)) *replica {
 	t.Helper()
-	r := &replica{id: id, done: make(chan error, 1)}
+	r := &replica{id: id, killed: make(chan struct{}), done: make(chan error, 1)}
 	o := app.NewOptions()
 	o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
 	o.RESTConfig.Wrap(func(rt http.RoundTripper) http.RoundTripper { return cutTransport{r: r, next: rt} })
@@ -103,6 +109,7 @@ func (r *replica) stop(t *testing.T) {
 func (r *replica) kill(t *testing.T) {
 	t.Helper()
 	r.cut.Store(true)
+	close(r.killed)
 	r.stop(t)
 }
 
@@ -252,8 +259,9 @@ func TestSignerShards(t *testing.T) {
 		return time.Since(t0)
 	}
 
-	// Cut the replica serving c0 off from the management API server: it
-	// stops its controllers before the others may take its claims (two
+	// Cut the replica serving c0 off from the management API server (its
+	// requests hang): it stops its controllers before the others may take
+	// its claims (two
 	// thirds of the Lease duration after its last renewal, against a full
 	// duration after they saw it), then it is killed. Its Clusters move
 	// within its Lease duration (and the periods in which the others see
