@@ -95,7 +95,11 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,
 			"node %s is Machine %s now, not Machine %s its client certificate was issued to; the node must join again", c.NodeName, m, cred.Machine))
 	}
-	out, err := podcert.Sign(ps.CA, c, cred.NotAfter, now)
+	att, err := podcert.NodeAttestation(cred, m.ProviderID)
+	if err != nil {
+		return retry(d, err)
+	}
+	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now)
 	if err != nil {
 		return retry(d, err)
 	}

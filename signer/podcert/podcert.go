@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 )
 
 // DefaultSignerName is the pod signer name, dotted like the CSR signer names.
@@ -219,10 +221,15 @@ type Issued struct {
 var ErrNodeCertExpiring = errors.New("the node's client certificate expires within the minimum pod certificate lifetime")
 
 // Sign issues the certificate for c with ca: one URI SAN (the SPIFFE ID),
-// client and server auth, not a CA, never valid past nodeNotAfter (the
+// client and server auth, not a CA, the attestation extension saying what
+// was attested about the node (node), never valid past nodeNotAfter (the
 // node's own client certificate) nor past the CA. beginRefreshAt is at half
 // the lifetime.
-func Sign(ca *issue.CA, c *Checked, nodeNotAfter, now time.Time) (*Issued, error) {
+func Sign(ca *issue.CA, c *Checked, node *podattest.Attestation, nodeNotAfter, now time.Time) (*Issued, error) {
+	ext, err := node.Extension()
+	if err != nil {
+		return nil, err
+	}
 	notBefore := now.Add(-Backdate)
 	if notBefore.Before(ca.Cert.NotBefore) {
 		notBefore = ca.Cert.NotBefore
@@ -258,6 +265,7 @@ func Sign(ca *issue.CA, c *Checked, nodeNotAfter, now time.Time) (*Issued, error
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		URIs:                  []*url.URL{c.SPIFFEID},
+		ExtraExtensions:       []pkix.Extension{ext},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, c.PublicKey, ca.Key)
 	if err != nil {

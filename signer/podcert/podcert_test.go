@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 )
 
 var enabled = &v1alpha1.PodCertificatePolicy{
@@ -155,7 +157,9 @@ func TestSign(t *testing.T) {
 	}
 	// The node's own certificate ends in 4h: the pod's may not outlive it.
 	nodeEnd := now.Add(4 * time.Hour).Truncate(time.Second)
-	got, err := Sign(ca, c, nodeEnd, now)
+	att := &podattest.Attestation{Attestor: "tpm", ProviderID: "aws:///zone/i-1", MachineNamespace: "team", MachineName: "m-1",
+		NodeName: "node-1", AttestedAt: now.Add(-time.Hour).UTC().Truncate(time.Second), BootPolicySHA256: make([]byte, 32)}
+	got, err := Sign(ca, c, att, nodeEnd, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +177,15 @@ func TestSign(t *testing.T) {
 	if cert.IsCA || !cert.BasicConstraintsValid {
 		t.Error("certificate is a CA or lacks basic constraints")
 	}
+	// What was attested about the node, in a non-critical extension.
+	if a, err := podattest.FromCertificate(cert); err != nil || !reflect.DeepEqual(a, att) {
+		t.Errorf("attestation extension %+v, %v; want %+v", a, err, att)
+	}
+	for _, e := range cert.Extensions {
+		if e.Id.Equal(attestor.OIDPodAttestation) && e.Critical {
+			t.Error("attestation extension is critical")
+		}
+	}
 	if len(cert.ExtKeyUsage) != 2 {
 		t.Errorf("ext key usages %v", cert.ExtKeyUsage)
 	}
@@ -189,7 +202,7 @@ func TestSign(t *testing.T) {
 	}
 
 	// Lifetime from maxExpirationSeconds when the node certificate lasts.
-	got, err = Sign(ca, c, now.Add(30*24*time.Hour), now)
+	got, err = Sign(ca, c, att, now.Add(30*24*time.Hour), now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +211,7 @@ func TestSign(t *testing.T) {
 	}
 
 	// A node certificate about to end: retry (not a denial).
-	if _, err := Sign(ca, c, now.Add(10*time.Minute), now); !errors.Is(err, ErrNodeCertExpiring) {
+	if _, err := Sign(ca, c, att, now.Add(10*time.Minute), now); !errors.Is(err, ErrNodeCertExpiring) {
 		t.Errorf("node certificate ending: got %v", err)
 	} else if _, ok := attestor.AsDenial(err); ok {
 		t.Error("node certificate ending is a denial")
