@@ -1,11 +1,13 @@
 package podcert
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"reflect"
@@ -128,6 +130,58 @@ func TestCheckDenies(t *testing.T) {
 	r.Spec.PKIXPublicKey = []byte("junk")
 	_, err = Check(r, DefaultSignerName, p)
 	denial(t, err, ReasonMalformedRequest)
+
+	// The stub PKCS#10 request kubelet sends since 1.36.
+	stub := func(t *testing.T, key crypto.Signer, tmpl *x509.CertificateRequest) []byte {
+		t.Helper()
+		der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	for name, tc := range map[string]struct {
+		mutate func(*certificatesv1beta1.PodCertificateRequestSpec)
+		reason string
+	}{
+		"both set": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.StubPKCS10Request = stub(t, k, &x509.CertificateRequest{})
+		}, ReasonMalformedRequest},
+		"neither set": {func(s *certificatesv1beta1.PodCertificateRequestSpec) { s.PKIXPublicKey = nil }, ReasonMalformedRequest},
+		"junk stub": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, []byte("junk")
+		}, ReasonMalformedRequest},
+		"oversize stub": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, make([]byte, MaxStubRequestSize+1)
+		}, ReasonMalformedRequest},
+		"stub signed by another key": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			good := stub(t, k, &x509.CertificateRequest{})
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, good
+			// Flip a bit of the signature (the last bytes of the DER).
+			s.StubPKCS10Request[len(good)-1] ^= 1
+		}, ReasonMalformedRequest},
+		"stub with an RSA 2048 key": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, stub(t, rk, &x509.CertificateRequest{})
+		}, ReasonUnsupportedKey},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := request(t, "payments", "api", k.Public())
+			tc.mutate(&r.Spec)
+			_, err := Check(r, DefaultSignerName, p)
+			denial(t, err, tc.reason)
+		})
+	}
+	// A stub's names never reach the certificate: only its key is read.
+	r = request(t, "payments", "api", k.Public())
+	r.Spec.PKIXPublicKey, r.Spec.StubPKCS10Request = nil, stub(t, k, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "admin"}, DNSNames: []string{"evil.example"}})
+	c, err := Check(r, DefaultSignerName, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !k.PublicKey.Equal(c.PublicKey) || c.SPIFFEID.String() != "spiffe://prod.example/ns/payments/sa/api" {
+		t.Errorf("stub request: key %v, SPIFFE ID %s", c.PublicKey, c.SPIFFEID)
+	}
 }
 
 func testCA(t *testing.T, now time.Time, validity time.Duration) *issue.CA {

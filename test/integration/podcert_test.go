@@ -151,7 +151,9 @@ func (e *podEnv) request(t *testing.T, k *kubelet, p *corev1.Pod, n *corev1.Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.MarshalPKIXPublicKey(pub)
+	// The stub PKCS#10 request of kubelet 1.36 (pkixPublicKey and
+	// proofOfPossession are deprecated): empty but for the key.
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, priv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,8 +169,7 @@ func (e *podEnv) request(t *testing.T, k *kubelet, p *corev1.Pod, n *corev1.Node
 			ServiceAccountName: sa.Name, ServiceAccountUID: sa.UID,
 			NodeName: types.NodeName(n.Name), NodeUID: n.UID,
 			MaxExpirationSeconds: ptr.To(int32(86400)),
-			PKIXPublicKey:        der,
-			ProofOfPossession:    ed25519.Sign(priv, []byte(p.UID)),
+			StubPKCS10Request:    stub,
 		},
 	}
 	if mutate != nil {
