@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -438,6 +439,43 @@ func TestPodCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.expectDeniedPod(t, "api-c", podcert.ReasonNodeNotAttested)
+
+	// Denials are Warning Events in the management cluster, on the Cluster
+	// when they come before the Machine is looked up (the policy's, a node
+	// never attested) and naming the node; every decision is counted.
+	for _, want := range []struct{ kind, name, reason, request string }{
+		{"Cluster", signerCluster, podcert.ReasonNotAllowed, "batch-a of node worker-a"},
+		{"Cluster", signerCluster, podcert.ReasonNodeNotAttested, "api-c of node worker-c"},
+	} {
+		harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+			list, err := e.mgmt.ControlPlane.Client.CoreV1().Events(signerNS).List(ctx, metav1.ListOptions{
+				FieldSelector: fields.Set{"involvedObject.kind": want.kind, "involvedObject.name": want.name, "reason": want.reason}.String(),
+			})
+			if err != nil {
+				return false, err
+			}
+			for _, ev := range list.Items {
+				if ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Message, e.ns+"/"+want.request) {
+					t.Logf("Event on %s %s: %s", want.kind, want.name, ev.Message)
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	}
+	cluster := signerNS + "/" + signerCluster
+	for _, c := range []struct {
+		decision, reason string
+		min              float64
+	}{
+		{capi.PodDecisionIssued, podcert.ReasonIssued, 2},
+		{capi.PodDecisionDenied, podcert.ReasonNotAllowed, 1},
+		{capi.PodDecisionDenied, podcert.ReasonNodeNotAttested, 1},
+	} {
+		if got := counter(t, "kubelet_authenticator_signer_pod_certificate_decisions_total", map[string]string{"cluster": cluster, "decision": c.decision, "reason": c.reason}); got < c.min {
+			t.Errorf("pod certificate decisions %s/%s: %v, want at least %v", c.decision, c.reason, got, c.min)
+		}
+	}
 
 	// worker-a renews: its previous certificate no longer gets pod
 	// certificates.
