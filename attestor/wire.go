@@ -73,6 +73,15 @@ func RequestAnnotations() []string {
 // ASN.1 UTF8String, non-critical.
 var OIDProviderID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 11129, 2, 1, 21}
 
+// OIDPodAttestation identifies the extension of a pod certificate that says
+// what the controller attested about the pod's node (package
+// signer/podcert/podattest; docs/pod-certificates.md). It is the
+// coordination-free OID of UUID cc4a0f5f-7db4-49e6-ae3a-0c2484dcac75 under
+// 1.2.840.113556.1.8000.2554 (the UUID in arcs of 16, 16, 16, 16, 16, 24
+// and 24 bits): its 2.25 form has a 128-bit arc, and Go's crypto/x509
+// refuses a certificate with an extension arc of 2^31 or more.
+var OIDPodAttestation = asn1.ObjectIdentifier{1, 2, 840, 113556, 1, 8000, 2554, 52298, 3935, 32180, 18918, 44602, 795780, 14462069}
+
 // ClientSignerName returns the kubelet client signer name for a provider.
 func ClientSignerName(provider string) string { return ClientSignerPrefix + provider }
 

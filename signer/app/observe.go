@@ -16,10 +16,11 @@ import (
 
 // csrMetrics counts the CSRs the controller sees and the certificates it
 // signs, and observes how long verification takes. It implements
-// controller.SeenMetrics, SignedMetrics and VerificationMetrics.
+// controller.SeenMetrics, SignedMetrics and VerificationMetrics, and counts
+// pod certificate decisions (capi.PodMetrics).
 type csrMetrics struct {
-	seen, signed *prometheus.CounterVec
-	verification *prometheus.HistogramVec
+	seen, signed, pods *prometheus.CounterVec
+	verification       *prometheus.HistogramVec
 }
 
 func newCSRMetrics(reg prometheus.Registerer) (*csrMetrics, error) {
@@ -52,7 +53,21 @@ func newCSRMetrics(reg prometheus.Registerer) (*csrMetrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &csrMetrics{seen: seen, signed: signed, verification: verification}, nil
+	pods, err := registerOrReuse(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kubelet_authenticator",
+		Subsystem: "signer",
+		Name:      "pod_certificate_decisions_total",
+		Help:      "Decisions on PodCertificateRequests of the pod signer, by workload cluster, decision (issued, denied, retried) and reason.",
+	}, []string{"cluster", "decision", "reason"}))
+	if err != nil {
+		return nil, err
+	}
+	return &csrMetrics{seen: seen, signed: signed, pods: pods, verification: verification}, nil
+}
+
+// PodDecision implements capi.PodMetrics.
+func (m *csrMetrics) PodDecision(cluster, decision, reason string) {
+	m.pods.WithLabelValues(cluster, decision, reason).Inc()
 }
 
 // Seen implements controller.SeenMetrics.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -18,6 +19,7 @@ import (
 	certlisters "k8s.io/client-go/listers/certificates/v1beta1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -46,16 +48,34 @@ const (
 	podWorkers = 2
 )
 
+// Pod certificate decisions, as PodMetrics counts them.
+const (
+	PodDecisionIssued  = "issued"
+	PodDecisionDenied  = "denied"
+	PodDecisionRetried = "retried"
+)
+
+// PodMetrics counts pod certificate decisions by workload cluster,
+// decision (PodDecision*) and reason (the condition's; empty for a retry).
+// The reconciler's Metrics implements it when it counts them (package app).
+type PodMetrics interface {
+	PodDecision(cluster, decision, reason string)
+}
+
 // podSigner decides one workload cluster's pod certificate requests.
 type podSigner struct {
-	cs     kubernetes.Interface
-	engine *engine.Engine
-	policy *podcert.Policy
-	ca     atomic.Pointer[issue.CA]
-	since  atomic.Pointer[time.Time]
-	lister certlisters.PodCertificateRequestLister
-	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
-	logger klog.Logger
+	// cluster is the Cluster served, namespace/name.
+	cluster *clusterv1.Cluster
+	events  record.EventRecorder // nil: no Events
+	metrics PodMetrics           // nil: not counted
+	cs      kubernetes.Interface
+	engine  *engine.Engine
+	policy  *podcert.Policy
+	ca      atomic.Pointer[issue.CA]
+	since   atomic.Pointer[time.Time]
+	lister  certlisters.PodCertificateRequestLister
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	logger  klog.Logger
 }
 
 // keepPodCertificates serves pod certificates for cluster until ctx is
@@ -72,9 +92,10 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 		return
 	}
 	pub.Label = LabelPodCA
-	s := &podSigner{cs: cs, engine: eng, policy: policy, logger: logger,
+	s := &podSigner{cluster: cluster, events: r.Events, cs: cs, engine: eng, policy: policy, logger: logger,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](
 			cmp.Or(r.MinRetry, time.Second), cmp.Or(r.MaxRetry, 5*time.Minute)))}
+	s.metrics, _ = r.Metrics.(PodMetrics)
 	defer s.queue.ShutDown()
 	ready := make(chan struct{})
 	go r.keepPodCA(ctx, logger, cluster, cs, pub, s, ready)
@@ -209,6 +230,7 @@ func (s *podSigner) next(ctx context.Context) bool {
 		return true
 	case engine.Retry:
 		logger.Info("Pod certificate request not decided yet, will retry", "err", d.Err.Error())
+		s.count(PodDecisionRetried, "")
 		s.queue.AddRateLimited(k)
 		return true
 	}
@@ -217,6 +239,7 @@ func (s *podSigner) next(ctx context.Context) bool {
 	case err == nil:
 		s.queue.Forget(k)
 		logger.Info("Decided a pod certificate request", "outcome", d.Outcome, "reason", d.Reason, "message", d.Message)
+		s.decided(pcr, d)
 	case apierrors.IsNotFound(err):
 		s.queue.Forget(k)
 	default:
@@ -224,6 +247,36 @@ func (s *podSigner) next(ctx context.Context) bool {
 		s.queue.AddRateLimited(k)
 	}
 	return true
+}
+
+func (s *podSigner) count(decision, reason string) {
+	if s.metrics != nil {
+		s.metrics.PodDecision(s.cluster.Namespace+"/"+s.cluster.Name, decision, reason)
+	}
+}
+
+// decided counts decision d, written on pcr, and records a denial as a
+// Warning Event in the management cluster, on the Machine of the node that
+// asked, or on the Cluster when the request matched none. Issued
+// certificates are not Events: kubelet asks again for every pod at half
+// of each certificate's lifetime.
+func (s *podSigner) decided(pcr *certificatesv1beta1.PodCertificateRequest, d *engine.Decision) {
+	if d.Outcome == engine.Approve {
+		s.count(PodDecisionIssued, d.Reason)
+		return
+	}
+	s.count(PodDecisionDenied, d.Reason)
+	if s.events == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster",
+		Namespace: s.cluster.Namespace, Name: s.cluster.Name, UID: s.cluster.UID}
+	if m := d.Machine; m != nil && m.Name != "" {
+		ref = &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine",
+			Namespace: m.Namespace, Name: m.Name, UID: m.UID}
+	}
+	s.events.Eventf(ref, corev1.EventTypeWarning, d.Reason, "PodCertificateRequest %s/%s of node %s in workload cluster %s/%s denied: %s",
+		pcr.Namespace, pcr.Name, pcr.Spec.NodeName, s.cluster.Namespace, s.cluster.Name, d.Message)
 }
 
 // write writes decision d (Approve or Deny) on pcr's status subresource.

@@ -354,11 +354,11 @@ type acceptor struct {
 }
 
 // Issuing implements controller.IssueHook.
-func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate) error {
+func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate, att revoke.Attestation) error {
 	if m == nil || m.UID == "" {
 		return errors.New("no Machine matched")
 	}
-	e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert)
+	e, err := a.rv.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert, att)
 	if err != nil && !errors.Is(err, revoke.ErrRevokedMachine) {
 		a.st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
 	}

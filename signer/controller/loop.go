@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
 // Decisions, as reported to Metrics.
@@ -92,9 +93,10 @@ type Config struct {
 	OverBudget        func(objects int, bytes int64)
 }
 
-// IssueHook is told of a client certificate before it is handed out.
+// IssueHook is told of a client certificate before it is handed out, and
+// of what was verified before it was issued.
 type IssueHook interface {
-	Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate) error
+	Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate, att revoke.Attestation) error
 }
 
 // key names a CSR in the queue: its signer name tells which informer holds

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
 // apply writes a decision on csr: the one place a CSR is written. It
@@ -185,7 +186,8 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 		if err != nil {
 			return fmt.Errorf("unable to parse the certificate just signed: %w", err)
 		}
-		if err := c.cfg.Issuing.Issuing(ctx, d.NodeName, d.Machine, cert); err != nil {
+		if err := c.cfg.Issuing.Issuing(ctx, d.NodeName, d.Machine, cert,
+			revoke.Attestation{Provider: d.Profile.Provider, PolicySHA256: c.engine.PolicySHA256(d.Profile.Provider)}); err != nil {
 			return fmt.Errorf("certificate for node %s not handed out yet: %w", d.NodeName, err)
 		}
 	}

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"time"
 
@@ -93,7 +95,11 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,
 			"node %s is Machine %s now, not Machine %s its client certificate was issued to; the node must join again", c.NodeName, m, cred.Machine))
 	}
-	out, err := podcert.Sign(ps.CA, c, cred.NotAfter, now)
+	att, err := podcert.NodeAttestation(cred, m.ProviderID)
+	if err != nil {
+		return retry(d, err)
+	}
+	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now)
 	if err != nil {
 		return retry(d, err)
 	}
@@ -111,4 +117,17 @@ func denyOrRetry(d *Decision, err error) *Decision {
 		return deny(d, ds...)
 	}
 	return retry(d, err)
+}
+
+// PolicySHA256 returns the lower-case hex SHA-256 of the Cluster's policy
+// document for provider (the TPM boot policy), or "" when it has none: the
+// record of a client certificate names the policy its evidence passed, and
+// the node's pod certificates carry it.
+func (e *Engine) PolicySHA256(provider string) string {
+	doc, ok := e.cfg.Policies[provider]
+	if !ok {
+		return ""
+	}
+	sum := sha256.Sum256(doc)
+	return hex.EncodeToString(sum[:])
 }

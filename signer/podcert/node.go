@@ -1,10 +1,14 @@
 package podcert
 
 import (
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
@@ -42,4 +46,35 @@ func NodeCredential(s *revoke.State, node, fingerprint string, now time.Time) (*
 		}
 	}
 	return &found, nil
+}
+
+// ErrAttestationNotRecorded is returned for a node credential recorded
+// before the controller kept what it attested: the request is retried,
+// and issued once the node has renewed its client certificate.
+var ErrAttestationNotRecorded = errors.New("the node's client certificate was recorded before the controller kept what it attested; the request is issued once the node renews it")
+
+// NodeAttestation returns what the pod certificates of a node that asked
+// with cred carry in their attestation extension; providerID is its
+// Machine's spec.providerID.
+func NodeAttestation(cred *revoke.Credential, providerID string) (*podattest.Attestation, error) {
+	a := cred.Attested
+	if a == nil {
+		return nil, ErrAttestationNotRecorded
+	}
+	out := &podattest.Attestation{
+		Attestor:         a.Provider,
+		ProviderID:       providerID,
+		MachineNamespace: cred.Machine.Namespace,
+		MachineName:      cred.Machine.Name,
+		NodeName:         cred.Node,
+		AttestedAt:       a.At,
+	}
+	if a.PolicySHA256 != "" {
+		d, err := hex.DecodeString(a.PolicySHA256)
+		if err != nil {
+			return nil, fmt.Errorf("malformed policy digest in the record of node %s: %w", cred.Node, err)
+		}
+		out.BootPolicySHA256 = d
+	}
+	return out, nil
 }

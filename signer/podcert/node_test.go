@@ -1,6 +1,8 @@
 package podcert
 
 import (
+	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -41,5 +43,28 @@ func TestNodeCredential(t *testing.T) {
 	} {
 		_, err := NodeCredential(s, tc.node, tc.fp, now)
 		t.Run(name, func(t *testing.T) { denial(t, err, tc.reason) })
+	}
+}
+
+func TestNodeAttestation(t *testing.T) {
+	at := time.Date(2026, 11, 27, 4, 0, 0, 0, time.UTC)
+	cred := &revoke.Credential{SHA256: "fp", Node: "node-a", Machine: revoke.Machine{Namespace: "ns", Name: "a", UID: "uid-a"},
+		Attested: &revoke.Attestation{Provider: "tpm", PolicySHA256: "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", At: at}}
+	a, err := NodeAttestation(cred, "aws:///z/i-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Attestor != "tpm" || a.ProviderID != "aws:///z/i-1" || a.MachineNamespace != "ns" || a.MachineName != "a" || a.NodeName != "node-a" ||
+		!a.AttestedAt.Equal(at) || len(a.BootPolicySHA256) != 32 || !bytes.Equal(a.BootPolicySHA256[:2], []byte{0, 0x11}) {
+		t.Errorf("got %+v", a)
+	}
+	cred.Attested.PolicySHA256 = ""
+	if a, err := NodeAttestation(cred, ""); err != nil || a.BootPolicySHA256 != nil {
+		t.Errorf("without a policy: %+v, %v", a, err)
+	}
+	// A record from before attestations were kept: retried, not denied.
+	cred.Attested = nil
+	if _, err := NodeAttestation(cred, ""); !errors.Is(err, ErrAttestationNotRecorded) {
+		t.Errorf("unrecorded attestation: %v", err)
 	}
 }

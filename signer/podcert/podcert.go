@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 )
 
 // DefaultSignerName is the pod signer name, dotted like the CSR signer names.
@@ -158,12 +160,9 @@ func Check(pcr *certificatesv1beta1.PodCertificateRequest, signerName string, p 
 	if !p.allows(pcr.Namespace, s.ServiceAccountName) {
 		return nil, attestor.Deny(ReasonNotAllowed, "ServiceAccount %s/%s may not have pod certificates: add it to spec.podCertificates.allowed of the Cluster's ClusterAttestation", pcr.Namespace, s.ServiceAccountName)
 	}
-	if len(s.PKIXPublicKey) > 4096 {
-		return nil, attestor.Deny(ReasonMalformedRequest, "pkixPublicKey is %d bytes, longer than any supported key", len(s.PKIXPublicKey))
-	}
-	pub, err := x509.ParsePKIXPublicKey(s.PKIXPublicKey)
+	pub, err := publicKey(s)
 	if err != nil {
-		return nil, attestor.Deny(ReasonMalformedRequest, "pkixPublicKey does not parse: %v", err)
+		return nil, err
 	}
 	if err := supportedKey(pub); err != nil {
 		return nil, attestor.Deny(ReasonUnsupportedKey, "%v; use RSA 3072 or 4096, ECDSA P-256 or P-384, or Ed25519", err)
@@ -183,6 +182,46 @@ func Check(pcr *certificatesv1beta1.PodCertificateRequest, signerName string, p 
 		NodeName:  string(s.NodeName),
 		Lifetime:  life,
 	}, nil
+}
+
+// MaxKeySize bounds pkixPublicKey and MaxStubRequestSize
+// stubPKCS10Request: longer than any supported key (RSA 4096) needs.
+const (
+	MaxKeySize         = 4 << 10
+	MaxStubRequestSize = 8 << 10
+)
+
+// publicKey returns the key to certify: the subject public key of
+// stubPKCS10Request (what kubelet sends since Kubernetes 1.36), or the
+// deprecated pkixPublicKey of older kubelets; exactly one is set. Nothing
+// else of the stub request is read (kubelet's are empty): it never adds a
+// name or an extension. Its signature is checked again although
+// kube-apiserver checked it at creation.
+func publicKey(s *certificatesv1beta1.PodCertificateRequestSpec) (crypto.PublicKey, error) {
+	switch {
+	case len(s.StubPKCS10Request) > 0 && len(s.PKIXPublicKey) > 0:
+		return nil, attestor.Deny(ReasonMalformedRequest, "stubPKCS10Request and pkixPublicKey are both set; set only stubPKCS10Request")
+	case len(s.StubPKCS10Request) > MaxStubRequestSize:
+		return nil, attestor.Deny(ReasonMalformedRequest, "stubPKCS10Request is %d bytes, longer than any supported key needs", len(s.StubPKCS10Request))
+	case len(s.StubPKCS10Request) > 0:
+		csr, err := x509.ParseCertificateRequest(s.StubPKCS10Request)
+		if err != nil {
+			return nil, attestor.Deny(ReasonMalformedRequest, "stubPKCS10Request does not parse: %v", err)
+		}
+		if err := csr.CheckSignature(); err != nil {
+			return nil, attestor.Deny(ReasonMalformedRequest, "stubPKCS10Request is not signed by its key: %v", err)
+		}
+		return csr.PublicKey, nil
+	case len(s.PKIXPublicKey) > MaxKeySize:
+		return nil, attestor.Deny(ReasonMalformedRequest, "pkixPublicKey is %d bytes, longer than any supported key", len(s.PKIXPublicKey))
+	case len(s.PKIXPublicKey) > 0:
+		pub, err := x509.ParsePKIXPublicKey(s.PKIXPublicKey)
+		if err != nil {
+			return nil, attestor.Deny(ReasonMalformedRequest, "pkixPublicKey does not parse: %v", err)
+		}
+		return pub, nil
+	}
+	return nil, attestor.Deny(ReasonMalformedRequest, "neither stubPKCS10Request nor pkixPublicKey is set")
 }
 
 // supportedKey accepts the key types kubelet generates for pod certificates.
@@ -219,10 +258,15 @@ type Issued struct {
 var ErrNodeCertExpiring = errors.New("the node's client certificate expires within the minimum pod certificate lifetime")
 
 // Sign issues the certificate for c with ca: one URI SAN (the SPIFFE ID),
-// client and server auth, not a CA, never valid past nodeNotAfter (the
+// client and server auth, not a CA, the attestation extension saying what
+// was attested about the node (node), never valid past nodeNotAfter (the
 // node's own client certificate) nor past the CA. beginRefreshAt is at half
 // the lifetime.
-func Sign(ca *issue.CA, c *Checked, nodeNotAfter, now time.Time) (*Issued, error) {
+func Sign(ca *issue.CA, c *Checked, node *podattest.Attestation, nodeNotAfter, now time.Time) (*Issued, error) {
+	ext, err := node.Extension()
+	if err != nil {
+		return nil, err
+	}
 	notBefore := now.Add(-Backdate)
 	if notBefore.Before(ca.Cert.NotBefore) {
 		notBefore = ca.Cert.NotBefore
@@ -258,6 +302,7 @@ func Sign(ca *issue.CA, c *Checked, nodeNotAfter, now time.Time) (*Issued, error
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		URIs:                  []*url.URL{c.SPIFFEID},
+		ExtraExtensions:       []pkix.Extension{ext},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, c.PublicKey, ca.Key)
 	if err != nil {

@@ -1,13 +1,16 @@
 package podcert
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 )
 
 var enabled = &v1alpha1.PodCertificatePolicy{
@@ -126,6 +130,58 @@ func TestCheckDenies(t *testing.T) {
 	r.Spec.PKIXPublicKey = []byte("junk")
 	_, err = Check(r, DefaultSignerName, p)
 	denial(t, err, ReasonMalformedRequest)
+
+	// The stub PKCS#10 request kubelet sends since 1.36.
+	stub := func(t *testing.T, key crypto.Signer, tmpl *x509.CertificateRequest) []byte {
+		t.Helper()
+		der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	for name, tc := range map[string]struct {
+		mutate func(*certificatesv1beta1.PodCertificateRequestSpec)
+		reason string
+	}{
+		"both set": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.StubPKCS10Request = stub(t, k, &x509.CertificateRequest{})
+		}, ReasonMalformedRequest},
+		"neither set": {func(s *certificatesv1beta1.PodCertificateRequestSpec) { s.PKIXPublicKey = nil }, ReasonMalformedRequest},
+		"junk stub": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, []byte("junk")
+		}, ReasonMalformedRequest},
+		"oversize stub": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, make([]byte, MaxStubRequestSize+1)
+		}, ReasonMalformedRequest},
+		"stub signed by another key": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			good := stub(t, k, &x509.CertificateRequest{})
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, good
+			// Flip a bit of the signature (the last bytes of the DER).
+			s.StubPKCS10Request[len(good)-1] ^= 1
+		}, ReasonMalformedRequest},
+		"stub with an RSA 2048 key": {func(s *certificatesv1beta1.PodCertificateRequestSpec) {
+			s.PKIXPublicKey, s.StubPKCS10Request = nil, stub(t, rk, &x509.CertificateRequest{})
+		}, ReasonUnsupportedKey},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := request(t, "payments", "api", k.Public())
+			tc.mutate(&r.Spec)
+			_, err := Check(r, DefaultSignerName, p)
+			denial(t, err, tc.reason)
+		})
+	}
+	// A stub's names never reach the certificate: only its key is read.
+	r = request(t, "payments", "api", k.Public())
+	r.Spec.PKIXPublicKey, r.Spec.StubPKCS10Request = nil, stub(t, k, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "admin"}, DNSNames: []string{"evil.example"}})
+	c, err := Check(r, DefaultSignerName, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !k.PublicKey.Equal(c.PublicKey) || c.SPIFFEID.String() != "spiffe://prod.example/ns/payments/sa/api" {
+		t.Errorf("stub request: key %v, SPIFFE ID %s", c.PublicKey, c.SPIFFEID)
+	}
 }
 
 func testCA(t *testing.T, now time.Time, validity time.Duration) *issue.CA {
@@ -155,7 +211,9 @@ func TestSign(t *testing.T) {
 	}
 	// The node's own certificate ends in 4h: the pod's may not outlive it.
 	nodeEnd := now.Add(4 * time.Hour).Truncate(time.Second)
-	got, err := Sign(ca, c, nodeEnd, now)
+	att := &podattest.Attestation{Attestor: "tpm", ProviderID: "aws:///zone/i-1", MachineNamespace: "team", MachineName: "m-1",
+		NodeName: "node-1", AttestedAt: now.Add(-time.Hour).UTC().Truncate(time.Second), BootPolicySHA256: make([]byte, 32)}
+	got, err := Sign(ca, c, att, nodeEnd, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +231,15 @@ func TestSign(t *testing.T) {
 	if cert.IsCA || !cert.BasicConstraintsValid {
 		t.Error("certificate is a CA or lacks basic constraints")
 	}
+	// What was attested about the node, in a non-critical extension.
+	if a, err := podattest.FromCertificate(cert); err != nil || !reflect.DeepEqual(a, att) {
+		t.Errorf("attestation extension %+v, %v; want %+v", a, err, att)
+	}
+	for _, e := range cert.Extensions {
+		if e.Id.Equal(attestor.OIDPodAttestation) && e.Critical {
+			t.Error("attestation extension is critical")
+		}
+	}
 	if len(cert.ExtKeyUsage) != 2 {
 		t.Errorf("ext key usages %v", cert.ExtKeyUsage)
 	}
@@ -189,7 +256,7 @@ func TestSign(t *testing.T) {
 	}
 
 	// Lifetime from maxExpirationSeconds when the node certificate lasts.
-	got, err = Sign(ca, c, now.Add(30*24*time.Hour), now)
+	got, err = Sign(ca, c, att, now.Add(30*24*time.Hour), now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +265,7 @@ func TestSign(t *testing.T) {
 	}
 
 	// A node certificate about to end: retry (not a denial).
-	if _, err := Sign(ca, c, now.Add(10*time.Minute), now); !errors.Is(err, ErrNodeCertExpiring) {
+	if _, err := Sign(ca, c, att, now.Add(10*time.Minute), now); !errors.Is(err, ErrNodeCertExpiring) {
 		t.Errorf("node certificate ending: got %v", err)
 	} else if _, ok := attestor.AsDenial(err); ok {
 		t.Error("node certificate ending is a denial")

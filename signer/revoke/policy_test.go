@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,9 @@ func (n *node) eventually(t *testing.T, refused bool) {
 	t.Fatalf("%s (certificate %s): %v; want refused=%t", n.name, Fingerprint(n.cert)[:12], last, refused)
 }
 
+// tpmAttested is what the tests' certificates were issued after.
+var tpmAttested = Attestation{Provider: "tpm", PolicySHA256: strings.Repeat("ab", 32)}
+
 // TestRevoker: the policy against a real kube-apiserver, driven through a
 // Revoker with a fake clock.
 func TestRevoker(t *testing.T) {
@@ -107,19 +111,34 @@ func TestRevoker(t *testing.T) {
 	other.eventually(t, false) // another node is not touched
 
 	// A certificate issued to the deleted Machine itself is never accepted.
-	if _, err := r.Accept(ctx, "n1", deleted, old.cert); !errors.Is(err, ErrRevokedMachine) {
+	if _, err := r.Accept(ctx, "n1", deleted, old.cert, tpmAttested); !errors.Is(err, ErrRevokedMachine) {
 		t.Fatalf("Accept for the deleted Machine: %v, want ErrRevokedMachine", err)
 	}
 	// One issued to a new Machine is; the old one stays refused.
 	fresh := newNode(t, cp, "n1")
-	if e, err := r.Accept(ctx, "n1", Machine{Namespace: "team", Name: "n1", UID: "uid-2"}, fresh.cert); err != nil || e == nil {
+	if e, err := r.Accept(ctx, "n1", Machine{Namespace: "team", Name: "n1", UID: "uid-2"}, fresh.cert, tpmAttested); err != nil || e == nil {
 		t.Fatalf("Accept for the new Machine: %+v, %v", e, err)
 	}
 	fresh.eventually(t, false)
 	old.eventually(t, true)
 	// Accepting for a name that is not revoked changes nothing.
-	if e, err := r.Accept(ctx, "n2", Machine{Namespace: "team", Name: "n2", UID: "uid-3"}, other.cert); err != nil || e != nil {
+	if e, err := r.Accept(ctx, "n2", Machine{Namespace: "team", Name: "n2", UID: "uid-3"}, other.cert, tpmAttested); err != nil || e != nil {
 		t.Fatalf("Accept for a name not revoked: %+v, %v", e, err)
+	}
+	// Every certificate is recorded with what was verified before it was
+	// issued and when: pod certificates carry it.
+	if cm, err := cp.Client.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if s, err := Decode(cm); err != nil {
+		t.Fatal(err)
+	} else if i := slices.IndexFunc(s.Issued, func(c Credential) bool { return c.SHA256 == Fingerprint(other.cert) }); i < 0 {
+		t.Fatalf("certificate of n2 not recorded: %+v", s.Issued)
+	} else if a := s.Issued[i].Attested; a == nil || a.Provider != tpmAttested.Provider || a.PolicySHA256 != tpmAttested.PolicySHA256 ||
+		!a.At.Equal(clock.Now().UTC().Truncate(time.Second)) {
+		t.Fatalf("attestation recorded for n2: %+v, want %+v at %s", a, tpmAttested, clock.Now())
+	}
+	if _, err := r.Accept(ctx, "n2", Machine{Namespace: "team", Name: "n2", UID: "uid-3"}, other.cert, Attestation{Provider: "tpm", PolicySHA256: "ABC"}); err == nil {
+		t.Fatal("Accept recorded a malformed policy digest")
 	}
 
 	// A deleted Machine's name that a live Machine claims too (a reused
@@ -131,7 +150,7 @@ func TestRevoker(t *testing.T) {
 		m    Machine
 		cert *x509.Certificate
 	}{{gone, stolen.cert}, {live, claimant.cert}} {
-		if e, err := r.Accept(ctx, "n3", c.m, c.cert); err != nil || e != nil {
+		if e, err := r.Accept(ctx, "n3", c.m, c.cert, tpmAttested); err != nil || e != nil {
 			t.Fatalf("Accept before any revocation of n3: %+v, %v", e, err)
 		}
 	}

@@ -66,6 +66,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	sigsjson "sigs.k8s.io/json"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
 // Names of what the controller keeps in each workload cluster.
@@ -141,6 +143,40 @@ type Credential struct {
 	// Machine is the Machine it was issued for.
 	Machine  Machine   `json:"machine"`
 	NotAfter time.Time `json:"notAfter"`
+	// Attested is what the controller verified before it issued the
+	// certificate (in State.Issued); nil in records written before it was
+	// kept.
+	Attested *Attestation `json:"attested,omitempty"`
+}
+
+// Attestation is what the controller verified before it issued a node's
+// client certificate. The pod certificates issued for the node's pods carry
+// it (package signer/podcert/podattest).
+type Attestation struct {
+	// Provider is the attestor whose evidence was verified (tpm, aws, ...).
+	Provider string `json:"provider"`
+	// PolicySHA256 is the lower-case hex SHA-256 of the provider's policy
+	// document the evidence passed (the TPM boot policy); empty when the
+	// Cluster has none for the provider.
+	PolicySHA256 string `json:"policySHA256,omitempty"`
+	// At is when the certificate was recorded, right after its evidence
+	// was verified (set by Accept).
+	At time.Time `json:"at"`
+}
+
+// valid reports whether a is what Accept records.
+func (a *Attestation) valid() bool {
+	if a == nil {
+		return true
+	}
+	if !attestor.ValidProviderName(a.Provider) || a.At.IsZero() {
+		return false
+	}
+	if a.PolicySHA256 == "" {
+		return true
+	}
+	b, err := hex.DecodeString(a.PolicySHA256)
+	return err == nil && len(b) == sha256.Size && strings.ToLower(a.PolicySHA256) == a.PolicySHA256
 }
 
 // State is what State.json holds.
@@ -234,7 +270,7 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 	}
 	for _, c := range s.Issued {
 		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() ||
-			len(validation.IsDNS1123Subdomain(c.Node)) > 0 {
+			len(validation.IsDNS1123Subdomain(c.Node)) > 0 || !c.Attested.valid() {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed issued certificate for node %q: %w", cm.Namespace, cm.Name, StateKey, c.Node, ErrMalformed)
 		}
 	}
@@ -369,10 +405,16 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 // m's deletion refuses it and another Machine's deletion does not), and
 // when node is revoked it is accepted (it was issued after the revocation,
 // to a live Machine) and Accept returns the entry; otherwise it returns
-// nil. An error means the certificate must not be handed out yet.
-func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate) (*Entry, error) {
+// nil. An error means the certificate must not be handed out yet. att is
+// what was verified before the certificate was issued; Accept records it
+// with the time.
+func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate, att Attestation) (*Entry, error) {
 	if !m.valid() {
 		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
+	}
+	att.At = r.now().UTC().Truncate(time.Second)
+	if !att.valid() {
+		return nil, fmt.Errorf("attestation of provider %q with policy digest %q is not recordable", att.Provider, att.PolicySHA256)
 	}
 	if len(validation.IsDNS1123Subdomain(node)) > 0 {
 		// No node can register under it, and it is never revoked.
@@ -391,7 +433,7 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 		}
 		changed := false
 		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp }) {
-			s.Issued = append(s.Issued, Credential{SHA256: fp, Node: node, Machine: m, NotAfter: cert.NotAfter.UTC()})
+			s.Issued = append(s.Issued, Credential{SHA256: fp, Node: node, Machine: m, NotAfter: cert.NotAfter.UTC(), Attested: &att})
 			changed = true
 			var mine []int
 			for i, c := range s.Issued {

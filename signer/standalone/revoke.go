@@ -33,11 +33,11 @@ type Revocations struct {
 }
 
 // Issuing implements controller.IssueHook.
-func (r *Revocations) Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate) error {
+func (r *Revocations) Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate, att revoke.Attestation) error {
 	if m == nil || m.UID == "" {
 		return errors.New("no allowlist entry matched")
 	}
-	_, err := r.Revoker.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Source: revoke.SourceAllowlist}, cert)
+	_, err := r.Revoker.Accept(ctx, node, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Source: revoke.SourceAllowlist}, cert, att)
 	if revoke.Unenforceable(err) {
 		klog.FromContext(ctx).Info("Issuing without checking the revoked node names", "node", node, "err", err.Error())
 		return nil

@@ -39,25 +39,6 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/scenario"
 )
 
-// hollowKubeletTLS returns kubemark's hollow kubelet built to serve HTTPS
-// with kubelet's tlsCertFile/tlsPrivateKeyFile handling
-// (test/tools/install-hollow-kubelet-tls.sh): kubemark's own binary passes
-// its kubelet no TLS options and serves plain HTTP.
-func hollowKubeletTLS(t *testing.T) string {
-	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("bash", filepath.Join(root, "test", "tools", "install-hollow-kubelet-tls.sh"))
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("unable to build hollow-kubelet-tls: %v\n%s", err, stderr.String())
-	}
-	return lastLine(stdout.String())
-}
-
 // servedCertificate connects to the kubelet's HTTPS port as kube-apiserver
 // does (verifying with roots) and returns the certificate it serves.
 func servedCertificate(addr string, roots *x509.CertPool) (*x509.Certificate, error) {

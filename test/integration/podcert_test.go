@@ -7,9 +7,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -27,8 +31,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -145,7 +152,9 @@ func (e *podEnv) request(t *testing.T, k *kubelet, p *corev1.Pod, n *corev1.Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.MarshalPKIXPublicKey(pub)
+	// The stub PKCS#10 request of kubelet 1.36 (pkixPublicKey and
+	// proofOfPossession are deprecated): empty but for the key.
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, priv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,8 +170,7 @@ func (e *podEnv) request(t *testing.T, k *kubelet, p *corev1.Pod, n *corev1.Node
 			ServiceAccountName: sa.Name, ServiceAccountUID: sa.UID,
 			NodeName: types.NodeName(n.Name), NodeUID: n.UID,
 			MaxExpirationSeconds: ptr.To(int32(86400)),
-			PKIXPublicKey:        der,
-			ProofOfPossession:    ed25519.Sign(priv, []byte(p.UID)),
+			StubPKCS10Request:    stub,
 		},
 	}
 	if mutate != nil {
@@ -237,13 +245,61 @@ func (e *podEnv) expectIssuedPod(t *testing.T, name string, k *kubelet, key *pod
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("the certificate does not verify with the published pod CA bundle: %v", err)
 	}
+	// What was attested about the node, in a non-critical extension: its
+	// attestor, provider ID, Machine and name, and when its client
+	// certificate was issued after attestation.
+	for _, x := range cert.Extensions {
+		if x.Id.Equal(attestor.OIDPodAttestation) && x.Critical {
+			t.Error("the attestation extension is critical")
+		}
+	}
+	att, err := podattest.FromCertificate(cert)
+	if err != nil {
+		t.Fatalf("request %s: %v", name, err)
+	}
+	if att.Attestor != "insecure" || att.ProviderID != "test:///"+k.name || att.MachineNamespace != signerNS || att.MachineName != k.name ||
+		att.NodeName != k.name || att.BootPolicySHA256 != nil {
+		t.Errorf("attestation extension %+v; want attestor insecure, Machine %s/%s, node %s, no boot policy", att, signerNS, k.name, k.name)
+	}
+	if att.AttestedAt.Before(k.cert.NotBefore.Truncate(time.Second)) || att.AttestedAt.After(cert.NotBefore.Add(podcert.Backdate)) {
+		t.Errorf("attested at %s; the node's certificate was issued at %s (backdated), the pod's at %s", att.AttestedAt, k.cert.NotBefore, cert.NotBefore)
+	}
 	t.Logf("request %s issued %s, %s to %s (node certificate ends %s)", name, cert.URIs[0], cert.NotBefore.Format(time.RFC3339), cert.NotAfter.Format(time.RFC3339), k.cert.NotAfter.Format(time.RFC3339))
 	return tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key.priv, Leaf: cert}
 }
 
+// relyingParty is how a pod authenticates a peer: its certificate chains
+// to roots (the projected pod CA bundle) for usage, names a SPIFFE ID of
+// trustDomain and, when requireAttested, carries the attestation extension
+// of a node the controller attested.
+func relyingParty(roots *x509.CertPool, trustDomain string, usage x509.ExtKeyUsage, requireAttested bool) func([][]byte, [][]*x509.Certificate) error {
+	return func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("no peer certificate")
+		}
+		leaf, err := x509.ParseCertificate(raw[0])
+		if err != nil {
+			return err
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			return err
+		}
+		if len(leaf.URIs) != 1 || leaf.URIs[0].Scheme != "spiffe" || leaf.URIs[0].Host != trustDomain {
+			return fmt.Errorf("peer is not a SPIFFE ID of %s: %v", trustDomain, leaf.URIs)
+		}
+		if requireAttested {
+			if _, err := podattest.FromCertificate(leaf); err != nil {
+				return fmt.Errorf("peer %s: %w", leaf.URIs[0], err)
+			}
+		}
+		return nil
+	}
+}
+
 // handshake runs a mutual TLS handshake between server and client, each
-// verifying the other with roots, and returns the error either side saw.
-func handshake(t *testing.T, server, client tls.Certificate, roots *x509.CertPool) error {
+// verifying the other as relyingParty does with roots, and returns the
+// errors both sides saw.
+func handshake(t *testing.T, server, client tls.Certificate, roots *x509.CertPool, requireAttested bool) error {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -258,7 +314,8 @@ func handshake(t *testing.T, server, client tls.Certificate, roots *x509.CertPoo
 			return
 		}
 		defer c.Close()
-		s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: roots, MinVersion: tls.VersionTLS13})
+		s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{server}, ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS13,
+			VerifyPeerCertificate: relyingParty(roots, "wl.example", x509.ExtKeyUsageClientAuth, requireAttested)})
 		err = s.Handshake()
 		if err == nil {
 			_, err = s.Write([]byte("ok"))
@@ -269,27 +326,20 @@ func handshake(t *testing.T, server, client tls.Certificate, roots *x509.CertPoo
 		// Sent whatever CAs the server names.
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &client, nil },
 		// SPIFFE peers are named by their URI SAN, not a host name.
-		InsecureSkipVerify: true, VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			leaf, err := x509.ParseCertificate(raw[0])
-			if err != nil {
-				return err
-			}
-			_, err = leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-			return err
-		}})
+		InsecureSkipVerify: true, VerifyPeerCertificate: relyingParty(roots, "wl.example", x509.ExtKeyUsageServerAuth, requireAttested)})
 	if err == nil {
 		_, err = io.ReadAll(c)
 		c.Close()
 	}
-	if serr := <-srvErr; serr != nil {
-		return serr
-	}
-	return err
+	return errors.Join(<-srvErr, err)
 }
 
 // TestPodCertificates: a pod on a node the controller attested gets a
-// certificate naming only its ServiceAccount's SPIFFE ID, that two such
-// pods verify each other with over mutual TLS using the published bundle;
+// certificate naming only its ServiceAccount's SPIFFE ID and saying, in a
+// non-critical extension, what was attested about its node; two such pods
+// verify each other over mutual TLS using the published bundle, and a
+// relying party that requires the extension refuses a certificate without
+// it, as everyone refuses one of another CA;
 // requests of a ServiceAccount the policy does not allow, of a node the
 // controller never attested, with a superseded client certificate, or of a
 // deleted Machine's node are not issued; names in annotations never reach
@@ -328,8 +378,8 @@ func TestPodCertificates(t *testing.T) {
 	for _, ca := range e.podBundle(t) {
 		roots.AddCert(ca)
 	}
-	if err := handshake(t, certA, certB, roots); err != nil {
-		t.Fatalf("mutual TLS between two issued pod certificates: %v", err)
+	if err := handshake(t, certA, certB, roots, true); err != nil {
+		t.Fatalf("mutual TLS between two issued pod certificates, attestation required: %v", err)
 	}
 	rogue, err := harness.NewCA("rogue")
 	if err != nil {
@@ -340,10 +390,25 @@ func TestPodCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	rogueBlk, _ := pem.Decode(roguePEM)
-	if err := handshake(t, certA, tls.Certificate{Certificate: [][]byte{rogueBlk.Bytes}, PrivateKey: keyB.priv}, roots); err == nil {
+	if err := handshake(t, certA, tls.Certificate{Certificate: [][]byte{rogueBlk.Bytes}, PrivateKey: keyB.priv}, roots, false); err == nil {
 		t.Fatal("a client certificate of another CA was accepted")
 	} else {
 		t.Logf("client certificate of a CA not published: %v", err)
+	}
+	// A certificate of the pod CA itself that does not say its node was
+	// attested (signed here with the pod CA's key, as by anything but this
+	// signer's checks): a relying party that requires the extension
+	// refuses it, on either side of the connection.
+	unattested := e.unattestedPodCert(t, keyB)
+	if err := handshake(t, certA, unattested, roots, false); err != nil {
+		t.Fatalf("the pod CA's certificate without the extension, extension not required: %v", err)
+	}
+	for name, pair := range map[string][2]tls.Certificate{"client": {certA, unattested}, "server": {unattested, certA}} {
+		if err := handshake(t, pair[0], pair[1], roots, true); err == nil || !strings.Contains(err.Error(), "no attestation extension") {
+			t.Fatalf("%s without the attestation extension, extension required: %v", name, err)
+		} else {
+			t.Logf("%s without the attestation extension: %v", name, err)
+		}
 	}
 
 	// A ServiceAccount the policy does not allow.
@@ -374,6 +439,43 @@ func TestPodCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.expectDeniedPod(t, "api-c", podcert.ReasonNodeNotAttested)
+
+	// Denials are Warning Events in the management cluster, on the Cluster
+	// when they come before the Machine is looked up (the policy's, a node
+	// never attested) and naming the node; every decision is counted.
+	for _, want := range []struct{ kind, name, reason, request string }{
+		{"Cluster", signerCluster, podcert.ReasonNotAllowed, "batch-a of node worker-a"},
+		{"Cluster", signerCluster, podcert.ReasonNodeNotAttested, "api-c of node worker-c"},
+	} {
+		harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+			list, err := e.mgmt.ControlPlane.Client.CoreV1().Events(signerNS).List(ctx, metav1.ListOptions{
+				FieldSelector: fields.Set{"involvedObject.kind": want.kind, "involvedObject.name": want.name, "reason": want.reason}.String(),
+			})
+			if err != nil {
+				return false, err
+			}
+			for _, ev := range list.Items {
+				if ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Message, e.ns+"/"+want.request) {
+					t.Logf("Event on %s %s: %s", want.kind, want.name, ev.Message)
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	}
+	cluster := signerNS + "/" + signerCluster
+	for _, c := range []struct {
+		decision, reason string
+		min              float64
+	}{
+		{capi.PodDecisionIssued, podcert.ReasonIssued, 2},
+		{capi.PodDecisionDenied, podcert.ReasonNotAllowed, 1},
+		{capi.PodDecisionDenied, podcert.ReasonNodeNotAttested, 1},
+	} {
+		if got := counter(t, "kubelet_authenticator_signer_pod_certificate_decisions_total", map[string]string{"cluster": cluster, "decision": c.decision, "reason": c.reason}); got < c.min {
+			t.Errorf("pod certificate decisions %s/%s: %v, want at least %v", c.decision, c.reason, got, c.min)
+		}
+	}
 
 	// worker-a renews: its previous certificate no longer gets pod
 	// certificates.
@@ -406,6 +508,31 @@ func TestPodCertificates(t *testing.T) {
 		t.Logf("deleted Machine's node: %v", err)
 		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "was revoked"), nil
 	})
+}
+
+// unattestedPodCert returns a certificate for key's pod signed with the
+// Cluster's pod CA, as the signer issues them but without the attestation
+// extension.
+func (e *podEnv) unattestedPodCert(t *testing.T, key *podKey) tls.Certificate {
+	t.Helper()
+	var sec corev1.Secret
+	if err := e.mgmt.Client.Get(context.Background(), client.ObjectKey{Namespace: signerNS, Name: signerCluster + capi.PodCASecretSuffix}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := issue.LoadCA(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true, URIs: []*url.URL{{Scheme: "spiffe", Host: "wl.example", Path: "/ns/" + e.ns + "/sa/api"}},
+	}, ca.Cert, key.pub, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key.priv}
 }
 
 // kubeletFromPEM is a node client of a certificate in PEM.

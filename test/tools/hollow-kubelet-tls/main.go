@@ -8,6 +8,15 @@
 // takes its certificate exactly as kubelet does with tlsCertFile and
 // tlsPrivateKeyFile: through kubelet's file-based certificate manager, which
 // reloads the files when they change (ReloadKubeletServerCertificateFile).
+// Without them it serves plain HTTP, as kubemark does.
+//
+// --feature-gates sets kubelet's feature gates in this process (for example
+// PodCertificateRequest=true, which starts kubelet's pod certificate manager
+// behind the podCertificate projected volume): the hollow kubelet never
+// reads the feature gates of its configuration, which a real kubelet
+// applies at startup. --root-dir sets kubelet's root directory (pods'
+// volumes are written under <root-dir>/pods/<uid>/volumes), a new
+// temporary directory when empty.
 //
 // It is built outside the project's module, against the same Kubernetes
 // release as the other test binaries, by test/tools/install-hollow-kubelet-tls.sh.
@@ -24,6 +33,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace/noop"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	remote "k8s.io/cri-client/pkg"
@@ -35,28 +45,38 @@ import (
 	"k8s.io/kubernetes/pkg/kubemark"
 )
 
+type options struct {
+	kubeconfig, name, certFile, keyFile, featureGates, rootDir string
+	port, readOnlyPort                                         int
+}
+
 func main() {
-	var (
-		kubeconfig, name, certFile, keyFile string
-		port, readOnlyPort                  int
-	)
+	var o options
 	klog.InitFlags(nil)
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the node")
-	flag.StringVar(&name, "name", "", "node name")
-	flag.IntVar(&port, "kubelet-port", 10250, "HTTPS port of the kubelet server")
-	flag.IntVar(&readOnlyPort, "kubelet-read-only-port", 0, "read-only HTTP port (0: none)")
-	flag.StringVar(&certFile, "tls-cert-file", "", "kubelet tlsCertFile (required)")
-	flag.StringVar(&keyFile, "tls-private-key-file", "", "kubelet tlsPrivateKeyFile (required)")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the node")
+	flag.StringVar(&o.name, "name", "", "node name")
+	flag.IntVar(&o.port, "kubelet-port", 10250, "port of the kubelet server (HTTPS with --tls-cert-file)")
+	flag.IntVar(&o.readOnlyPort, "kubelet-read-only-port", 0, "read-only HTTP port (0: none)")
+	flag.StringVar(&o.certFile, "tls-cert-file", "", "kubelet tlsCertFile (none: plain HTTP)")
+	flag.StringVar(&o.keyFile, "tls-private-key-file", "", "kubelet tlsPrivateKeyFile (with --tls-cert-file)")
+	flag.StringVar(&o.featureGates, "feature-gates", "", "kubelet feature gates, key=value pairs separated by commas")
+	flag.StringVar(&o.rootDir, "root-dir", "", "kubelet root directory (none: a new temporary directory)")
 	flag.Parse()
-	if err := run(kubeconfig, name, certFile, keyFile, port, readOnlyPort); err != nil {
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "hollow-kubelet-tls:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig, name, certFile, keyFile string, port, readOnlyPort int) error {
-	if kubeconfig == "" || name == "" || certFile == "" || keyFile == "" {
-		return fmt.Errorf("--kubeconfig, --name, --tls-cert-file and --tls-private-key-file are required")
+func run(o options) error {
+	kubeconfig, name, certFile, keyFile := o.kubeconfig, o.name, o.certFile, o.keyFile
+	if kubeconfig == "" || name == "" || (certFile == "") != (keyFile == "") {
+		return fmt.Errorf("--kubeconfig and --name are required, --tls-cert-file and --tls-private-key-file go together")
+	}
+	// What a real kubelet does with its configuration's featureGates, before
+	// anything reads a gate.
+	if err := utilfeature.DefaultMutableFeatureGate.Set(o.featureGates); err != nil {
+		return fmt.Errorf("--feature-gates: %w", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -71,9 +91,12 @@ func run(kubeconfig, name, certFile, keyFile string, port, readOnlyPort int) err
 		return err
 	}
 	flags, cfg := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{
-		NodeName: name, KubeletPort: port, KubeletReadOnlyPort: readOnlyPort, MaxPods: 110,
+		NodeName: name, KubeletPort: o.port, KubeletReadOnlyPort: o.readOnlyPort, MaxPods: 110,
 	})
 	cfg.TLSCertFile, cfg.TLSPrivateKeyFile = certFile, keyFile
+	if o.rootDir != "" {
+		flags.RootDirectory = o.rootDir
+	}
 	hb := *restCfg
 	hb.Timeout = cfg.NodeStatusUpdateFrequency.Duration
 	hb.QPS = -1
@@ -100,7 +123,9 @@ func run(kubeconfig, name, certFile, keyFile string, port, readOnlyPort int) err
 		runtime.ImageService, runtimeService, cm.NewStubContainerManager())
 	// What kubelet's InitializeTLS makes of tlsCertFile and
 	// tlsPrivateKeyFile; kubemark leaves it nil.
-	hk.KubeletDeps.TLSOptions = &server.TLSOptions{MinVersion: tls.VersionTLS12, CertFile: certFile, KeyFile: keyFile}
+	if certFile != "" {
+		hk.KubeletDeps.TLSOptions = &server.TLSOptions{MinVersion: tls.VersionTLS12, CertFile: certFile, KeyFile: keyFile}
+	}
 	go hk.Run(ctx)
 	<-ctx.Done()
 	return nil
