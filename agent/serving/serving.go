@@ -39,8 +39,8 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// PendingKeyFile, in the cache directory, keeps the key of a serving CSR in
-// flight, so that a retry finds the same request.
+// PendingKeyFile is the file, in the cache directory, that keeps the key of
+// a serving CSR in flight, so that a retry finds the same request.
 const PendingKeyFile = "kubelet-server-pending.key"
 
 // ErrNotFound is returned by Load when no serving certificate is installed.

@@ -31,11 +31,12 @@ const (
 	Resource = "clustertrustbundles"
 	// DefaultCommandTimeout bounds a post-update command.
 	DefaultCommandTimeout = 30 * time.Second
-	// DefaultRetryInitial and DefaultRetryMax bound the backoff after a
-	// failed write; DefaultResyncPeriod is how often a projection is read
-	// from the API server (a LIST) and written again, without a change.
+	// DefaultRetryInitial is the first backoff after a failed write.
 	DefaultRetryInitial = time.Second
-	DefaultRetryMax     = 5 * time.Minute
+	// DefaultRetryMax is the longest backoff after failed writes.
+	DefaultRetryMax = 5 * time.Minute
+	// DefaultResyncPeriod is how often a projection is read from the API
+	// server (a LIST) and written again, without a change.
 	DefaultResyncPeriod = 10 * time.Minute
 )
 

@@ -610,7 +610,7 @@ func TestBuiltinCertificatesMatchRealData(t *testing.T) {
 	}
 	for _, w := range want {
 		name := filepath.Base(w)
-		real, err := os.ReadFile(w)
+		genuine, err := os.ReadFile(w)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -619,7 +619,7 @@ func TestBuiltinCertificatesMatchRealData(t *testing.T) {
 			t.Errorf("%s is not built in: %v", name, err)
 			continue
 		}
-		if !bytes.Equal(b, real) {
+		if !bytes.Equal(b, genuine) {
 			t.Errorf("built-in %s differs from %s", name, w)
 		}
 		blk, _ := pem.Decode(b)

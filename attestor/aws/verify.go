@@ -453,14 +453,14 @@ func (v *Verifier) replay(ctx context.Context, u *url.URL, headers map[string]st
 	if err != nil {
 		return nil, fmt.Errorf("unable to read the STS response: %w", err)
 	}
-	switch {
-	case resp.StatusCode == http.StatusOK:
+	switch resp.StatusCode {
+	case http.StatusOK:
 		var ci callerIdentity
 		if err := xml.Unmarshal(body, &ci); err != nil {
 			return nil, fmt.Errorf("unable to parse the STS GetCallerIdentity response: %w", err)
 		}
 		return &ci, nil
-	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden:
+	case http.StatusBadRequest, http.StatusForbidden:
 		var se stsError
 		_ = xml.Unmarshal(body, &se)
 		switch se.Code {

@@ -153,7 +153,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 	if strings.Count(token, ".") != 2 {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not a compact JWS")
 	}
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.RS256})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.RS256})
 	if err != nil {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not an RS256 JWT: %v", err)
 	}

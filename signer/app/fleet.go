@@ -188,8 +188,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// statuser reports the status of the clusters served.
-type statuser interface{ Statuses() []capi.ClusterStatus }
+// statusLister reports the status of the clusters served.
+type statusLister interface{ Statuses() []capi.ClusterStatus }
 
 type statusesFunc func() []capi.ClusterStatus
 
@@ -197,7 +197,7 @@ func (f statusesFunc) Statuses() []capi.ClusterStatus { return f() }
 
 // registerFleetMetrics registers the fleet collector of r with reg and
 // returns a function that unregisters it.
-func registerFleetMetrics(reg prometheus.Registerer, r statuser) (func(), error) {
+func registerFleetMetrics(reg prometheus.Registerer, r statusLister) (func(), error) {
 	c := newFleetCollector(r.Statuses)
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError

@@ -241,7 +241,7 @@ func (o *Options) Complete() error {
 	}
 	o.RESTConfig, err = rest.InClusterConfig()
 	if err != nil {
-		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%v); point --kubeconfig at the management cluster", err)
+		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%w); point --kubeconfig at the management cluster", err)
 	}
 	return nil
 }

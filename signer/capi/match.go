@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
@@ -181,7 +180,7 @@ type Matcher struct {
 	// Mapper resolves an infrastructure reference's group and kind to the
 	// version the management cluster serves; nil reads no infrastructure
 	// object.
-	Mapper meta.RESTMapper
+	Mapper apimeta.RESTMapper
 
 	once sync.Once
 }
@@ -253,7 +252,7 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		return nil
 	}
 	mapping, err := m.Mapper.RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
-	if meta.IsNoMatchError(err) {
+	if apimeta.IsNoMatchError(err) {
 		// The management cluster serves no such kind: nothing can pin a
 		// key there.
 		return nil

@@ -321,7 +321,7 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 			err = r.forgetPending(ctx, nn, m)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("Machine %s/%s: %w", m.Namespace, m.Name, err))
+			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
 			continue
 		}
 		for _, n := range listed {

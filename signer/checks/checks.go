@@ -31,7 +31,9 @@ import (
 )
 
 const (
-	MinRSABits           = 2048
+	// MinRSABits is the smallest RSA key a CSR may carry.
+	MinRSABits = 2048
+	// MaxRSABits is the largest RSA key a CSR may carry.
 	MaxRSABits           = 8192
 	maxProviderIDLength  = 512 // Machine spec.providerID's limit
 	maxReportedSANsShown = 5

@@ -136,7 +136,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	switch {
 	case req.URL.Path == "/readyz" || req.URL.Path == "/livez":
 		h.count("readyz")
-		io.WriteString(w, "ok")
+		_, _ = io.WriteString(w, "ok")
 	case strings.HasSuffix(req.URL.Path, "/selfsubjectaccessreviews") && req.Method == http.MethodPost:
 		h.count("ssar")
 		const head = `{"apiVersion":"authorization.k8s.io/v1","kind":"SelfSubjectAccessReview","status":{"allowed":false,"reason":"`
@@ -166,7 +166,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				}
 			}
 		}
-		io.WriteString(w, `{"kind":"CertificateSigningRequestList","apiVersion":"certificates.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+		_, _ = io.WriteString(w, `{"kind":"CertificateSigningRequestList","apiVersion":"certificates.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 	case strings.HasSuffix(req.URL.Path, "/certificatesigningrequests") && watch:
 		h.count("watch")
 		signer := "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure"
@@ -206,7 +206,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		h.count("other")
 		w.WriteHeader(http.StatusNotFound)
-		io.WriteString(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not found","reason":"NotFound","code":404}`)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not found","reason":"NotFound","code":404}`)
 	}
 }
 
