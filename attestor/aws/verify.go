@@ -162,7 +162,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		v.roles = append(v.roles, ref)
 	}
 	if len(cfg.AllowedRoles) == 0 {
-		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: without it any role in the account could vouch for an instance", CAPANodesRole))
+		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: "+
+			"without it any role in the account could vouch for an instance",
+			CAPANodesRole))
 	}
 	client, err := cfg.STS.TLS.HTTPClient(15 * time.Second)
 	if err != nil {
@@ -325,7 +327,8 @@ func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, e
 		return nil, err
 	}
 	var missing []string
-	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone, "region": iid.Region} {
+	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone,
+		"region": iid.Region} {
 		if val == "" {
 			missing = append(missing, name)
 		}
@@ -404,7 +407,8 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.
 	}
 	expires, err := strconv.Atoi(q.Get("X-Amz-Expires"))
 	if err != nil || expires < 1 || expires > MaxPresignExpiry {
-		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request has X-Amz-Expires=%q, want 1 to %d seconds", q.Get("X-Amz-Expires"), MaxPresignExpiry)
+		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request has X-Amz-Expires=%q, want 1 to %d seconds", q.Get("X-Amz-Expires"),
+			MaxPresignExpiry)
 	}
 	now := v.now()
 	if now.Add(clockSkew).Before(signedAt) {
@@ -417,7 +421,9 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.
 		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request must carry exactly the %s header", BindingHeader)
 	}
 	if got, ok := p.Headers[BindingHeader]; !ok || !attestor.AnyBinding(bindings, func(b []byte) bool { return got == bindingHex(b) }) {
-		return nil, attestor.Deny(ReasonBindingMismatch, "the presigned STS request signs a binding other than the CSR key's (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster")
+		return nil, attestor.Deny(ReasonBindingMismatch,
+			"the presigned STS request signs a binding other than the CSR key's (and, from evidence v2, this cluster's CA): "+
+				"evidence made for another key or another cluster")
 	}
 	return u, nil
 }
@@ -539,7 +545,9 @@ func (v *Verifier) checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument
 		}
 	}
 	if !allowed {
-		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed, "the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1], parts[4]))
+		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed,
+			"the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1],
+			parts[4]))
 	}
 	return joinDenials(errs)
 }

@@ -186,7 +186,7 @@ func (v *Verifier) ClusterBound(version string) bool { return clusterBound(versi
 // for each initializer on every call (make bench, BenchmarkCachedPath).
 // providerIDRE matches an Azure VM or scale set VM provider ID.
 var providerIDRE = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/(virtualMachines/[^/]+|virtualMachineScaleSets/[^/]+/virtualMachines/[^/]+)$`)
+	return regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/(virtualMachines/[^/]+|virtualMachineScaleSets/[^/]+/virtualMachines/[^/]+)$`) //nolint:lll // one regular expression reads better whole
 })
 
 // Verify implements attestor.Verifier.
@@ -206,7 +206,10 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	}
 	var denials []error
 	if !attestor.AnyBinding(bindings, func(b []byte) bool { return doc.Nonce == Nonce(b) }) {
-		denials = append(denials, attestor.Deny(ReasonNonceMismatch, "the attested document's nonce %q is not derived from the CSR key (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster", doc.Nonce))
+		denials = append(denials, attestor.Deny(ReasonNonceMismatch,
+			"the attested document's nonce %q is not derived from the CSR key (and, from evidence v2, this cluster's CA): "+
+				"evidence made for another key or another cluster",
+			doc.Nonce))
 	}
 	created, expires, err := doc.Window()
 	switch {
@@ -226,7 +229,8 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	case m == nil:
 		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID %q is not an Azure VM provider ID", in.ProviderID))
 	case strings.ToLower(m[1]) != sub:
-		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1], doc.SubscriptionID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1],
+			doc.SubscriptionID))
 	}
 	if doc.VMID == "" {
 		denials = append(denials, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document has no vmId"))
@@ -287,7 +291,8 @@ func (v *Verifier) verifyDocument(ctx context.Context, signature string, at time
 		_, err = signer.Verify(opts)
 	}
 	if err != nil {
-		return nil, attestor.Deny(ReasonUntrustedSigner, "the attested document's signing certificate %q does not chain to a configured root: %v", signer.Subject.CommonName, err)
+		return nil, attestor.Deny(ReasonUntrustedSigner, "the attested document's signing certificate %q does not chain to a configured root: %v",
+			signer.Subject.CommonName, err)
 	}
 	if !v.signerNameAllowed(signer) {
 		return nil, attestor.Deny(ReasonSignerNameNotAllowed, "the attested document is signed by %q (%s), not by the metadata service (%s)",
@@ -351,7 +356,8 @@ func (ic *issuerCache) fetch(ctx context.Context, c *x509.Certificate) ([]*x509.
 	for _, raw := range c.IssuingCertificateURL {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !slices.Contains(ic.hosts, u.Host) {
-			lastErr = attestor.Deny(ReasonUntrustedSigner, "certificate %q names issuing CA URL %q, whose host is not one the verifier fetches from (issuers.hosts)", c.Subject.CommonName, raw)
+			lastErr = attestor.Deny(ReasonUntrustedSigner, "certificate %q names issuing CA URL %q, whose host is not one the verifier fetches from (issuers.hosts)",
+				c.Subject.CommonName, raw)
 			continue
 		}
 		ic.mu.Lock()

@@ -122,7 +122,9 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	}
 	var denials []error
 	if len(claims.Audience) != 1 || !attestor.AnyBinding(bindings, func(b []byte) bool { return claims.Audience[0] == Audience(v.prefix, b) }) {
-		denials = append(denials, attestor.Deny(ReasonAudienceMismatch, "token audience %q does not carry the binding of the CSR key (and, from evidence v2, of this cluster's CA): evidence made for another key or another cluster", claims.Audience))
+		denials = append(denials, attestor.Deny(ReasonAudienceMismatch,
+			"token audience %q does not carry the binding of the CSR key (and, from evidence v2, of this cluster's CA): "+
+				"evidence made for another key or another cluster", claims.Audience))
 	}
 	ce := claims.Google.ComputeEngine
 	if ce == nil || ce.ProjectID == "" || ce.Zone == "" || ce.InstanceName == "" || ce.InstanceID == "" {
@@ -136,7 +138,8 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		denials = append(denials, attestor.Deny(attestor.ReasonNodeNameMismatch, "instance name %q is not the node name %q", ce.InstanceName, in.NodeName))
 	}
 	if pid := ce.ProviderID(); pid != in.ProviderID {
-		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid,
+			in.ProviderID))
 	}
 	if err := joinDenials(denials); err != nil {
 		return nil, err

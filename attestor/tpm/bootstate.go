@@ -161,7 +161,8 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 		}
 	}
 	if bank == nil {
-		return nil, fmt.Errorf("%w: the log has %v digests and the quote covers none of those banks (set the node's pcrBank to one of them)", errNoCommonBank, el.Algs)
+		return nil, fmt.Errorf("%w: the log has %v digests and the quote covers none of those banks (set the node's pcrBank to one of them)", errNoCommonBank,
+			el.Algs)
 	}
 	events, err := el.Verify(bank.MRs())
 	if err != nil {

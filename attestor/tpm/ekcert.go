@@ -264,20 +264,25 @@ func checkEKProfile(cert *x509.Certificate, sanErr error, exc *profileException)
 	switch {
 	case !hasEKU && exc != nil && exc.omitsExtKeyUsage:
 	case !hasEKU:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the EK certificate has no extended key usage; an EK certificate names tcg-kp-EKCertificate (%s)", oidEKCertificateKP))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage,
+			"the EK certificate has no extended key usage; an EK certificate names tcg-kp-EKCertificate (%s)", oidEKCertificateKP))
 	case !slices.ContainsFunc(cert.UnknownExtKeyUsage, func(u asn1.ObjectIdentifier) bool { return u.Equal(oidEKCertificateKP) }):
-		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the certificate's extended key usage does not include tcg-kp-EKCertificate (%s)%s", oidEKCertificateKP, excused(exc != nil && exc.omitsExtKeyUsage)))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the certificate's extended key usage does not include tcg-kp-EKCertificate (%s)%s",
+			oidEKCertificateKP, excused(exc != nil && exc.omitsExtKeyUsage)))
 	}
 	switch {
 	case cert.KeyUsage == 0:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage, "the EK certificate has no key usage; an EK certificate allows key encipherment (RSA) or key agreement (ECC)"))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage,
+			"the EK certificate has no key usage; an EK certificate allows key encipherment (RSA) or key agreement (ECC)"))
 	case cert.KeyUsage&(x509.KeyUsageKeyEncipherment|x509.KeyUsageKeyAgreement) == 0:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage, "the certificate's key usage allows neither key encipherment nor key agreement: it certifies a signing key, not an endorsement key"))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage,
+			"the certificate's key usage allows neither key encipherment nor key agreement: it certifies a signing key, not an endorsement key"))
 	}
 	switch {
 	case errors.Is(sanErr, errNoSubjectAltName) && exc != nil && exc.omitsSubjectAltName:
 	case sanErr != nil:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateSubjectAltName, "the EK certificate's %v%s", sanErr, excused(exc != nil && exc.omitsSubjectAltName && !errors.Is(sanErr, errNoSubjectAltName))))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateSubjectAltName, "the EK certificate's %v%s", sanErr,
+			excused(exc != nil && exc.omitsSubjectAltName && !errors.Is(sanErr, errNoSubjectAltName))))
 	}
 	switch {
 	case !cert.BasicConstraintsValid:
@@ -318,7 +323,8 @@ func chainWithCAUsages(chains [][]*x509.Certificate) ([]*x509.Certificate, error
 			return chain, nil
 		}
 		if first == nil {
-			first = attestor.Deny(ReasonEKCertificateChainUsage, "the EK certificate's path to the manufacturer CA pool has CAs not allowed to issue it: %s", strings.Join(errs, "; "))
+			first = attestor.Deny(ReasonEKCertificateChainUsage, "the EK certificate's path to the manufacturer CA pool has CAs not allowed to issue it: %s",
+				strings.Join(errs, "; "))
 		}
 	}
 	return nil, first

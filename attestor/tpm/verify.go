@@ -261,7 +261,8 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	if want, ok := machineAnnotations[attestor.AnnotationEndorsementKey]; ok {
 		// The infrastructure knows this machine's EK: it alone decides.
 		if err := sameEK(want, ekKey); err != nil {
-			return nil, attestor.Deny(ReasonEKMismatch, "the EK in the evidence is not the one the Machine's infrastructure reports (%s): %v", attestor.AnnotationEndorsementKey, err)
+			return nil, attestor.Deny(ReasonEKMismatch, "the EK in the evidence is not the one the Machine's infrastructure reports (%s): %v",
+				attestor.AnnotationEndorsementKey, err)
 		}
 		got, ok := csrAnnotations[attestor.AnnotationEndorsementKey]
 		if !ok {

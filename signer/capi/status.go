@@ -101,7 +101,8 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 		if ok {
 			st = metav1.ConditionTrue
 		}
-		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format, args...)})
+		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format,
+			args...)})
 	}
 	policy := ClusterPolicy{Source: s.PolicySource}
 	cond(ConditionOptedIn, true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)
@@ -124,7 +125,8 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 	served := s.Synced && len(s.SignerNames) > 0
 	switch {
 	case len(s.SignerNames) == 0:
-		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "%s names no attestor this controller serves (%q): every request is denied", policy.Setting("authorizedAttestors", AnnotationAuthorizedAttestors), strings.Join(s.AuthorizedAttestors, ","))
+		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "%s names no attestor this controller serves (%q): every request is denied",
+			policy.Setting("authorizedAttestors", AnnotationAuthorizedAttestors), strings.Join(s.AuthorizedAttestors, ","))
 	case !s.Synced:
 		cond(ConditionSignersServed, false, "NotSynced", "the CSRs of the workload cluster are not listed yet")
 	default:
@@ -133,15 +135,18 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 
 	switch {
 	case s.Lockdown && s.LockdownEnforced:
-		cond(ConditionLockdownApplied, true, "Enforced", "the bootstrap auto-approve bindings are kept disarmed (%d disarmed since the controller started)", s.LockdownRemoved)
+		cond(ConditionLockdownApplied, true, "Enforced", "the bootstrap auto-approve bindings are kept disarmed (%d disarmed since the controller started)",
+			s.LockdownRemoved)
 	case s.Lockdown && s.LockdownError != "":
 		cond(ConditionLockdownApplied, false, "EnforcementFailed", "lockdown is asked for but not enforced yet (retried): %s", s.LockdownError)
 	case s.Lockdown:
 		cond(ConditionLockdownApplied, false, "Pending", "lockdown is asked for and not enforced yet")
 	case s.LockdownError != "":
-		cond(ConditionLockdownApplied, false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s", policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)
+		cond(ConditionLockdownApplied, false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s",
+			policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)
 	default:
-		cond(ConditionLockdownApplied, false, "NotRequested", "%s is not true: kube-controller-manager's bootstrap auto-approval is left as it is", policy.Setting("lockdown", AnnotationLockdown))
+		cond(ConditionLockdownApplied, false, "NotRequested", "%s is not true: kube-controller-manager's bootstrap auto-approval is left as it is",
+			policy.Setting("lockdown", AnnotationLockdown))
 	}
 
 	expiry := s.ServingCAExpiry.UTC().Format(time.RFC3339)
@@ -160,7 +165,8 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 	case s.IdentityError != "":
 		cond(ConditionScopedIdentity, false, "Failed", "installing the controller's identity in the workload cluster failed (retried): %s", s.IdentityError)
 	default:
-		cond(ConditionScopedIdentity, false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet", s.Cluster.Name+KubeconfigSecretSuffix)
+		cond(ConditionScopedIdentity, false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet",
+			s.Cluster.Name+KubeconfigSecretSuffix)
 	}
 
 	ready := reachable && served
@@ -213,7 +219,8 @@ type statusWriter struct {
 
 // keepStatus writes the ClusterAttestations until ctx is done.
 func (r *ClusterReconciler) keepStatus(ctx context.Context) {
-	w := &statusWriter{r: r, written: map[types.NamespacedName]string{}, created: map[types.NamespacedName]bool{}, conditions: map[types.NamespacedName][]metav1.Condition{}}
+	w := &statusWriter{r: r, written: map[types.NamespacedName]string{}, created: map[types.NamespacedName]bool{},
+		conditions: map[types.NamespacedName][]metav1.Condition{}}
 	logger := klog.FromContext(ctx)
 	wait.UntilWithContext(ctx, func(ctx context.Context) { w.sync(ctx, logger) }, cmp.Or(r.StatusPeriod, DefaultStatusPeriod))
 }

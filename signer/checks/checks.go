@@ -120,7 +120,8 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	case r.Kind == Client && strings.HasPrefix(spec.Username, attestor.BootstrapUserPrefix):
 		id := strings.TrimPrefix(spec.Username, attestor.BootstrapUserPrefix)
 		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, attestor.BootstrappersGroup) {
-			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, attestor.BootstrappersGroup))
+			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username,
+				attestor.BootstrappersGroup))
 		}
 	case strings.HasPrefix(spec.Username, attestor.NodeUserPrefix):
 		requesterNode = strings.TrimPrefix(spec.Username, attestor.NodeUserPrefix)
@@ -129,16 +130,22 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, attestor.NodesGroup))
 		}
 	case r.Kind == Client:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, attestor.BootstrapUserPrefix, attestor.NodeUserPrefix))
+		add(failf(attestor.ReasonRequesterNotAllowed,
+			"requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may",
+			spec.Username, attestor.BootstrapUserPrefix, attestor.NodeUserPrefix))
 	default:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, attestor.NodeUserPrefix))
+		add(failf(attestor.ReasonRequesterNotAllowed,
+			"requester %q may not ask for a kubelet serving certificate: "+
+				"only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity",
+			spec.Username, attestor.NodeUserPrefix))
 	}
 
 	// The annotations the signer reads are bounded as spec.request is: the
 	// controller caches no more of one (signer/controller).
 	for _, k := range attestor.RequestAnnotations() {
 		if v, ok := csr.Annotations[k]; ok && len(v) > attestor.MaxAnnotationSize {
-			add(failf(attestor.ReasonMalformedRequest, "annotation %s is larger than the %d bytes the signer reads; file a request without it", k, attestor.MaxAnnotationSize))
+			add(failf(attestor.ReasonMalformedRequest, "annotation %s is larger than the %d bytes the signer reads; file a request without it", k,
+				attestor.MaxAnnotationSize))
 		}
 	}
 
@@ -201,7 +208,8 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	if usages != nil {
 		add(usages)
 	} else if rsaOnly && !isRSA {
-		add(failf(attestor.ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment, certificatesv1.UsageDigitalSignature, authUsage(r.Kind)))
+		add(failf(attestor.ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment,
+			certificatesv1.UsageDigitalSignature, authUsage(r.Kind)))
 	}
 
 	if r.Kind == Client {
@@ -259,7 +267,7 @@ func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyE
 	for _, u := range usages {
 		seen[u] = true
 	}
-	want := "exactly [" + string(certificatesv1.UsageDigitalSignature) + ", " + string(auth) + "] (plus " + string(certificatesv1.UsageKeyEncipherment) + " for RSA keys)"
+	want := fmt.Sprintf("exactly [%s, %s] (plus %s for RSA keys)", certificatesv1.UsageDigitalSignature, auth, certificatesv1.UsageKeyEncipherment)
 	if !seen[certificatesv1.UsageDigitalSignature] || !seen[auth] || len(seen) != len(usages) {
 		return failf(attestor.ReasonUsagesNotAllowed, "usages %v: request %s, each once", usages, want), false
 	}
@@ -275,7 +283,8 @@ func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyE
 	}
 	if len(extra) > 0 {
 		slices.Sort(extra)
-		return failf(attestor.ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet %s certificate: request %s", usages, strings.Join(extra, ", "), k, want), false
+		return failf(attestor.ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet %s certificate: request %s", usages, strings.Join(extra, ", "),
+			k, want), false
 	}
 	return nil, rsaOnly
 }
@@ -301,7 +310,8 @@ func CheckMachineAddresses(x *x509.CertificateRequest, machine string, dnsNames 
 	for i, ip := range ips {
 		shown[i] = ip.String()
 	}
-	return failf(attestor.ReasonSANNotMachineAddress, "subject alternative names %s are not addresses of Machine %s (DNS %q, IP %q); request only the node's own addresses",
+	return failf(attestor.ReasonSANNotMachineAddress,
+		"subject alternative names %s are not addresses of Machine %s (DNS %q, IP %q); request only the node's own addresses",
 		strings.Join(foreign, ", "), machine, dnsNames, shown)
 }
 
@@ -316,7 +326,8 @@ func checkServingSANTypes(x *x509.CertificateRequest) []*attestor.DenyError {
 		bad = append(bad, "URI:"+u.String())
 	}
 	if len(bad) > 0 {
-		out = append(out, failf(attestor.ReasonSANTypeNotAllowed, "subject alternative names %s are not allowed: a kubelet serving certificate carries only DNS and IP SANs", strings.Join(bad, ", ")))
+		out = append(out, failf(attestor.ReasonSANTypeNotAllowed,
+			"subject alternative names %s are not allowed: a kubelet serving certificate carries only DNS and IP SANs", strings.Join(bad, ", ")))
 	}
 	if len(x.DNSNames)+len(x.IPAddresses) == 0 {
 		out = append(out, failf(attestor.ReasonNoSANs, "the request names no DNS or IP address: request the node's addresses as SANs"))
@@ -426,7 +437,8 @@ func checkNoSANs(x *x509.CertificateRequest) *attestor.DenyError {
 	if len(sans) > maxReportedSANsShown {
 		sans = append(sans[:maxReportedSANsShown], "...")
 	}
-	return failf(attestor.ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans, ", "))
+	return failf(attestor.ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans,
+		", "))
 }
 
 // basicConstraints is RFC 5280's BasicConstraints.
@@ -462,14 +474,16 @@ func checkProviderID(x *x509.CertificateRequest) (string, *attestor.DenyError) {
 		}
 	}
 	if !present {
-		return "", failf(attestor.ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID", attestor.OIDProviderID)
+		return "", failf(attestor.ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID",
+			attestor.OIDProviderID)
 	}
 	id, err := attestor.ProviderIDFromExtensions(x.Extensions)
 	if err != nil {
 		return "", failf(attestor.ReasonProviderIDMalformed, "%v", err)
 	}
 	if len(id) > maxProviderIDLength {
-		return "", failf(attestor.ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id), maxProviderIDLength)
+		return "", failf(attestor.ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id),
+			maxProviderIDLength)
 	}
 	return id, nil
 }

@@ -64,7 +64,8 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	}
 	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
 		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
-			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider, e.cfg.Authorized)})
+			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider,
+			e.cfg.Authorized)})
 	}
 	if len(ds) > 0 {
 		return e.close(d, approvedByUs, ds...)
@@ -106,7 +107,8 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 			why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
 		}
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
-			"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why, supported)})
+			"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why,
+			supported)})
 	}
 
 	m, dd := e.machine(ctx, d, p, checked)
@@ -116,7 +118,9 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	d.Machine = m
 	if p.JoinOnce && m.Joined && !checked.Renewal {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonNodeAlreadyJoined, Message: fmt.Sprintf(
-			"node %q of Machine %s has joined already; attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)", checked.NodeName, m, p.Provider)})
+			"node %q of Machine %s has joined already; "+
+				"attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)",
+			checked.NodeName, m, p.Provider)})
 	}
 
 	if p.Verifier == nil {
@@ -228,7 +232,8 @@ func (e *Engine) machine(ctx context.Context, d *Decision, p *Profile, c *checks
 
 // verify calls the profile's verifier, once per request and round: this is
 // the only place the signer calls a verifier.
-func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine, round *attestor.Round, challengeTTL time.Duration) (*attestor.Result, *Decision) {
+func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine,
+	round *attestor.Round, challengeTTL time.Duration) (*attestor.Result, *Decision) {
 	start := time.Now()
 	res, err := p.Verifier.Verify(ctx, &attestor.VerifyRequest{
 		Evidence:           c.Request.Evidence,
@@ -320,7 +325,8 @@ func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRe
 // challenged request exists under the same signer name, was filed by the
 // same requester for the same key, node and provider ID, carries a
 // challenge this signer sealed that has not expired, and is undecided.
-func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
+func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round,
+	*certificatesv1.CertificateSigningRequest, *Decision) {
 	denyf := func(reason, format string, args ...any) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
 		return nil, nil, deny(d, &attestor.DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)})
 	}
@@ -329,7 +335,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 	}
 	first, err := e.cfg.CSRs.Get(csr.Spec.SignerName, name)
 	if apierrors.IsNotFound(err) {
-		return denyf(attestor.ReasonChallengeNotFound, "there is no request %q to signer %s (deleted, never filed, or filed to another signer); file a new first-round request", name, csr.Spec.SignerName)
+		return denyf(attestor.ReasonChallengeNotFound,
+			"there is no request %q to signer %s (deleted, never filed, or filed to another signer); file a new first-round request", name, csr.Spec.SignerName)
 	}
 	if err != nil {
 		return nil, nil, retry(d, fmt.Errorf("unable to read the challenged request %s: %w", name, err))
@@ -361,7 +368,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		return denyf(attestor.ReasonChallengeNotIssued, "request %q carries no challenge yet; wait for it before answering", name)
 	}
 	if !e.now().Before(ch.Expires) {
-		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired at %s; file a new first-round request", name, ch.Expires.Format(time.RFC3339))
+		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired at %s; file a new first-round request", name,
+			ch.Expires.Format(time.RFC3339))
 	}
 	req, err := attestor.ParseRequest(first.Spec.Request)
 	if err != nil {
@@ -381,7 +389,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		mismatch = append(mismatch, "another provider ID")
 	}
 	if len(mismatch) > 0 {
-		return denyf(attestor.ReasonChallengeMismatch, "the challenged request %q is for %s than this answer; answer only your own challenge", name, strings.Join(mismatch, ", "))
+		return denyf(attestor.ReasonChallengeMismatch, "the challenged request %q is for %s than this answer; answer only your own challenge", name,
+			strings.Join(mismatch, ", "))
 	}
 	return &attestor.Round{
 		Name: first.Name, UID: string(first.UID), CSR: req.CSR,

@@ -152,7 +152,8 @@ func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs .
 		}
 	}
 	for _, p := range providers {
-		if err := installWebhooks(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "webhook", "manifests.yaml"), p.name, p.webhookPort, ca.CertPEM); err != nil {
+		if err := installWebhooks(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "webhook", "manifests.yaml"), p.name, p.webhookPort,
+			ca.CertPEM); err != nil {
 			tb.Fatalf("%s: %v", p.name, err)
 		}
 	}
