@@ -56,37 +56,13 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return e.close(d, approvedByUs, &attestor.DenyError{Reason: attestor.ReasonSignerNotServed, Message: p.Refused})
 	}
 
-	// Structure, requester and authorization, all reported at once.
-	checked, err := checks.Check(csr, p.rules())
-	ds := attestor.Denials(err)
-	if err != nil && len(ds) == 0 {
-		return retry(d, err) // cannot happen; never deny on it
-	}
-	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
-		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
-			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider,
-			e.cfg.Authorized)})
-	}
-	if len(ds) > 0 {
-		return e.close(d, approvedByUs, ds...)
+	checked, dd := e.check(d, p, csr, approvedByUs)
+	if dd != nil {
+		return dd
 	}
 	d.NodeName, d.ProviderID = checked.NodeName, checked.ProviderID
-
 	if approvedByUs {
-		// Approved by this signer, not yet issued (a write failed, or the
-		// process stopped in between): the decision stands unless the
-		// Machine went away. The evidence is not verified again: its
-		// challenge, if any, was consumed by the approval.
-		m, dd := e.machine(ctx, d, p, checked)
-		if dd != nil {
-			if dd.Outcome == Deny {
-				return e.close(dd, true, dd.Denials...)
-			}
-			return dd
-		}
-		d.Machine = m
-		d.Outcome, d.Issue = Sign, issueRequest(checked)
-		return d
+		return e.resume(ctx, d, p, checked)
 	}
 
 	if dd, ok := e.challengeGuard(d, csr); ok {
@@ -98,17 +74,8 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	if dd != nil {
 		return dd
 	}
-
-	if accepted := e.versions(p); p.Verifier != nil && !slices.Contains(accepted, checked.Request.Version) {
-		supported := strings.Join(accepted, ",")
-		d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
-		why := fmt.Sprintf("is not accepted by attestor %q", p.Provider)
-		if slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
-			why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
-		}
-		return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
-			"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why,
-			supported)})
+	if dd := e.versionGate(d, p, checked); dd != nil {
+		return dd
 	}
 
 	m, dd := e.machine(ctx, d, p, checked)
@@ -122,7 +89,6 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 				"attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)",
 			checked.NodeName, m, p.Provider)})
 	}
-
 	if p.Verifier == nil {
 		d.Outcome = Approve
 		d.Reason = p.ApprovalReason()
@@ -130,28 +96,98 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return d
 	}
 
-	res, dd := e.verify(ctx, d, p, csr, checked, m, nil, challengeTTL)
+	res, dd := e.attest(ctx, d, p, csr, checked, m, challengeTTL)
 	if dd != nil {
 		return dd
-	}
-	if res.Answers != "" {
-		round, first, dd := e.answered(d, csr, checked, res.Answers)
-		if dd != nil {
-			return dd
-		}
-		if res, dd = e.verify(ctx, d, p, csr, checked, m, round, 0); dd != nil {
-			return dd
-		}
-		if res.Identity == nil {
-			return retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
-		}
-		d.Consume = first
 	}
 	if res.Challenge != nil {
 		return e.challenge(d, csr, p, res.Challenge, challengeTTL)
 	}
+	return e.accept(ctx, d, p, checked, m, res.Identity)
+}
 
-	id := res.Identity
+// check runs the structural, requester and authorization checks, all
+// reported at once, and the Cluster's list of authorized attestors.
+func (e *Engine) check(d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, approvedByUs bool) (*checks.Checked, *Decision) {
+	checked, err := checks.Check(csr, p.rules())
+	ds := attestor.Denials(err)
+	if err != nil && len(ds) == 0 {
+		return nil, retry(d, err) // cannot happen; never deny on it
+	}
+	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
+		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
+			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider,
+			e.cfg.Authorized)})
+	}
+	if len(ds) > 0 {
+		return nil, e.close(d, approvedByUs, ds...)
+	}
+	return checked, nil
+}
+
+// resume decides a request this signer approved and did not issue (a write
+// failed, or the process stopped in between): the decision stands unless
+// the Machine went away. The evidence is not verified again: its
+// challenge, if any, was consumed by the approval.
+func (e *Engine) resume(ctx context.Context, d *Decision, p *Profile, checked *checks.Checked) *Decision {
+	m, dd := e.machine(ctx, d, p, checked)
+	if dd != nil {
+		if dd.Outcome == Deny {
+			return e.close(dd, true, dd.Denials...)
+		}
+		return dd
+	}
+	d.Machine = m
+	d.Outcome, d.Issue = Sign, issueRequest(checked)
+	return d
+}
+
+// versionGate denies evidence of a version the Cluster does not accept, and
+// names the versions it does (the node re-files with one of them).
+func (e *Engine) versionGate(d *Decision, p *Profile, checked *checks.Checked) *Decision {
+	accepted := e.versions(p)
+	if p.Verifier == nil || slices.Contains(accepted, checked.Request.Version) {
+		return nil
+	}
+	supported := strings.Join(accepted, ",")
+	d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
+	why := fmt.Sprintf("is not accepted by attestor %q", p.Provider)
+	if slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
+		why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
+	}
+	return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
+		"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why,
+		supported)})
+}
+
+// attest verifies the request's evidence and, when it answers a challenge,
+// the challenged request and the answer (recording the challenged request
+// in d.Consume). The result carries either a challenge to write or the
+// proven identity.
+func (e *Engine) attest(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, checked *checks.Checked, m *Machine,
+	challengeTTL time.Duration) (*attestor.Result, *Decision) {
+	res, dd := e.verify(ctx, d, p, csr, checked, m, nil, challengeTTL)
+	if dd != nil || res.Answers == "" {
+		return res, dd
+	}
+	round, first, dd := e.answered(d, csr, checked, res.Answers)
+	if dd != nil {
+		return nil, dd
+	}
+	if res, dd = e.verify(ctx, d, p, csr, checked, m, round, 0); dd != nil {
+		return nil, dd
+	}
+	if res.Identity == nil {
+		return nil, retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
+	}
+	d.Consume = first
+	return res, nil
+}
+
+// accept approves a request whose evidence proved id, when id is the
+// Machine's: its provider ID, its pinned identity, or (trust on first use)
+// an identity no other Machine holds.
+func (e *Engine) accept(ctx context.Context, d *Decision, p *Profile, checked *checks.Checked, m *Machine, id *attestor.Identity) *Decision {
 	if got := id.ProviderID; got != checked.ProviderID || got != m.ProviderID {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonAttestedProviderIDMismatch, Message: fmt.Sprintf(
 			"attestor %q proves provider ID %q, but the request claims %q and Machine %s has %q", p.Provider, got, checked.ProviderID, m, m.ProviderID)})
