@@ -144,14 +144,14 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 		newCfg, newAtt, reload := a.nextConfig(ctx, o, hup, cfg, activated)
 		if !reload {
 			notify("STOPPING=1")
-			logger.Info("stopping")
+			logger.Info("Stopping")
 			cancel()
 			<-done
-			logger.Info("stopped")
+			logger.Info("Stopped")
 			return nil
 		}
 		notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
-		logger.Info("reloading configuration")
+		logger.Info("Reloading the configuration")
 		cancel()
 		<-done
 		cfg, att = newCfg, newAtt
@@ -166,7 +166,7 @@ func runAgent(ctx context.Context, o *agentOptions) error {
 func (a *agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup, o *agentOptions, cfg *config.NodeConfig) []net.Listener {
 	activated, err := activation.Listeners()
 	if err != nil {
-		a.log.Error(err, "unable to use the sockets systemd passed; falling back to agent.metricsBindAddress")
+		a.log.Error(err, "Unable to use the sockets systemd passed; falling back to agent.metricsBindAddress")
 	}
 	activated = slices.DeleteFunc(activated, func(l net.Listener) bool { return l == nil })
 	addr := cfg.Agent.MetricsBindAddress
@@ -174,7 +174,7 @@ func (a *agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup, o *agentOp
 		return activated
 	}
 	if len(activated) > 0 && o.flags.Changed("metrics-bind-address") {
-		a.log.Info("serving on the sockets systemd passed; --metrics-bind-address is not used", "metricsBindAddress", addr)
+		a.log.Info("Serving on the sockets systemd passed; --metrics-bind-address is not used", "metricsBindAddress", addr)
 	}
 	srv := &metrics.Server{
 		Handler:     a.metrics.Handler(a.healthz),
@@ -221,11 +221,11 @@ func (a *agent) nextConfig(ctx context.Context, o *agentOptions, hup <-chan os.S
 		}
 		newCfg, newAtt, err := o.load()
 		if err != nil {
-			a.log.Error(err, "not reloading: the new configuration is invalid; keeping the running one")
+			a.log.Error(err, "Not reloading: the new configuration is invalid; keeping the running one")
 			continue
 		}
 		if newCfg.Agent.MetricsBindAddress != cfg.Agent.MetricsBindAddress && len(activated) == 0 {
-			a.log.Info("agent.metricsBindAddress changes take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
+			a.log.Info("Changes to agent.metricsBindAddress take effect on restart", "serving", cfg.Agent.MetricsBindAddress)
 		}
 		return newCfg, newAtt, true
 	}
@@ -283,11 +283,11 @@ func (a *agent) listenerState(st metrics.ListenerState) {
 	a.mu.Unlock()
 	switch {
 	case st.Err == nil:
-		a.log.Info("serving metrics and /healthz", "addresses", st.Addresses)
+		a.log.Info("Serving metrics and /healthz", "addresses", st.Addresses)
 	case old.Err == nil || old.Err.Error() != st.Err.Error():
-		a.log.Error(st.Err, "not serving metrics and /healthz; retrying", "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
+		a.log.Error(st.Err, "Not serving metrics and /healthz; retrying", "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
 	default:
-		a.log.V(2).Info("still not serving metrics and /healthz", "error", st.Err.Error(), "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
+		a.log.V(2).Info("Still not serving metrics and /healthz", "err", st.Err.Error(), "nextAttempt", st.NextAttempt.UTC().Format(time.RFC3339))
 	}
 	a.record(func(s *status.State) { setListener(s, st) })
 	if (old.Err == nil) != (st.Err == nil) {
@@ -310,7 +310,7 @@ func (a *agent) record(change func(*status.State)) {
 		return
 	}
 	if err := rec.Update(change); err != nil {
-		a.log.Error(err, "unable to record state")
+		a.log.Error(err, "Unable to record the state")
 	}
 }
 
@@ -360,9 +360,6 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 			a.metrics.ObserveAttestation(d, err)
 			a.record(func(s *status.State) { s.Attestation = status.NewResult(time.Now().Add(-d), d, err) })
 		}),
-		Logf: func(format string, args ...any) {
-			a.log.Info(fmt.Sprintf(format, args...), "component", "credential")
-		},
 	}
 	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 	haveCert := make(chan struct{})
@@ -371,10 +368,13 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 	a.renewal, a.beatLimit = ren, 2*daemon.Heartbeat+cfg.RequestTimeout.Duration
 	a.mu.Unlock()
 
+	// The credential path logs through the context: its lines are the
+	// agent's, named for it.
+	credCtx := klog.NewContext(ctx, a.log.WithName("credential"))
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := ren.Run(ctx); err != nil {
-			a.log.Error(err, "renewal loop stopped")
+		if err := ren.Run(credCtx); err != nil {
+			a.log.Error(err, "Renewal loop stopped")
 		}
 	})
 	// Serving certificates and trust bundles are asked for with the client
@@ -389,7 +389,7 @@ func (a *agent) run(ctx context.Context, cfg *config.NodeConfig, att attestor.At
 		})
 	}
 	if cfg.Serving.Enabled {
-		afterCert(func() { a.runServing(ctx, cfg, src) })
+		afterCert(func() { a.runServing(credCtx, cfg, src) })
 	}
 	if len(cfg.TrustBundles) > 0 {
 		afterCert(func() { a.projectTrustBundles(ctx, cfg, dialer) })
@@ -421,13 +421,14 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 		OnAttempt: func(at daemon.Attempt) {
 			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
-				a.log.Error(at.Err, "client certificate renewal failed", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				a.log.Error(at.Err, "Client certificate renewal failed",
+					"consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
 				a.sdStatus(fmt.Sprintf("renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
 			// New connections present the new certificate at once.
 			dialer.CloseAll()
-			a.log.Info("renewed the client certificate", "serial", at.Certificate.SerialNumber.Text(16),
+			a.log.Info("Renewed the client certificate", "serial", at.Certificate.SerialNumber.Text(16),
 				"notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339), "took", at.Duration.Round(time.Millisecond))
 		},
 		// Until it holds a usable certificate the agent is starting: each
@@ -442,7 +443,7 @@ func (a *agent) clientRenewal(cfg *config.NodeConfig, src *credential.Source, di
 		OnReady: func() {
 			notify("READY=1")
 			a.sdStatus(a.certLine())
-			a.log.Info("ready")
+			a.log.Info("Ready")
 		},
 	}
 }
@@ -474,7 +475,7 @@ func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig,
 			break
 		}
 		retry := backoff.Step()
-		a.log.Error(err, "unable to project trust bundles yet", "retryIn", retry)
+		a.log.Error(err, "Unable to project trust bundles yet", "retryIn", retry)
 		for _, pr := range cfg.TrustBundles {
 			a.metrics.Stale(pr.Key(), true)
 		}
@@ -493,7 +494,7 @@ func (a *agent) projectTrustBundles(ctx context.Context, cfg *config.NodeConfig,
 		OnStatus:    func(s trustbundle.Status) { a.bundleStatus(s, a.certLine()) },
 	}
 	if err := mgr.Run(ctx); err != nil {
-		a.log.Error(err, "trust bundle projection stopped")
+		a.log.Error(err, "Trust bundle projection stopped")
 	}
 }
 
@@ -510,9 +511,9 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 		a.sdStatus(a.certLine())
 	}
 	if dnsNames, ips, err := mgr.Addresses(); err != nil {
-		log.Error(err, "unable to tell the serving certificate's addresses")
+		log.Error(err, "Unable to tell the serving certificate's addresses")
 	} else {
-		log.Info("keeping kubelet's serving certificate", "dnsNames", dnsNames, "ipAddresses", ips)
+		log.Info("Keeping kubelet's serving certificate", "dnsNames", dnsNames, "ipAddresses", ips)
 	}
 	renewalState := func(s *status.State) *status.RenewalState { return &s.ServingRenewal }
 	ren := &daemon.Renewal{
@@ -525,7 +526,8 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 		Metrics:      a.metrics.ServingRenewal(),
 		OnSchedule: func(cert *x509.Certificate, next time.Time) {
 			if cert != nil && mgr.Stale(cert) {
-				log.Info("the serving certificate's addresses differ from the ones to request; replacing it now", "dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
+				log.Info("The serving certificate's addresses differ from the ones to request; replacing it now",
+					"dnsNames", cert.DNSNames, "ipAddresses", cert.IPAddresses)
 			}
 			if cert != nil {
 				setLine(fmt.Sprintf("serving certificate valid until %s", cert.NotAfter.UTC().Format(time.RFC3339)))
@@ -535,16 +537,18 @@ func (a *agent) runServing(ctx context.Context, cfg *config.NodeConfig, src *cre
 		OnAttempt: func(at daemon.Attempt) {
 			a.recordAttempt(renewalState, at)
 			if at.Err != nil {
-				log.Error(at.Err, "serving certificate renewal failed; kubelet keeps serving the installed one", "consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
+				log.Error(at.Err, "Serving certificate renewal failed; kubelet keeps serving the installed one",
+					"consecutiveFailures", at.ConsecutiveFailures, "nextAttempt", at.NextAttempt.UTC().Format(time.RFC3339))
 				setLine(fmt.Sprintf("serving renewal failing (%d in a row), next attempt %s", at.ConsecutiveFailures, at.NextAttempt.UTC().Format(time.RFC3339)))
 				return
 			}
-			log.Info("installed a new kubelet serving certificate", "serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
+			log.Info("Installed a new kubelet serving certificate",
+				"serial", at.Certificate.SerialNumber.Text(16), "notAfter", at.Certificate.NotAfter.UTC().Format(time.RFC3339),
 				"dnsNames", at.Certificate.DNSNames, "ipAddresses", at.Certificate.IPAddresses, "took", at.Duration.Round(time.Millisecond))
 		},
 	}
 	if err := ren.Run(ctx); err != nil {
-		log.Error(err, "serving certificate loop stopped")
+		log.Error(err, "Serving certificate loop stopped")
 	}
 }
 
@@ -558,10 +562,10 @@ func (a *agent) cleanUp(ctx context.Context, cfg *config.NodeConfig) {
 	// hold up the agent's start; its leftovers go at the next start.
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if unlock, err := dir.Lock(lctx); err != nil {
-		a.log.Info("not cleaning up the cache directory now", "reason", err.Error())
+		a.log.Info("Not cleaning up the cache directory now", "reason", err.Error())
 	} else {
 		if err := dir.RemoveTemp(); err != nil {
-			a.log.Error(err, "unable to clean up the cache directory")
+			a.log.Error(err, "Unable to clean up the cache directory")
 		}
 		unlock()
 	}
@@ -575,7 +579,7 @@ func (a *agent) cleanUp(ctx context.Context, cfg *config.NodeConfig) {
 		paths = append(paths, s.Projection)
 	}
 	if err := trustbundle.RemoveStale(paths, cfg.TrustBundles); err != nil {
-		a.log.Error(err, "unable to remove a former trust bundle projection")
+		a.log.Error(err, "Unable to remove a former trust bundle projection")
 	}
 }
 
@@ -587,19 +591,19 @@ func (a *agent) bundleStatus(s trustbundle.Status, certLine string) {
 	rec := a.recorder
 	a.mu.Unlock()
 	if err := rec.SetTrustBundle(s); err != nil {
-		a.log.Error(err, "unable to record state")
+		a.log.Error(err, "Unable to record the state")
 	}
 	log := a.log.WithValues("path", s.Projection)
 	switch {
 	case !s.LastUpdate.Equal(old.LastUpdate) && s.LastUpdate.After(a.started):
-		log.Info("trust bundle updated", "sources", s.Sources, "certificates", s.Certificates)
+		log.Info("Trust bundle updated", "sources", s.Sources, "certificates", s.Certificates)
 	case s.Stale && (!old.Stale || old.Reason != s.Reason) && s.Reason != "":
-		log.Info("trust bundle stale", "reason", s.Reason, "certificates", s.Certificates)
+		log.Info("Trust bundle stale", "reason", s.Reason, "certificates", s.Certificates)
 	case !s.Stale && old.Stale && seen:
-		log.Info("trust bundle current", "sources", s.Sources, "certificates", s.Certificates)
+		log.Info("Trust bundle current", "sources", s.Sources, "certificates", s.Certificates)
 	}
 	if s.Reason != "" && !s.Stale && s.Reason != old.Reason {
-		log.Info("trust bundle post-update command failed", "error", s.Reason)
+		log.Info("Trust bundle post-update command failed", "err", s.Reason)
 	}
 	if !seen || old.Stale != s.Stale {
 		a.sdStatus(certLine)

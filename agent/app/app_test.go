@@ -84,13 +84,21 @@ func TestVerbosityFlag(t *testing.T) {
 			t.Errorf("%s: -v is %+v, want the log level", cmd, f)
 		}
 	}
-	call, ok := parseCredentialCall([]string{"credential", "--config", mustConfig(t), "-v=2"}, "")
-	if !ok || !call.verbose {
-		t.Errorf("credential -v=2 does not log progress (ok %v)", ok)
-	}
-	call, ok = parseCredentialCall([]string{"credential", "--config", mustConfig(t)}, "")
-	if !ok || call.verbose {
-		t.Errorf("credential without -v logs progress (ok %v)", ok)
+	for _, tc := range []struct {
+		args  []string
+		level int
+	}{
+		{[]string{"-v=2"}, 2},
+		{[]string{"--verbose"}, 1},
+		{[]string{"--verbose", "-v=3"}, 3},
+		{nil, 0},
+	} {
+		call, ok := parseCredentialCall(append([]string{"credential", "--config", mustConfig(t)}, tc.args...), "")
+		if !ok {
+			t.Errorf("credential %q: not a credential call", tc.args)
+		} else if call.logLevel != tc.level {
+			t.Errorf("credential %q: log level %d, want %d", tc.args, call.logLevel, tc.level)
+		}
 	}
 }
 

@@ -2,14 +2,16 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -49,7 +51,7 @@ kubeconfig user entry:
 			if err != nil {
 				return err
 			}
-			call := &credentialCall{cfg: cfg, info: info, verbose: logs.progress()}
+			call := &credentialCall{cfg: cfg, info: info, logLevel: logs.effective()}
 			return call.run(cmd.Context(), stdout, stderr, time.Now())
 		},
 	}
@@ -65,8 +67,14 @@ type logFlags struct {
 	verbose bool
 }
 
-// progress reports whether the call logs its progress.
-func (l *logFlags) progress() bool { return l.level > 0 || l.verbose }
+// effective is the log level the flags ask for: 0 logs nothing, 1 or more
+// logs the call's progress.
+func (l *logFlags) effective() int {
+	if l.verbose {
+		return max(l.level, 1)
+	}
+	return l.level
+}
 
 func addCredentialFlags(fs *pflag.FlagSet, o *nodeOptions, logs *logFlags) {
 	o.AddFlags(fs)
@@ -90,9 +98,9 @@ func answerFromCache(cfg *config.NodeConfig, apiVersion string, now time.Time) (
 // credentialCall is one run of the credential command, its flags, exec
 // info and configuration resolved.
 type credentialCall struct {
-	cfg     *config.NodeConfig
-	info    *clientauthv1.ExecCredential
-	verbose bool
+	cfg      *config.NodeConfig
+	info     *clientauthv1.ExecCredential
+	logLevel int
 }
 
 // parseCredentialCall resolves `credential` args and the exec info the
@@ -121,7 +129,7 @@ func parseCredentialCall(args []string, execInfo string) (*credentialCall, bool)
 	if err != nil {
 		return nil, false
 	}
-	return &credentialCall{cfg: cfg, info: info, verbose: logs.progress()}, true
+	return &credentialCall{cfg: cfg, info: info, logLevel: logs.effective()}, true
 }
 
 func (c *credentialCall) apiVersion() string {
@@ -138,12 +146,8 @@ func (c *credentialCall) run(ctx context.Context, stdout, stderr io.Writer, now 
 		_, err := stdout.Write(out)
 		return err
 	}
+	ctx = klog.NewContext(ctx, c.logger(stderr))
 	src := &credential.Source{Config: c.cfg}
-	if c.verbose {
-		src.Logf = func(format string, args ...any) {
-			fmt.Fprintf(stderr, "kubelet-authenticator: "+format+"\n", args...)
-		}
-	}
 	if c.info != nil {
 		src.Cluster = c.info.Spec.Cluster
 	}
@@ -163,4 +167,17 @@ func (c *credentialCall) run(ctx context.Context, stdout, stderr io.Writer, now 
 	}
 	_, err = stdout.Write(out)
 	return err
+}
+
+// logger is the call's log: at log level 1 or more, one line a step on
+// stderr in klog's text format (a header, the message, key="value" pairs),
+// as kubelet, whose journal it lands in, writes its own; at 0 nothing, so
+// that a failure is the one line Main prints. stdout carries only the
+// ExecCredential.
+func (c *credentialCall) logger(stderr io.Writer) logr.Logger {
+	if c.logLevel <= 0 {
+		return logr.Discard()
+	}
+	cfg := textlogger.NewConfig(textlogger.Output(stderr), textlogger.Verbosity(c.logLevel))
+	return textlogger.NewLogger(cfg).WithName("kubelet-authenticator")
 }

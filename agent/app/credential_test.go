@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -74,6 +75,31 @@ func TestCachedCredential(t *testing.T) {
 	} {
 		if _, ok := cachedCredential(tc.args, tc.execInfo, tc.at); ok {
 			t.Errorf("%s: answered from the cache", name)
+		}
+	}
+}
+
+// TestCredentialLog: with -v the credential call logs one line a step on
+// stderr, its message and key="value" pairs; without, nothing (a failure
+// is then the one line Main prints).
+func TestCredentialLog(t *testing.T) {
+	for _, level := range []int{0, 1} {
+		var stderr bytes.Buffer
+		(&credentialCall{logLevel: level}).logger(&stderr).Info("Re-filing with another evidence version", "rejected", "v2", "next", "v1")
+		out := stderr.String()
+		if level == 0 {
+			if out != "" {
+				t.Errorf("-v=0 logged %q", out)
+			}
+			continue
+		}
+		if strings.Count(out, "\n") != 1 {
+			t.Errorf("-v=%d: not one line: %q", level, out)
+		}
+		for _, want := range []string{`"Re-filing with another evidence version"`, `logger="kubelet-authenticator"`, `rejected="v2"`, `next="v1"`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("-v=%d: %q does not say %s", level, out, want)
+			}
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
@@ -38,7 +39,9 @@ import (
 // node files anew, with a new key, once in the same call.
 var challengeLostReasons = []string{attestor.ReasonChallengeExpired}
 
-// Source obtains credentials.
+// Source obtains credentials. It logs its progress (attestation, each CSR,
+// the signer's decision) to the logger of the context it is called with
+// (klog.FromContext): the exec plugin's goes to stderr.
 type Source struct {
 	Config   *config.NodeConfig
 	Attestor attestor.Attestor
@@ -47,9 +50,6 @@ type Source struct {
 	Cluster *clientauthv1.Cluster
 	// Clock tells the time; nil means the real clock.
 	Clock clock.PassiveClock
-	// Logf receives progress lines (the exec plugin sends them to stderr);
-	// nil discards them.
-	Logf func(format string, args ...any)
 }
 
 func (s *Source) now() time.Time {
@@ -57,12 +57,6 @@ func (s *Source) now() time.Time {
 		return s.Clock.Now()
 	}
 	return time.Now()
-}
-
-func (s *Source) logf(format string, args ...any) {
-	if s.Logf != nil {
-		s.Logf(format, args...)
-	}
 }
 
 func (s *Source) dir() cache.Dir { return cache.Dir{Path: s.Config.CacheDir} }
@@ -124,15 +118,16 @@ func (s *Source) Renew(ctx context.Context) (*cache.Credential, time.Time, error
 // Get (force false) hands that credential out; Renew (force true) reports
 // the failure.
 func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential, time.Time, error) {
+	log := klog.FromContext(ctx)
 	current, err := s.dir().Load()
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		current = nil
 	case err != nil:
-		s.logf("replacing unusable cached credential: %v", err)
+		log.Info("Replacing the unusable cached credential", "err", err)
 		current = nil
 	case !s.forThisNode(current):
-		s.logf("replacing cached credential for %s: this node is %s", current.Leaf.Subject.CommonName, s.Config.NodeName)
+		log.Info("Replacing the cached credential of another node", "cached", current.Leaf.Subject.CommonName, "node", s.Config.NodeName)
 		current = nil
 	case !force && rotation.Fresh(current.Leaf, s.now()):
 		return current, rotation.Expiration(current.Leaf), nil
@@ -151,7 +146,7 @@ func (s *Source) renewLocked(ctx context.Context, force bool) (*cache.Credential
 			if end := current.Leaf.NotAfter.Add(-rotation.Margin(current.Leaf)); end.Before(retry) {
 				retry = end
 			}
-			s.logf("renewal failed, keeping the current certificate (valid until %s): %v", current.Leaf.NotAfter.UTC().Format(time.RFC3339), err)
+			log.Error(err, "Renewal failed; keeping the current certificate", "notAfter", current.Leaf.NotAfter.UTC().Format(time.RFC3339))
 			return current, retry, nil
 		}
 		return nil, time.Time{}, err
@@ -185,7 +180,7 @@ type Request struct {
 // authenticates the renewal as the node itself.
 func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.Credential, error) {
 	cfg := s.Config
-	restCfg, err := s.restConfig(current)
+	restCfg, err := s.restConfig(ctx, current)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +195,7 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 		recorded := make(chan struct{})
 		go func() {
 			defer close(recorded)
-			s.recordCluster(restCfg)
+			s.recordCluster(ctx, restCfg)
 		}()
 		defer func() { <-recorded }()
 	}
@@ -215,7 +210,7 @@ func (s *Source) obtain(ctx context.Context, current *cache.Credential) (*cache.
 				return err
 			}
 			if current != nil {
-				s.recordCluster(restCfg)
+				s.recordCluster(ctx, restCfg)
 			}
 			return nil
 		},
@@ -234,30 +229,23 @@ func (s *Source) Obtain(ctx context.Context, restCfg *rest.Config, r *Request) e
 	err := s.obtainOnce(ctx, restCfg, r)
 	var denied *csr.DeniedError
 	if errors.As(err, &denied) && slices.Contains(challengeLostReasons, denied.Reason) {
-		s.logf("the challenge on %s was not answered in time (%s); filing anew", denied.Name, denied.Reason)
+		klog.FromContext(ctx).Info("The challenge was not answered in time; filing anew", "csr", denied.Name, "reason", denied.Reason)
 		return s.obtainOnce(ctx, restCfg, r)
 	}
 	return err
 }
 
 func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Request) error {
+	log := klog.FromContext(ctx)
 	cfg := s.Config
 	client, err := csr.NewClient(restCfg)
 	if err != nil {
 		return err
 	}
 	dir := s.dir()
-	key, err := dir.LoadKey(r.PendingKeyFile)
+	key, err := pendingKey(dir, r.PendingKeyFile)
 	if err != nil {
 		return err
-	}
-	if key == nil {
-		if key, err = csr.GenerateKey(); err != nil {
-			return fmt.Errorf("unable to generate key: %w", err)
-		}
-		if err := dir.StoreKey(r.PendingKeyFile, key); err != nil {
-			return err
-		}
 	}
 	spki, err := csr.SPKI(key)
 	if err != nil {
@@ -268,29 +256,28 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 	if err != nil {
 		// Only evidence of binding v2 needs it: versions of binding v1
 		// can still be produced (the signer negotiates).
-		s.logf("evidence cannot name the cluster: %v", err)
+		log.Info("Evidence cannot name the cluster", "err", err)
 	}
-	pkcs10, err := r.PKCS10(key)
-	if err != nil {
+	j := &filing{client: client, key: key, provider: cfg.Attestor, nodeName: cfg.NodeName, r: r}
+	if j.pkcs10, err = r.PKCS10(key); err != nil {
 		return err
 	}
-	var expiration *int32
 	if d := r.Lifetime; d > 0 {
 		v := int32(d / time.Second)
-		expiration = &v
+		j.expiration = &v
 	}
 
 	version := ""
 	tried := map[string]bool{}
 	for {
 		req := &attestor.Request{NodeName: cfg.NodeName, ProviderID: cfg.ProviderID, Binding: binding, SPKI: spki, Version: version, ClusterCA: clusterCA}
-		certPEM, err := s.fileAndWait(ctx, client, key, pkcs10, expiration, r, req)
+		certPEM, err := s.fileAndWait(ctx, j, req)
 		var denied *csr.DeniedError
 		if errors.As(err, &denied) && denied.Reason == attestor.ReasonUnsupportedEvidenceVersion { // re-file in a version the signer supports
 			tried[version] = true
 			next, supported, ok := s.nextVersion(ctx, client, denied.Name, tried)
 			if ok {
-				s.logf("signer does not accept evidence version %q; re-filing with %q", version, next)
+				log.Info("Re-filing with another evidence version", "csr", denied.Name, "rejected", j.version, "next", next)
 				version = next
 				continue
 			}
@@ -304,39 +291,59 @@ func (s *Source) obtainOnce(ctx context.Context, restCfg *rest.Config, r *Reques
 			}
 			return err
 		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-		if err != nil {
-			return err
-		}
-		keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-		if err := r.Store(certPEM, keyPEM); err != nil {
-			return err
-		}
-		if err := dir.ClearKey(r.PendingKeyFile); err != nil {
-			s.logf("%v", err)
-		}
-		return nil
+		return s.store(ctx, r, key, certPEM)
 	}
 }
 
+// pendingKey returns the key of the request in flight kept in file, or a
+// new one, kept there before it is used.
+func pendingKey(dir cache.Dir, file string) (*ecdsa.PrivateKey, error) {
+	key, err := dir.LoadKey(file)
+	if err != nil || key != nil {
+		return key, err
+	}
+	if key, err = csr.GenerateKey(); err != nil {
+		return nil, fmt.Errorf("unable to generate key: %w", err)
+	}
+	if err := dir.StoreKey(file, key); err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+// store hands the issued chain and its key to r.Store and drops the
+// pending key.
+func (s *Source) store(ctx context.Context, r *Request, key *ecdsa.PrivateKey, certPEM []byte) error {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	if err := r.Store(certPEM, keyPEM); err != nil {
+		return err
+	}
+	if err := s.dir().ClearKey(r.PendingKeyFile); err != nil {
+		klog.FromContext(ctx).Error(err, "Unable to remove the pending key", "file", r.PendingKeyFile)
+	}
+	return nil
+}
+
 // fileAndWait files one CSR (and, for attestors that answer a challenge, the
-// second) and returns the issued certificate.
-func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa.PrivateKey, pkcs10 []byte, expiration *int32, r *Request, req *attestor.Request) ([]byte, error) {
-	cfg := s.Config
-	provider := cfg.Attestor
-	start := time.Now()
-	since := func() time.Duration { return time.Since(start).Round(100 * time.Microsecond) }
-	j := &filing{client: client, pkcs10: pkcs10, provider: provider, expiration: expiration, r: r}
+// second) and returns the issued certificate. Its log lines give the time
+// since it started (elapsed).
+func (s *Source) fileAndWait(ctx context.Context, j *filing, req *attestor.Request) ([]byte, error) {
+	log := klog.FromContext(ctx)
+	j.start = time.Now()
 
 	// The CSR's name follows from the key and the evidence version (the
 	// requested one, else the attestor's newest): the watch on it opens,
 	// and with it the connection to the API server, while the attestor
 	// works.
-	version := req.Version
-	if vs := s.Attestor.Versions(); version == "" && len(vs) > 0 {
-		version = vs[0]
+	j.version = req.Version
+	if vs := s.Attestor.Versions(); j.version == "" && len(vs) > 0 {
+		j.version = vs[0]
 	}
-	name, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "1")
+	name, err := j.name("1")
 	if err != nil {
 		return nil, err
 	}
@@ -349,17 +356,18 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 			if err != nil {
 				return nil, "", fmt.Errorf("attestation failed: %w", err)
 			}
-			s.logf("attested with %s in %s", provider, since())
-			if att.Version != version {
-				version = att.Version
-				if name, err = csr.Name(r.SignerName, cfg.NodeName, key, version, "1"); err != nil {
+			log.Info("Attested", "attestor", j.provider, "elapsed", j.since())
+			if att.Version != j.version {
+				j.version = att.Version
+				if name, err = j.name("1"); err != nil {
 					return nil, "", err
 				}
 			}
 			return att, name, nil
 		},
 		filed: func() {
-			s.logf("filed certificate signing request %s (signer %s, evidence %s %s) at +%s", name, r.SignerName, provider, version, since())
+			log.Info("Filed the certificate signing request",
+				"csr", name, "signer", j.r.SignerName, "attestor", j.provider, "evidenceVersion", j.version, "elapsed", j.since())
 		},
 		done: func(o *certificatesv1.CertificateSigningRequest) (bool, error) {
 			if ch, ok := o.Annotations[attestor.AnnotationChallenge]; ok && responder != nil {
@@ -373,45 +381,67 @@ func (s *Source) fileAndWait(ctx context.Context, client *csr.Client, key *ecdsa
 		return nil, err
 	}
 	if challenge == nil {
-		s.logf("%s decided at +%s", name, since())
+		log.Info("The signer decided", "csr", name, "elapsed", j.since())
 		return csr.Outcome(obj)
 	}
-	s.logf("challenged on %s at +%s", name, since())
+	log.Info("Challenged", "csr", name, "elapsed", j.since())
+	return j.answer(ctx, responder, req, challenge, obj)
+}
 
-	// Second round: answer the challenge in a new CSR over the same key,
-	// watched from before the answer is worked out.
-	name2, err := csr.Name(r.SignerName, cfg.NodeName, key, version, "2:"+string(obj.UID))
+// answer is the second round: it answers the challenge on first in a new
+// CSR over the same key, watched from before the answer is worked out.
+func (j *filing) answer(ctx context.Context, responder attestor.Responder, req *attestor.Request, challenge *attestor.Challenge,
+	first *certificatesv1.CertificateSigningRequest) ([]byte, error) {
+	log := klog.FromContext(ctx)
+	name2, err := j.name("2:" + string(first.UID))
 	if err != nil {
 		return nil, err
 	}
-	obj, err = j.round(ctx, round{
+	obj, err := j.round(ctx, round{
 		name: name2,
 		produce: func() (*attestor.Attestation, string, error) {
 			answer, err := responder.Respond(ctx, req, challenge)
 			if err != nil {
-				return nil, "", fmt.Errorf("unable to answer the signer's challenge on %s: %w", name, err)
+				return nil, "", fmt.Errorf("unable to answer the signer's challenge on %s: %w", first.Name, err)
 			}
-			s.logf("answered the challenge at +%s", since())
+			log.Info("Answered the challenge", "elapsed", j.since())
 			return answer, name2, nil
 		},
 		filed: func() {
-			s.logf("answered the challenge on %s with certificate signing request %s at +%s", name, name2, since())
+			log.Info("Filed the answer to the challenge", "challenged", first.Name, "csr", name2, "elapsed", j.since())
 		},
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.logf("%s decided at +%s", name2, since())
+	log.Info("The signer decided", "csr", name2, "elapsed", j.since())
 	return csr.Outcome(obj)
 }
 
 // filing is what every round of one join shares.
 type filing struct {
 	client     *csr.Client
+	key        *ecdsa.PrivateKey
 	pkcs10     []byte
 	provider   string
+	nodeName   string
 	expiration *int32
 	r          *Request
+	// start is when the current attempt (fileAndWait) started, and
+	// version its evidence version: the one requested, else the
+	// attestor's newest, until the evidence says which it is.
+	start   time.Time
+	version string
+}
+
+// since is the time since the current attempt started, as its log lines
+// give it.
+func (j *filing) since() time.Duration { return time.Since(j.start).Round(100 * time.Microsecond) }
+
+// name is the name of a CSR of the current attempt, for round ("1", or
+// "2:" and the challenged CSR's UID).
+func (j *filing) name(round string) (string, error) {
+	return csr.Name(j.r.SignerName, j.nodeName, j.key, j.version, round)
 }
 
 // round is one CSR of a join.
@@ -502,7 +532,7 @@ func (s *Source) NodeRESTConfig(current *cache.Credential) (*rest.Config, error)
 	if current == nil {
 		return nil, errors.New("no client credential to authenticate as the node")
 	}
-	return s.restConfig(current)
+	return s.nodeConfig(current)
 }
 
 // restConfig returns the client configuration for filing the CSR. A
@@ -512,28 +542,39 @@ func (s *Source) NodeRESTConfig(current *cache.Credential) (*rest.Config, error)
 // verified with its CA: whoever can set the cluster kubelet's kubeconfig
 // names must not collect the bootstrap token. A cluster that skips TLS
 // verification (insecure-skip-tls-verify in either kubeconfig) is refused.
-func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
+func (s *Source) restConfig(ctx context.Context, current *cache.Credential) (*rest.Config, error) {
 	if current != nil {
-		var cfg *rest.Config
-		if c := s.Cluster; c != nil && c.Server != "" {
-			if c.ProxyURL != "" {
-				return nil, errors.New("cluster proxy-url is not supported")
-			}
-			cfg = &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{
-				CAData: c.CertificateAuthorityData, ServerName: c.TLSServerName, Insecure: c.InsecureSkipTLSVerify}}
-			if err := kube.RequireVerified(cfg, "kubelet's kubeconfig (cluster "+c.Server+" in KUBERNETES_EXEC_INFO)"); err != nil {
-				return nil, err
-			}
-		} else {
-			var err error
-			if cfg, err = ClusterConfig(s.Config); err != nil {
-				return nil, err
-			}
-		}
-		cfg.TLSClientConfig.CertData = current.CertPEM
-		cfg.TLSClientConfig.KeyData = current.KeyPEM
-		return cfg, nil
+		return s.nodeConfig(current)
 	}
+	return s.bootstrapConfig(ctx)
+}
+
+// nodeConfig authenticates as the node with current.
+func (s *Source) nodeConfig(current *cache.Credential) (*rest.Config, error) {
+	var cfg *rest.Config
+	if c := s.Cluster; c != nil && c.Server != "" {
+		if c.ProxyURL != "" {
+			return nil, errors.New("cluster proxy-url is not supported")
+		}
+		cfg = &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{
+			CAData: c.CertificateAuthorityData, ServerName: c.TLSServerName, Insecure: c.InsecureSkipTLSVerify}}
+		if err := kube.RequireVerified(cfg, "kubelet's kubeconfig (cluster "+c.Server+" in KUBERNETES_EXEC_INFO)"); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if cfg, err = ClusterConfig(s.Config); err != nil {
+			return nil, err
+		}
+	}
+	cfg.TLSClientConfig.CertData = current.CertPEM
+	cfg.TLSClientConfig.KeyData = current.KeyPEM
+	return cfg, nil
+}
+
+// bootstrapConfig authenticates with the bootstrap credential, to the
+// bootstrap kubeconfig's server only.
+func (s *Source) bootstrapConfig(ctx context.Context) (*rest.Config, error) {
 	data, err := os.ReadFile(s.Config.BootstrapKubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read bootstrap kubeconfig: %w", err)
@@ -546,8 +587,9 @@ func (s *Source) restConfig(current *cache.Credential) (*rest.Config, error) {
 		return nil, err
 	}
 	if s.Cluster != nil && s.Cluster.Server != "" && s.Cluster.Server != boot.Host {
-		s.logf("bootstrapping with %s's server %s, not %s from KUBERNETES_EXEC_INFO: the bootstrap credential goes only to its own server",
-			s.Config.BootstrapKubeconfig, boot.Host, s.Cluster.Server)
+		klog.FromContext(ctx).Info("Bootstrapping with the bootstrap kubeconfig's server, not the one in KUBERNETES_EXEC_INFO: "+
+			"the bootstrap credential goes only to its own server",
+			"kubeconfig", s.Config.BootstrapKubeconfig, "server", boot.Host, "execInfoServer", s.Cluster.Server)
 	}
 	cfg := &rest.Config{
 		Host:            boot.Host,
@@ -585,12 +627,13 @@ func clusterCA(restCfg *rest.Config) ([]byte, error) {
 // recordCluster keeps the server and CA a credential was obtained from in
 // the cache directory (see ClusterConfig). A failure is only logged: the
 // bootstrap kubeconfig still names the cluster.
-func (s *Source) recordCluster(restCfg *rest.Config) {
+func (s *Source) recordCluster(ctx context.Context, restCfg *rest.Config) {
+	log := klog.FromContext(ctx)
 	ca := restCfg.CAData
 	if len(ca) == 0 && restCfg.CAFile != "" {
 		data, err := os.ReadFile(restCfg.CAFile)
 		if err != nil {
-			s.logf("not recording the cluster: %v", err)
+			log.Error(err, "Not recording the cluster", "server", restCfg.Host)
 			return
 		}
 		ca = data
@@ -600,7 +643,7 @@ func (s *Source) recordCluster(restCfg *rest.Config) {
 		return // unchanged: no write (and no fsync) on every renewal
 	}
 	if err := s.dir().StoreCluster(c); err != nil {
-		s.logf("not recording the cluster: %v", err)
+		log.Error(err, "Not recording the cluster", "server", restCfg.Host)
 	}
 }
 

@@ -25,6 +25,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/cache"
 	"sigs.k8s.io/kubelet-authenticator/agent/config"
@@ -220,7 +222,14 @@ func newSource(t *testing.T, cp *harness.ControlPlane, a attestor.Attestor) *Sou
 		CacheDir:            filepath.Join(t.TempDir(), "cache"),
 	}
 	cfg.RequestTimeout.Duration = 30 * time.Second
-	return &Source{Config: cfg, Attestor: a, Logf: t.Logf}
+	return &Source{Config: cfg, Attestor: a}
+}
+
+// logged is a context whose logger writes to the test's log, where the
+// Source's progress lines show.
+func logged(t *testing.T) context.Context {
+	_, ctx := ktesting.NewTestContext(t)
+	return ctx
 }
 
 func startControlPlane(t *testing.T) *harness.ControlPlane {
@@ -249,12 +258,21 @@ func TestVersionNegotiation(t *testing.T) {
 		return decision{sign: true}
 	})
 	src := newSource(t, cp, a)
-	cred, _, err := src.Get(context.Background())
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	cred, _, err := src.Get(klog.NewContext(context.Background(), logger))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cred.Leaf.Subject.CommonName != attestor.NodeUserPrefix+testNode {
 		t.Fatalf("certificate for %q", cred.Leaf.Subject.CommonName)
+	}
+	// The node's log says what it did: the version the signer rejected
+	// and the one it filed next.
+	log := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+	for _, want := range []string{"Re-filing with another evidence version", `rejected="v3"`, `next="v2"`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not say %s:\n%s", want, log)
+		}
 	}
 	if want := []string{"", "v2"}; !slices.Equal(a.asked, want) {
 		t.Errorf("attestor asked for versions %q, want %q (newest first, then the newest the signer accepts)", a.asked, want)
@@ -274,7 +292,7 @@ func TestVersionNegotiation(t *testing.T) {
 	mu.Lock()
 	supported = []string{"v9"}
 	mu.Unlock()
-	_, _, err = newSource(t, cp, &testAttestor{versions: []string{"v2", "v1"}}).Get(context.Background())
+	_, _, err = newSource(t, cp, &testAttestor{versions: []string{"v2", "v1"}}).Get(logged(t))
 	if err == nil || !strings.Contains(err.Error(), "no evidence version in common") || !strings.Contains(err.Error(), "v9") {
 		t.Fatalf("no common version: %v", err)
 	}
@@ -305,7 +323,7 @@ func TestChallengeResponse(t *testing.T) {
 		return decision{sign: true}
 	})
 	src := newSource(t, cp, a)
-	cred, _, err := src.Get(context.Background())
+	cred, _, err := src.Get(logged(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +367,7 @@ func TestFailedRenewalKeepsCertificate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			src := newSource(t, cp, a)
 			dir := cache.Dir{Path: src.Config.CacheDir}
-			if _, _, err := src.Get(context.Background()); err == nil {
+			if _, _, err := src.Get(logged(t)); err == nil {
 				t.Fatal("no certificate and a failing renewal: Get succeeded")
 			}
 
@@ -375,7 +393,7 @@ func TestFailedRenewalKeepsCertificate(t *testing.T) {
 				t.Fatal("the test certificate is fresh; it must be due for renewal")
 			}
 
-			cred, retry, err := src.Get(context.Background())
+			cred, retry, err := src.Get(logged(t))
 			if err != nil {
 				t.Fatalf("Get with a usable certificate and a failing renewal: %v", err)
 			}
@@ -385,7 +403,7 @@ func TestFailedRenewalKeepsCertificate(t *testing.T) {
 			if !retry.After(time.Now()) || retry.After(time.Now().Add(time.Minute+time.Second)) {
 				t.Errorf("retry at %s: want within a minute, so that kubelet asks again soon", retry)
 			}
-			if _, _, err := src.Renew(context.Background()); err == nil {
+			if _, _, err := src.Renew(logged(t)); err == nil {
 				t.Error("Renew reported success for a failed renewal")
 			}
 			after, err := os.ReadFile(filepath.Join(dir.Path, cache.CurrentFile))
@@ -418,7 +436,7 @@ func TestBootstrapTokenOnlyToItsServer(t *testing.T) {
 
 	src := newSource(t, cp, &testAttestor{versions: []string{"v1"}})
 	src.Cluster = &clientauthv1.Cluster{Server: other.URL, InsecureSkipTLSVerify: true}
-	if _, _, err := src.Get(context.Background()); err != nil {
+	if _, _, err := src.Get(logged(t)); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -437,7 +455,7 @@ func TestRenewalWithoutBootstrapKubeconfig(t *testing.T) {
 		return decision{sign: true}
 	})
 	src := newSource(t, cp, &testAttestor{versions: []string{"v1"}})
-	first, _, err := src.Get(context.Background())
+	first, _, err := src.Get(logged(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +474,7 @@ func TestRenewalWithoutBootstrapKubeconfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, _, err := src.Renew(context.Background())
+	second, _, err := src.Renew(logged(t))
 	if err != nil {
 		t.Fatalf("renewal as the node without the bootstrap kubeconfig: %v", err)
 	}
@@ -498,7 +516,7 @@ func TestInsecureSkipTLSVerifyRefused(t *testing.T) {
 	cfg := &config.NodeConfig{NodeName: testNode, ProviderID: testPID, Attestor: testProvider, SignerName: testSignerName,
 		BootstrapKubeconfig: bootstrap, CacheDir: filepath.Join(dir, "cache")}
 	cfg.RequestTimeout.Duration = 5 * time.Second
-	src := &Source{Config: cfg, Attestor: &testAttestor{versions: []string{"v1"}}, Logf: t.Logf}
+	src := &Source{Config: cfg, Attestor: &testAttestor{versions: []string{"v1"}}}
 	refused := func(what string, err error, source string) {
 		t.Helper()
 		if !errors.Is(err, kube.ErrInsecureSkipTLSVerify) || !strings.Contains(err.Error(), "remove insecure-skip-tls-verify") || !strings.Contains(err.Error(), source) {
@@ -506,7 +524,7 @@ func TestInsecureSkipTLSVerifyRefused(t *testing.T) {
 		}
 	}
 
-	_, _, err := src.Get(context.Background())
+	_, _, err := src.Get(logged(t))
 	refused("bootstrap", err, bootstrap)
 	_, err = ClusterConfig(cfg)
 	refused("the node's cluster (renewal, trust bundles)", err, bootstrap)

@@ -357,60 +357,85 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 		return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), ago(now, t))
 	}
 	fmt.Fprintf(tw, "Node:\t%s\n", r.Node)
+	r.writeCertificate(tw, ts)
+	r.writeServing(tw, ts)
+	r.writeAgent(tw, ts)
+	r.writeTrustBundles(tw, ts)
+	return tw.Flush()
+}
+
+// writeCertificate writes the client certificate's section; ts formats a time.
+func (r *Report) writeCertificate(tw io.Writer, ts func(time.Time) string) {
 	fmt.Fprintln(tw, "Client certificate:")
-	if c := r.Certificate; c != nil {
-		fmt.Fprintf(tw, "  Subject:\t%s\n", c.Subject)
-		fmt.Fprintf(tw, "  Provider ID:\t%s\n", orDash(c.ProviderID))
-		fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
-		fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
-		fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
-		if !c.Usable {
-			fmt.Fprintf(tw, "  Usable:\tno (expired or about to): the node needs a valid bootstrap token to attest again\n")
-		}
-		if c.RenewalOverdue {
-			fmt.Fprintf(tw, "  Goes dark:\t%s unless a renewal succeeds first (renewals go through the management cluster's signer)\n", ts(c.NotAfter))
-		}
-	} else {
+	c := r.Certificate
+	if c == nil {
 		fmt.Fprintf(tw, "  Error:\t%s\n", r.CertificateError)
+		return
 	}
-	if r.Serving != nil || r.ServingError != "" {
-		fmt.Fprintln(tw, "Serving certificate:")
-		if c := r.Serving; c != nil {
-			fmt.Fprintf(tw, "  File:\t%s\n", c.Path)
-			fmt.Fprintf(tw, "  Addresses:\t%s\n", orDash(strings.Join(append(slices.Clone(c.DNSNames), c.IPAddresses...), ", ")))
-			fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
-			fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
-			fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
-			if !c.Usable {
-				fmt.Fprintf(tw, "  Usable:\tno (expired or about to)\n")
-			}
-		} else {
-			fmt.Fprintf(tw, "  Error:\t%s\n", r.ServingError)
-		}
+	fmt.Fprintf(tw, "  Subject:\t%s\n", c.Subject)
+	fmt.Fprintf(tw, "  Provider ID:\t%s\n", orDash(c.ProviderID))
+	fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
+	fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
+	fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
+	if !c.Usable {
+		fmt.Fprintf(tw, "  Usable:\tno (expired or about to): the node needs a valid bootstrap token to attest again\n")
 	}
+	if c.RenewalOverdue {
+		fmt.Fprintf(tw, "  Goes dark:\t%s unless a renewal succeeds first (renewals go through the management cluster's signer)\n", ts(c.NotAfter))
+	}
+}
+
+// writeServing writes the serving certificate's section, when there is one; ts formats a time.
+func (r *Report) writeServing(tw io.Writer, ts func(time.Time) string) {
+	if r.Serving == nil && r.ServingError == "" {
+		return
+	}
+	fmt.Fprintln(tw, "Serving certificate:")
+	c := r.Serving
+	if c == nil {
+		fmt.Fprintf(tw, "  Error:\t%s\n", r.ServingError)
+		return
+	}
+	fmt.Fprintf(tw, "  File:\t%s\n", c.Path)
+	fmt.Fprintf(tw, "  Addresses:\t%s\n", orDash(strings.Join(append(slices.Clone(c.DNSNames), c.IPAddresses...), ", ")))
+	fmt.Fprintf(tw, "  Issuer:\t%s\n", c.Issuer)
+	fmt.Fprintf(tw, "  Not after:\t%s\n", ts(c.NotAfter))
+	fmt.Fprintf(tw, "  Renewal:\t%s\n", ts(c.RenewAt))
+	if !c.Usable {
+		fmt.Fprintf(tw, "  Usable:\tno (expired or about to)\n")
+	}
+}
+
+// writeAgent writes the agent's recorded state; ts formats a time.
+func (r *Report) writeAgent(tw io.Writer, ts func(time.Time) string) {
 	fmt.Fprintln(tw, "Agent:")
-	if a := r.Agent; a != nil {
-		fmt.Fprintf(tw, "  Process:\tpid %d, started %s, state updated %s\n", a.PID, ts(a.Started), ts(a.Updated))
-		fmt.Fprintf(tw, "  Last attestation:\t%s\n", result(a.Attestation, ts))
-		fmt.Fprintf(tw, "  Last renewal:\t%s\n", result(a.Renewal.Last, ts))
-		if a.Renewal.ConsecutiveFailures > 0 {
-			fmt.Fprintf(tw, "  Failures in a row:\t%d, next attempt %s\n", a.Renewal.ConsecutiveFailures, ts(a.Renewal.NextAttempt))
-		}
-		if !a.ServingRenewal.Last.Time.IsZero() {
-			fmt.Fprintf(tw, "  Last serving renewal:\t%s\n", result(a.ServingRenewal.Last, ts))
-			if a.ServingRenewal.ConsecutiveFailures > 0 {
-				fmt.Fprintf(tw, "  Serving failures in a row:\t%d, next attempt %s\n", a.ServingRenewal.ConsecutiveFailures, ts(a.ServingRenewal.NextAttempt))
-			}
-		}
-		switch {
-		case a.MetricsError != "":
-			fmt.Fprintf(tw, "  Metrics:\tNOT SERVING: %s (next attempt %s)\n", a.MetricsError, ts(a.MetricsNextAttempt))
-		case a.MetricsAddress != "":
-			fmt.Fprintf(tw, "  Metrics:\t%s\n", a.MetricsAddress)
-		}
-	} else {
+	a := r.Agent
+	if a == nil {
 		fmt.Fprintln(tw, "  State:\tnone recorded (the agent has not run)")
+		return
 	}
+	fmt.Fprintf(tw, "  Process:\tpid %d, started %s, state updated %s\n", a.PID, ts(a.Started), ts(a.Updated))
+	fmt.Fprintf(tw, "  Last attestation:\t%s\n", result(a.Attestation, ts))
+	fmt.Fprintf(tw, "  Last renewal:\t%s\n", result(a.Renewal.Last, ts))
+	if a.Renewal.ConsecutiveFailures > 0 {
+		fmt.Fprintf(tw, "  Failures in a row:\t%d, next attempt %s\n", a.Renewal.ConsecutiveFailures, ts(a.Renewal.NextAttempt))
+	}
+	if !a.ServingRenewal.Last.Time.IsZero() {
+		fmt.Fprintf(tw, "  Last serving renewal:\t%s\n", result(a.ServingRenewal.Last, ts))
+		if a.ServingRenewal.ConsecutiveFailures > 0 {
+			fmt.Fprintf(tw, "  Serving failures in a row:\t%d, next attempt %s\n", a.ServingRenewal.ConsecutiveFailures, ts(a.ServingRenewal.NextAttempt))
+		}
+	}
+	switch {
+	case a.MetricsError != "":
+		fmt.Fprintf(tw, "  Metrics:\tNOT SERVING: %s (next attempt %s)\n", a.MetricsError, ts(a.MetricsNextAttempt))
+	case a.MetricsAddress != "":
+		fmt.Fprintf(tw, "  Metrics:\t%s\n", a.MetricsAddress)
+	}
+}
+
+// writeTrustBundles writes each trust bundle projection; ts formats a time.
+func (r *Report) writeTrustBundles(tw io.Writer, ts func(time.Time) string) {
 	if len(r.TrustBundles) > 0 {
 		fmt.Fprintln(tw, "Trust bundles:")
 	}
@@ -432,7 +457,6 @@ func (r *Report) WriteText(w io.Writer, now time.Time) error {
 			fmt.Fprintf(tw, "    File:\tnot written yet\n")
 		}
 	}
-	return tw.Flush()
 }
 
 func result(r Result, ts func(time.Time) string) string {

@@ -157,16 +157,9 @@ func matches(pr config.TrustBundleProjection, sel labels.Selector, o *clusterTru
 // Run watches the selected objects and keeps the file current until ctx is
 // done. A write in progress is finished, never cut short.
 func (p *Projector) Run(ctx context.Context) error {
-	pr := p.Projection
-	opts, err := ListOptions(pr)
+	opts, sel, err := selection(p.Projection)
 	if err != nil {
 		return err
-	}
-	sel := labels.Everything()
-	if pr.LabelSelector != nil {
-		if sel, err = metav1.LabelSelectorAsSelector(pr.LabelSelector); err != nil {
-			return err
-		}
 	}
 	client, err := newClient(p.Config, p.Resource.GroupVersion())
 	if err != nil {
@@ -181,10 +174,58 @@ func (p *Projector) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	admit := func(o *clusterTrustBundle) bool { return matches(pr, sel, o) }
+	admit := func(o *clusterTrustBundle) bool { return matches(p.Projection, sel, o) }
+	informer, err := p.newInformer(client, opts, admit, poke)
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		informer.RunWithContext(ctx)
+	}()
+	defer func() { <-done }()
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return nil
+	}
+	poke()
+	p.loop(ctx, trigger, func() map[string]string {
+		var items []*clusterTrustBundle
+		for _, item := range informer.GetStore().List() {
+			if o, ok := item.(*clusterTrustBundle); ok {
+				items = append(items, o)
+			}
+		}
+		return admitted(admit, items)
+	}, func(ctx context.Context) (map[string]string, error) {
+		return p.confirm(ctx, client, opts, admit)
+	})
+	return nil
+}
+
+// selection returns the server-side selection of the projection and its
+// label selector, checked again on the client.
+func selection(pr config.TrustBundleProjection) (metav1.ListOptions, labels.Selector, error) {
+	opts, err := ListOptions(pr)
+	if err != nil {
+		return opts, nil, err
+	}
+	sel := labels.Everything()
+	if pr.LabelSelector != nil {
+		if sel, err = metav1.LabelSelectorAsSelector(pr.LabelSelector); err != nil {
+			return opts, nil, err
+		}
+	}
+	return opts, sel, nil
+}
+
+// newInformer watches the selection through a gate (the caps, and admit
+// checked again on the client), and pokes on every change.
+func (p *Projector) newInformer(client rest.Interface, opts metav1.ListOptions, admit func(*clusterTrustBundle) bool,
+	poke func()) (cache.SharedIndexInformer, error) {
 	rejected := func(reason string) {
 		if p.Metrics != nil {
-			p.Metrics.Rejected(pr.Key(), reason)
+			p.Metrics.Rejected(p.Projection.Key(), reason)
 		}
 	}
 	g := newGate(p.MaxBundles, p.MaxBytes, admit, rejected, poke)
@@ -204,53 +245,40 @@ func (p *Projector) Run(ctx context.Context) error {
 		UpdateFunc: func(any, any) { poke() },
 		DeleteFunc: func(any) { poke() },
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if p.watching != nil {
 		p.watching(informer)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		informer.RunWithContext(ctx)
-	}()
-	defer func() { <-done }()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return nil
+	return informer, nil
+}
+
+// confirm reads the selected objects from the API server (a LIST), with
+// the same caps as the watch's, on a gate of its own: an object the watch
+// keeps out is not assembled here either.
+func (p *Projector) confirm(ctx context.Context, client rest.Interface, opts metav1.ListOptions,
+	admit func(*clusterTrustBundle) bool) (map[string]string, error) {
+	list := &clusterTrustBundleList{}
+	if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
+		return nil, err
 	}
-	poke()
-	selected := func(items []*clusterTrustBundle) map[string]string {
-		objects := map[string]string{}
-		for _, o := range items {
-			if matches(pr, sel, o) {
-				objects[o.Name] = o.Spec.TrustBundle
-			}
-		}
-		return objects
+	kept := newGate(p.MaxBundles, p.MaxBytes, admit, func(string) {}, func() {}).filterList(list.Items, true, true)
+	items := make([]*clusterTrustBundle, len(kept))
+	for i := range kept {
+		items[i] = &kept[i]
 	}
-	p.loop(ctx, trigger, func() map[string]string {
-		var items []*clusterTrustBundle
-		for _, item := range informer.GetStore().List() {
-			if o, ok := item.(*clusterTrustBundle); ok {
-				items = append(items, o)
-			}
+	return admitted(admit, items), nil
+}
+
+// admitted maps the admitted items' names to their trust bundles.
+func admitted(admit func(*clusterTrustBundle) bool, items []*clusterTrustBundle) map[string]string {
+	objects := map[string]string{}
+	for _, o := range items {
+		if admit(o) {
+			objects[o.Name] = o.Spec.TrustBundle
 		}
-		return selected(items)
-	}, func(ctx context.Context) (map[string]string, error) {
-		list := &clusterTrustBundleList{}
-		if err := client.Get().Resource(Resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list); err != nil {
-			return nil, err
-		}
-		// The same caps as the watch's, on a gate of its own: an object
-		// the watch keeps out is not assembled here either.
-		kept := newGate(p.MaxBundles, p.MaxBytes, admit, func(string) {}, func() {}).filterList(list.Items, true, true)
-		items := make([]*clusterTrustBundle, len(kept))
-		for i := range kept {
-			items[i] = &kept[i]
-		}
-		return selected(items), nil
-	})
-	return nil
+	}
+	return objects
 }
 
 // loop syncs the selected objects (from selected, what the watch holds) on

@@ -189,13 +189,19 @@ type timelineStep struct {
 // The --verbose lines of a join (agent/credential), each with its time
 // since the attestation started.
 var (
-	reAttested   = regexp.MustCompile(`attested with \S+ in (\S+)$`)
-	reFiled      = regexp.MustCompile(`filed certificate signing request \S+ .* at \+(\S+)$`)
-	reChallenged = regexp.MustCompile(`challenged on \S+ at \+(\S+)$`)
-	reAnswered   = regexp.MustCompile(`answered the challenge at \+(\S+)$`)
-	reFiled2     = regexp.MustCompile(`answered the challenge on \S+ with certificate signing request \S+ at \+(\S+)$`)
-	reDecided    = regexp.MustCompile(`\S+ decided at \+(\S+)$`)
+	reAttested   = stepLine("Attested")
+	reFiled      = stepLine("Filed the certificate signing request")
+	reChallenged = stepLine("Challenged")
+	reAnswered   = stepLine("Answered the challenge")
+	reFiled2     = stepLine("Filed the answer to the challenge")
+	reDecided    = stepLine("The signer decided")
 )
+
+// stepLine matches the klog text line of the step msg and captures its
+// elapsed value.
+func stepLine(msg string) *regexp.Regexp {
+	return regexp.MustCompile(`\] "` + regexp.QuoteMeta(msg) + `" .*\belapsed="([^"]+)"`)
+}
 
 // timelineSteps splits each join of side into the steps its --verbose
 // timeline shows: the TPM's work, each request, each round of the signer as

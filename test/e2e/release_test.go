@@ -189,7 +189,7 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 		for _, x := range nodes {
 			r := x.n.Credential(ctx, "--verbose")
 			joined(t, x.n, r, x.clusterBound)
-			if strings.Contains(r.Stderr, "re-filing") {
+			if strings.Contains(r.Stderr, "Re-filing") {
 				t.Errorf("%s re-filed: it names its cluster from the first request\n%s", x.n.Name, r.Stderr)
 			}
 			t.Logf("%s (current binary) joined: %s evidence %s issued", x.n.Name, x.provider, x.clusterBound)
@@ -221,7 +221,7 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 		if r.Err == nil {
 			t.Fatalf("%s got a certificate with evidence that cannot name its cluster", n.Name)
 		}
-		for _, want := range []string{`re-filing with "v2"`, "cluster-bound evidence needs", "cluster CA"} {
+		for _, want := range []string{`"Re-filing with another evidence version"`, `rejected="v1"`, `next="v2"`, "cluster-bound evidence needs", "cluster CA"} {
 			if !strings.Contains(r.Stderr, want) {
 				t.Errorf("%s does not say %q:\n%s", n.Name, want, r.Stderr)
 			}

@@ -68,8 +68,10 @@ func TestVersionSkew(t *testing.T) {
 		if cert.Subject.CommonName != attestor.NodeUserPrefix+n.Name {
 			t.Fatalf("certificate for %q", cert.Subject.CommonName)
 		}
-		if !strings.Contains(r.Stderr, `re-filing with "v1"`) {
-			t.Errorf("the node does not say it re-filed in v1:\n%s", r.Stderr)
+		for _, want := range []string{`"Re-filing with another evidence version"`, `rejected="v2"`, `next="v1"`} {
+			if !strings.Contains(r.Stderr, want) {
+				t.Errorf("the node does not say it re-filed in v1 (%s):\n%s", want, r.Stderr)
+			}
 		}
 		csrs := csrsByVersion(t, env, n.Name)
 		if len(csrs) != 2 {
@@ -127,7 +129,7 @@ func TestVersionSkew(t *testing.T) {
 		n := nullNode(t, env, "skew-older-node", "v1")
 		r := n.Credential(ctx, "--verbose")
 		parseExecCredential(t, r)
-		if strings.Contains(r.Stderr, "re-filing") {
+		if strings.Contains(r.Stderr, "Re-filing") {
 			t.Errorf("the node re-filed:\n%s", r.Stderr)
 		}
 		csrs := csrsByVersion(t, env, n.Name)
