@@ -119,9 +119,13 @@ func New() *Metrics {
 	m.bundleSynced = newFamily(namespace+"trust_bundle_last_sync_timestamp_seconds",
 		"When a projected trust bundle file was last confirmed to match its source, in Unix seconds.", "gauge", "path")
 	m.bundleOversized = newFamily(namespace+"trust_bundle_oversized_objects_total",
-		"ClusterTrustBundles kept out of a projection's watch cache because their trust bundle alone is over agent.maxTrustBundleBytes, by projection path (once per object version).", "counter", "path")
+		"ClusterTrustBundles kept out of a projection's watch cache because their trust bundle alone is over agent.maxTrustBundleBytes, "+
+			"by projection path (once per object version).",
+		"counter", "path")
 	m.bundleExcess = newFamily(namespace+"trust_bundle_excess_objects_total",
-		"ClusterTrustBundles kept out of a projection's watch cache because it already holds agent.maxTrustBundles objects, by projection path (once per object version).", "counter", "path")
+		"ClusterTrustBundles kept out of a projection's watch cache because it already holds agent.maxTrustBundles objects, "+
+			"by projection path (once per object version).",
+		"counter", "path")
 	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
 		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
 	syncAge.fnVec = m.syncAges
