@@ -289,8 +289,8 @@ func admitted(admit func(*clusterTrustBundle) bool, items []*clusterTrustBundle)
 // matched what the server sent (a watch event or the periodic read); a
 // watch that went quiet is caught by the periodic read, and while the
 // server cannot be read LastSync ages.
-func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string, confirm func(context.Context) (map[string]string,
-	error)) {
+func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string,
+	confirm func(context.Context) (map[string]string, error)) {
 	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
 	if retryInitial <= 0 {
 		retryInitial = DefaultRetryInitial
