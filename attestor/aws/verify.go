@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/smallstep/pkcs7"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -120,13 +121,13 @@ type Verifier struct {
 	roles    []roleRef
 	hosts    []string
 	client   httpDoer
-	now      func() time.Time
+	clock    clock.PassiveClock
 }
 
 // NewVerifier returns the signer half. It fails when no certificate or no
 // account is configured.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
-	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, now: time.Now}
+	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, clock: clock.RealClock{}}
 	var errs []error
 	if cfg.ReplaceBuiltinCertificates && cfg.CertificatesDir == "" {
 		errs = append(errs, errors.New("replaceBuiltinCertificates: set certificatesDir to the certificates that replace the built-in ones"))
@@ -410,7 +411,7 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.
 		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request has X-Amz-Expires=%q, want 1 to %d seconds", q.Get("X-Amz-Expires"),
 			MaxPresignExpiry)
 	}
-	now := v.now()
+	now := v.clock.Now()
 	if now.Add(clockSkew).Before(signedAt) {
 		return nil, attestor.Deny(ReasonPresignExpired, "the presigned STS request is dated %s, in the future", signedAt.Format(time.RFC3339))
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/smallstep/pkcs7"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -101,7 +102,7 @@ type Verifier struct {
 	roots, intermediates *x509.CertPool
 	signerNames          []string
 	subscriptions        []string
-	now                  func() time.Time
+	clock                clock.PassiveClock
 	issuers              *issuerCache // nil when fetching is disabled
 }
 
@@ -117,7 +118,7 @@ func BuiltinRoots() fs.FS {
 
 // NewVerifier returns the signer half.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
-	v := &Verifier{roots: x509.NewCertPool(), intermediates: x509.NewCertPool(), signerNames: cfg.SignerNames, now: time.Now}
+	v := &Verifier{roots: x509.NewCertPool(), intermediates: x509.NewCertPool(), signerNames: cfg.SignerNames, clock: clock.RealClock{}}
 	var errs []error
 	if len(cfg.Roots) == 0 {
 		names, _ := fs.Glob(BuiltinRoots(), "*.pem")
@@ -199,7 +200,7 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q or %q", ev.Version, VersionV2, VersionV1)
 	}
 	bindings := in.Bindings(clusterBound(ev.Version))
-	now := v.now()
+	now := v.clock.Now()
 	doc, err := v.verifyDocument(ctx, ev.Signature, now)
 	if err != nil {
 		return nil, err

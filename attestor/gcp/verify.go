@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -68,7 +69,7 @@ type Verifier struct {
 	projects []string
 	prefix   string
 	keys     *keySet
-	now      func() time.Time
+	clock    clock.PassiveClock
 }
 
 // NewVerifier returns the signer half.
@@ -95,8 +96,8 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if refresh <= 0 {
 		refresh = defaultJWKSRefresh
 	}
-	v := &Verifier{projects: cfg.Projects, prefix: cfg.AudiencePrefix, now: time.Now}
-	v.keys = &keySet{url: jwksURL, client: client, now: func() time.Time { return v.now() }, refresh: refresh, minRefresh: defaultJWKSMinRefresh}
+	v := &Verifier{projects: cfg.Projects, prefix: cfg.AudiencePrefix, clock: clock.RealClock{}}
+	v.keys = &keySet{url: jwksURL, client: client, refresh: refresh, minRefresh: defaultJWKSMinRefresh}
 	return v, nil
 }
 
@@ -164,7 +165,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token names no signing key")
 	}
 	kid := jws.Signatures[0].Header.KeyID
-	key, err := v.keys.key(ctx, kid)
+	key, err := v.keys.key(ctx, kid, v.clock.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +186,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 	if claims.IssuedAt == nil || claims.Expiry == nil {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token lacks iat or exp")
 	}
-	now := v.now()
+	now := v.clock.Now()
 	iat, exp := time.Unix(*claims.IssuedAt, 0), time.Unix(*claims.Expiry, 0)
 	switch {
 	case now.Add(clockSkew).Before(iat):

@@ -26,7 +26,7 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 	if in.ChallengeTTL > 0 {
 		ttl = min(ttl, in.ChallengeTTL)
 	}
-	expires := v.now().Add(ttl).UTC().Truncate(time.Second)
+	expires := v.clock.Now().Add(ttl).UTC().Truncate(time.Second)
 	keyID, key := v.keys.Current()
 	if key == nil {
 		return nil, errors.New("the signer has no challenge key yet")

@@ -202,7 +202,7 @@ func exceptionFor(chain []*x509.Certificate) *profileException {
 }
 
 // verifyEKCertificate verifies an EK certificate against the manufacturer
-// pool at v.now(): full path validation, the TCG EK credential profile of
+// pool at v.clock.Now(): full path validation, the TCG EK credential profile of
 // the leaf (extended key usage, key usage, subject alternative name, basic
 // constraints) and the usages of the CAs on the path. The TCG subject
 // alternative name, which Go's x509 leaves unhandled, is parsed and
@@ -225,7 +225,7 @@ func (v *Verifier) verifyEKCertificate(cert *x509.Certificate) error {
 	chains, err := c.Verify(x509.VerifyOptions{
 		Roots:         v.roots,
 		Intermediates: v.intermediates,
-		CurrentTime:   v.now(),
+		CurrentTime:   v.clock.Now(),
 		// Go's nested EKU check knows only its own usages, not
 		// tcg-kp-EKCertificate: the leaf's and the CAs' extended key
 		// usages are checked below instead.

@@ -180,7 +180,7 @@ type ClusterReconciler struct {
 // kinds is the manager's RESTMapper behind one memory of unserved kinds,
 // shared by every Cluster's Machine matcher.
 func (r *ClusterReconciler) kinds() meta.RESTMapper {
-	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.now) })
+	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.clock()) })
 	return r.kindCache
 }
 
