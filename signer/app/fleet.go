@@ -185,7 +185,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.generation, prometheus.GaugeValue, float64(s.Generation), cl)
 		ch <- prometheus.MustNewConstMetric(c.revokedNodes, prometheus.GaugeValue, float64(s.RevokedNodes), cl)
 		ch <- prometheus.MustNewConstMetric(c.revocationErrors, prometheus.CounterValue, float64(s.RevocationErrors), cl)
-		if !s.ServingCAExpiry.IsZero() { // not in standalone mode
+		// Known once the cluster's serving CA is: a workload cluster
+		// connected, or the standalone replica leading and its CA made.
+		if !s.ServingCAExpiry.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.servingCAExpiry, prometheus.GaugeValue, float64(s.ServingCAExpiry.Unix()), cl)
 			ch <- prometheus.MustNewConstMetric(c.servingCAs, prometheus.GaugeValue, float64(s.ServingCAs), cl)
 			ch <- prometheus.MustNewConstMetric(c.trustBundlesPublished, prometheus.GaugeValue, b(s.TrustBundlesPublished), cl)

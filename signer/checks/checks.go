@@ -307,6 +307,8 @@ func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyE
 
 // CheckMachineAddresses requires every DNS and IP SAN of a serving request
 // to be one of the Machine's addresses (DNS names compared without case).
+// machine names it in the message ("Machine namespace/name", or the
+// standalone allowlist entry: engine.Machine.Describe).
 func CheckMachineAddresses(x *x509.CertificateRequest, machine string, dnsNames []string, ips []net.IP) error {
 	var foreign []string
 	for _, n := range x.DNSNames {
@@ -327,7 +329,7 @@ func CheckMachineAddresses(x *x509.CertificateRequest, machine string, dnsNames 
 		shown[i] = ip.String()
 	}
 	return failf(attestor.ReasonSANNotMachineAddress,
-		"subject alternative names %s are not addresses of Machine %s (DNS %q, IP %q); request only the node's own addresses",
+		"subject alternative names %s are not addresses of %s (DNS %q, IP %q); request only the node's own addresses",
 		strings.Join(foreign, ", "), machine, dnsNames, shown)
 }
 

@@ -85,14 +85,13 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	d.Machine = m
 	if p.JoinOnce && m.Joined && !checked.Renewal {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonNodeAlreadyJoined, Message: fmt.Sprintf(
-			"node %q of Machine %s has joined already; "+
-				"attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)",
-			checked.NodeName, m, p.Provider)})
+			"node %q of %s has joined already; attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)",
+			checked.NodeName, m.Describe(), p.Provider)})
 	}
 	if p.Verifier == nil {
 		d.Outcome = Approve
 		d.Reason = p.ApprovalReason()
-		d.Message = fmt.Sprintf("node %q asks for its own serving certificate with addresses of Machine %s", checked.NodeName, m)
+		d.Message = fmt.Sprintf("node %q asks for its own serving certificate with addresses of %s", checked.NodeName, m.Describe())
 		return d
 	}
 
@@ -190,11 +189,11 @@ func (e *Engine) attest(ctx context.Context, d *Decision, p *Profile, csr *certi
 func (e *Engine) accept(ctx context.Context, d *Decision, p *Profile, checked *checks.Checked, m *Machine, id *attestor.Identity) *Decision {
 	if got := id.ProviderID; got != checked.ProviderID || got != m.ProviderID {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonAttestedProviderIDMismatch, Message: fmt.Sprintf(
-			"attestor %q proves provider ID %q, but the request claims %q and Machine %s has %q", p.Provider, got, checked.ProviderID, m, m.ProviderID)})
+			"attestor %q proves provider ID %q, but the request claims %q and %s has %q", p.Provider, got, checked.ProviderID, m.Describe(), m.ProviderID)})
 	}
 	if m.Identity != "" && id.Stable != m.Identity {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonIdentityMismatch, Message: fmt.Sprintf(
-			"attestor %q proves identity %q, but %s is pinned to %q; update the pin if the node was replaced", p.Provider, id.Stable, m, m.Identity)})
+			"attestor %q proves identity %q, but %s is pinned to %q; update the pin if the node was replaced", p.Provider, id.Stable, m.Describe(), m.Identity)})
 	}
 	if id.Stable != "" && e.cfg.Identities != nil && m.Identity == "" {
 		if err := e.cfg.Identities.Bind(ctx, m, id.Stable); err != nil {
@@ -207,7 +206,7 @@ func (e *Engine) accept(ctx context.Context, d *Decision, p *Profile, checked *c
 
 	d.Outcome = Approve
 	d.Reason = p.ApprovalReason()
-	d.Message = fmt.Sprintf("attestor %q verified node %q with provider ID %q of Machine %s", p.Provider, checked.NodeName, checked.ProviderID, m)
+	d.Message = fmt.Sprintf("attestor %q verified node %q with provider ID %q of %s", p.Provider, checked.NodeName, checked.ProviderID, m.Describe())
 	if p.Kind == checks.Serving {
 		d.Message += "; SANs are its addresses"
 	}
@@ -258,7 +257,7 @@ func (e *Engine) machine(ctx context.Context, d *Decision, p *Profile, c *checks
 		return nil, retry(d, fmt.Errorf("unable to match node %q (provider ID %q) to a Machine: %w", c.NodeName, c.ProviderID, err))
 	}
 	if p.Kind == checks.Serving {
-		if err := checks.CheckMachineAddresses(c.CSR, m.String(), m.DNSNames, m.IPs); err != nil {
+		if err := checks.CheckMachineAddresses(c.CSR, m.Describe(), m.DNSNames, m.IPs); err != nil {
 			d.Machine = m
 			return nil, deny(d, attestor.Denials(err)...)
 		}

@@ -106,6 +106,7 @@ func TestDecide(t *testing.T) {
 		wantReasons []string // every denial, in order
 		wantReason  string   // the condition's reason (Approve, Fail)
 		wantVerify  bool     // whether the verifier was called
+		wantMessage string   // what the message must say
 	}
 	cases := []tc{
 		{name: "attested client request", want: Approve, wantReason: attestor.ReasonAttestationVerified, wantVerify: true},
@@ -153,7 +154,17 @@ func TestDecide(t *testing.T) {
 			want: Approve, wantReason: attestor.ReasonAttestedServingVerified, wantVerify: true},
 		{name: "serving SAN not the Machine's", signer: serving, obj: fromNode,
 			req:  func(r *signertest.Request) { servingRequest(r); r.DNSNames = append(r.DNSNames, "elsewhere.example") },
-			want: Deny, wantReasons: []string{attestor.ReasonSANNotMachineAddress}},
+			want: Deny, wantReasons: []string{attestor.ReasonSANNotMachineAddress},
+			wantMessage: "DNS:elsewhere.example are not addresses of Machine ns/m-1"},
+		{name: "serving SAN not the allowlist entry's", signer: serving, obj: fromNode,
+			machine: oneMachine{m: func() *Machine {
+				m := machine()
+				m.Description = "allowlist entry node-1 of ConfigMap ns/allowlist"
+				return m
+			}()},
+			req:  func(r *signertest.Request) { servingRequest(r); r.DNSNames = append(r.DNSNames, "elsewhere.example") },
+			want: Deny, wantReasons: []string{attestor.ReasonSANNotMachineAddress},
+			wantMessage: "DNS:elsewhere.example are not addresses of allowlist entry node-1 of ConfigMap ns/allowlist"},
 		{name: "serving request from a bootstrap token", signer: serving, req: servingRequest,
 			want: Deny, wantReasons: []string{attestor.ReasonRequesterNotAllowed}},
 		{name: "kubelet's own serving request", signer: certificatesv1.KubeletServingSignerName, req: func(r *signertest.Request) {
@@ -222,6 +233,9 @@ func TestDecide(t *testing.T) {
 			}
 			if strings.Join(reasons, ",") != strings.Join(c.wantReasons, ",") {
 				t.Errorf("denials %q, want %q", reasons, c.wantReasons)
+			}
+			if !strings.Contains(d.Message, c.wantMessage) {
+				t.Errorf("message %q does not say %q", d.Message, c.wantMessage)
 			}
 			if c.wantReason != "" && d.Reason != c.wantReason {
 				t.Errorf("reason %q, want %q", d.Reason, c.wantReason)

@@ -54,6 +54,9 @@ type Machine struct {
 	// Identity, when set, pins the attested stable identity: evidence that
 	// proves another one is denied (standalone allowlist entries).
 	Identity string
+	// Description is what a message calls it when it is not a Cluster API
+	// Machine (a standalone allowlist entry); empty: Machine namespace/name.
+	Description string
 }
 
 // String returns namespace/name.
@@ -62,6 +65,15 @@ func (m *Machine) String() string {
 		return m.Name
 	}
 	return m.Namespace + "/" + m.Name
+}
+
+// Describe names it in a message for the operator: "Machine
+// namespace/name", or its Description.
+func (m *Machine) Describe() string {
+	if m.Description != "" {
+		return m.Description
+	}
+	return "Machine " + m.String()
 }
 
 // Machines finds the Machine of a request. A request no Machine accounts for

@@ -153,7 +153,7 @@ func (m *Matcher) machine(ctx context.Context, e *Entry) (*engine.Machine, error
 	return &engine.Machine{
 		Namespace: m.ConfigMap.Namespace, Name: machinePrefix + e.NodeName, UID: m.entryUID(e),
 		ProviderID: e.ProviderID, Annotations: e.Annotations, Identity: e.Identity, Joined: joined,
-		DNSNames: e.DNSNames, IPs: ips,
+		DNSNames: e.DNSNames, IPs: ips, Description: fmt.Sprintf("allowlist entry %s of ConfigMap %s", e.NodeName, m.ConfigMap),
 	}, nil
 }
 

@@ -59,6 +59,10 @@ func TestMatcher(t *testing.T) {
 	if err != nil || got.ProviderID != "p" || got.Identity != "tpm:ek-sha256:ab" {
 		t.Fatalf("match = %+v, %v", got, err)
 	}
+	// Denials name the entry the operator edits, not a Machine.
+	if d := got.Describe(); d != "allowlist entry node-a of ConfigMap kube-system/allow" {
+		t.Errorf("the entry is described as %q", d)
+	}
 	// The entry's addresses are the only SANs a serving certificate may
 	// have (engine: checks.CheckMachineAddresses).
 	if got, err := m.ForNode(ctx, "node-a"); err != nil || !slices.Equal(got.DNSNames, []string{"node-a.internal"}) ||

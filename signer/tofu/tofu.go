@@ -306,8 +306,8 @@ func (s *Store) checkAfterCreate(ctx context.Context, m *engine.Machine, identit
 // names only the requester's own Machine and identities.
 func (s *Store) mismatch(m *engine.Machine, identity string, rec *corev1.ConfigMap) error {
 	return &attestor.DenyError{Reason: attestor.ReasonMachineIdentityMismatch, Message: fmt.Sprintf(
-		"Machine %s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, %s deletes the record %s/%s",
-		m, rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, s.administrator(), rec.Namespace, rec.Name)}
+		"%s is bound to identity %s since %s, not %s; if the machine's device was replaced on purpose, %s deletes the record %s/%s",
+		m.Describe(), rec.Data[KeyIdentity], rec.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), identity, s.administrator(), rec.Namespace, rec.Name)}
 }
 
 func (s *Store) administrator() string {

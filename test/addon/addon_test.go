@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
@@ -234,12 +235,21 @@ func (r *repository) components(t *testing.T, env ...string) ([]byte, objects) {
 	return y, decode(t, "clusterctl generate provider", y)
 }
 
+// standaloneValues are the helm flags of a standalone install, as
+// docs/standalone.md gives them: standalone mode uses no ClusterAttestation,
+// so its CRD is skipped.
+var standaloneValues = []string{"--set", "mode=standalone", "--skip-crds"}
+
 // chart renders the Helm chart into namespace with the given helm flags
-// (--set ...).
+// (--set ...). It renders the chart's crds/ too, as helm install installs
+// them, unless the flags say --skip-crds.
 func chart(t *testing.T, tl tools, namespace string, flags ...string) ([]byte, objects) {
 	t.Helper()
-	// --include-crds: helm install installs the chart's crds/ too.
-	args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace, "--include-crds"}, flags...)
+	args := []string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", namespace}
+	if !slices.Contains(flags, "--skip-crds") {
+		args = append(args, "--include-crds")
+	}
+	args = append(args, slices.DeleteFunc(slices.Clone(flags), func(f string) bool { return f == "--skip-crds" })...)
 	y := run(t, nil, nil, tl.helm, args...)
 	return y, decode(t, "helm template", y)
 }
@@ -251,13 +261,18 @@ func write(t *testing.T, path string, b []byte) {
 	}
 }
 
-// controllerArgs parses args with the controller's own flags and returns
+// controllerArgs parses args with the controller's own flags (those of its
+// subcommand when args start with one, as standalone mode's do) and returns
 // the value of each flag.
 func controllerArgs(t *testing.T, args []string) func(string) string {
 	t.Helper()
-	fs := app.NewCommand().Flags()
-	if err := fs.Parse(args); err != nil {
+	cmd, rest, err := app.NewCommand().Find(args)
+	if err != nil {
 		t.Fatalf("container args %q: %v", args, err)
+	}
+	fs := cmd.Flags()
+	if err := fs.Parse(rest); err != nil || fs.NArg() > 0 {
+		t.Fatalf("container args %q: %v (arguments %q)", args, err, fs.Args())
 	}
 	return func(name string) string {
 		f := fs.Lookup(name)
@@ -379,49 +394,68 @@ func TestClusterctlReadsTheReleaseArtifacts(t *testing.T) {
 
 // TestChartAndComponentsAgree: with its default values, the chart renders
 // the very objects the clusterctl components install (metadata aside: Helm
-// adds its labels), so that the two ways to install cannot drift; and the
-// Deployment's arguments are the controller's flags.
+// adds its labels), and with mode: standalone those of deploy/standalone
+// (same arguments, same RBAC rules, no Cluster API rule, no admission
+// policy or CRD of Cluster API mode), so that the ways to install cannot
+// drift; and the Deployment's arguments are the controller's flags (of
+// its standalone command in standalone mode).
 func TestChartAndComponentsAgree(t *testing.T) {
 	tl := getTools(t)
-	r := newRepository(t, tl)
-	_, comps := r.components(t)
-	_, charted := chart(t, tl, namespace)
+	for _, c := range []struct {
+		mode string
+		// what, and what to change with the chart's templates.
+		what, change string
+		reference    func(t *testing.T) objects
+		values       []string
+	}{
+		{"capi", "deploy/release (clusterctl)", "deploy/controller", func(t *testing.T) objects {
+			_, comps := newRepository(t, tl).components(t)
+			return comps
+		}, nil},
+		{"standalone", "deploy/standalone", "deploy/standalone", func(t *testing.T) objects {
+			return decode(t, "kustomize deploy/standalone", run(t, nil, nil, tl.kubectl, "kustomize", filepath.Join(repoRoot(t), "deploy", "standalone")))
+		}, standaloneValues},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			reference := c.reference(t)
+			_, charted := chart(t, tl, namespace, c.values...)
+			seen := map[string]bool{}
+			for _, r := range reference {
+				if r.GetKind() == "Namespace" {
+					continue // Helm installs into a namespace it is given
+				}
+				key := objectKey(r)
+				seen[key] = true
+				h := charted.find(r.GetKind(), r.GetName())
+				if h == nil || objectKey(h) != key {
+					t.Errorf("the chart does not render %s", key)
+					continue
+				}
+				if diff := differences(content(r), content(h)); len(diff) > 0 {
+					t.Errorf("%s differs between %s and the chart (change deploy/helm/kubelet-authenticator/templates with %s):\n%s", key, c.what, c.change, strings.Join(diff, "\n"))
+				}
+			}
+			for _, h := range charted {
+				if key := objectKey(h); !seen[key] {
+					t.Errorf("the chart renders %s, which %s does not install", key, c.what)
+				}
+			}
 
-	seen := map[string]bool{}
-	for _, c := range comps {
-		if c.GetKind() == "Namespace" {
-			continue // Helm installs into a namespace it is given
-		}
-		key := objectKey(c)
-		seen[key] = true
-		h := charted.find(c.GetKind(), c.GetName())
-		if h == nil || objectKey(h) != key {
-			t.Errorf("the chart does not render %s", key)
-			continue
-		}
-		if diff := differences(content(c), content(h)); len(diff) > 0 {
-			t.Errorf("%s differs between deploy/release (clusterctl) and the chart (change deploy/helm/kubelet-authenticator/templates with deploy/controller):\n%s", key, strings.Join(diff, "\n"))
-		}
-	}
-	for _, h := range charted {
-		if key := objectKey(h); !seen[key] {
-			t.Errorf("the chart renders %s, which the components do not install", key)
-		}
-	}
-
-	var d struct {
-		Spec struct {
-			Template struct {
+			var d struct {
 				Spec struct {
-					Containers []struct {
-						Args []string `json:"args"`
-					} `json:"containers"`
+					Template struct {
+						Spec struct {
+							Containers []struct {
+								Args []string `json:"args"`
+							} `json:"containers"`
+						} `json:"spec"`
+					} `json:"template"`
 				} `json:"spec"`
-			} `json:"template"`
-		} `json:"spec"`
+			}
+			charted.get(t, "Deployment", deployment, &d)
+			controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
+		})
 	}
-	charted.get(t, "Deployment", deployment, &d)
-	controllerArgs(t, d.Spec.Template.Spec.Containers[0].Args)
 }
 
 // clusterScoped are the cluster-scoped kinds the manifests hold. clusterctl
@@ -469,7 +503,7 @@ func differences(a, b any) []string {
 			return
 		}
 		if !reflect.DeepEqual(a, b) {
-			out = append(out, fmt.Sprintf("  %s: components %v, chart %v", path, a, b))
+			out = append(out, fmt.Sprintf("  %s: reference %v, chart %v", path, a, b))
 		}
 	}
 	walk("", a, b)
@@ -483,7 +517,9 @@ func differences(a, b any) []string {
 // controller is told); attestorConfig becomes a valid AttestorConfig that
 // --attestor-config reads from its mount; metrics.certSecretName is the
 // directory --metrics-cert-dir names; metrics.readers are bound to the
-// metrics-reader ClusterRole.
+// metrics-reader ClusterRole; the standalone values become the standalone
+// command's flags and the names its Role grants; a combination that cannot
+// work fails helm template with the value to change.
 func TestChartValues(t *testing.T) {
 	tl := getTools(t)
 	const ns = "ka"
@@ -647,6 +683,112 @@ func TestChartValues(t *testing.T) {
 		want := []map[string]string{{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}}
 		if crb.RoleRef.Name != "kubelet-authenticator:node-attestation-controller-metrics-reader" || !reflect.DeepEqual(crb.Subjects, want) {
 			t.Errorf("metrics reader binding %+v", crb)
+		}
+	})
+
+	t.Run("standalone", func(t *testing.T) {
+		// A TPM boot-state policy, as tpm-boot-policy writes one.
+		policyFile := filepath.Join(t.TempDir(), "tpm-policy.yaml")
+		policy := fmt.Sprintf("apiVersion: %s\nkind: %s\nrequireSecureBoot: true\n", tpm.PolicyAPIVersion, tpm.PolicyKind)
+		write(t, policyFile, []byte(policy))
+		_, objs := chart(t, tl, ns, append(append([]string(nil), standaloneValues...),
+			"--set", "standalone.caSecret=kubeadm-ca,standalone.servingCASecret=kubelet-serving-ca,standalone.allowlistConfigMap=nodes",
+			"--set", "standalone.authorizedAttestors={tpm,aws}",
+			"--set-json", `attestorConfig={"aws":{"accounts":["111122223333"],"allowedRoles":["nodes"]}}`,
+			"--set", "standalone.lockdown=true,standalone.approveKubeletServing=true,standalone.revocationPeriod=1m",
+			"--set-file", "standalone.attestorPolicies.tpm="+policyFile)...)
+		var d deploymentSpec
+		objs.get(t, "Deployment", deployment, &d)
+		args := d.Spec.Template.Spec.Containers[0].Args
+		if len(args) == 0 || args[0] != "standalone" {
+			t.Fatalf("args %q do not run the standalone command", args)
+		}
+		flag := controllerArgs(t, args)
+		for name, want := range map[string]string{
+			"ca-secret":               ns + "/kubeadm-ca",
+			"serving-ca-secret":       ns + "/kubelet-serving-ca",
+			"allowlist-configmap":     ns + "/nodes",
+			"authorized-attestors":    "[tpm,aws]",
+			"lockdown":                "true",
+			"approve-kubelet-serving": "true",
+			"revocation-period":       "1m0s",
+			"attestor-config":         "/etc/node-attestation-controller/attestor-config.yaml",
+			"attestor-policy":         "[tpm=/etc/node-attestation-controller-policies/tpm.yaml]",
+		} {
+			if got := flag(name); got != want {
+				t.Errorf("--%s=%s, want %s", name, got, want)
+			}
+		}
+		// The policy is the document given, where --attestor-policy reads it.
+		c := d.Spec.Template.Spec.Containers[0]
+		var policyCM string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil && mountOf(c, v.Name) == "/etc/node-attestation-controller-policies" {
+				policyCM = v.ConfigMap.Name
+			}
+		}
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if policyCM == "" {
+			t.Fatal("no ConfigMap is mounted where --attestor-policy reads")
+		}
+		objs.get(t, "ConfigMap", policyCM, &cm)
+		if got := cm.Data["tpm.yaml"]; got != policy {
+			t.Errorf("the mounted policy is %q, want %q", got, policy)
+		} else if _, err := tpm.ParsePolicy([]byte(got)); err != nil {
+			t.Errorf("the mounted policy: %v", err)
+		}
+		var role struct {
+			Rules []struct {
+				Resources     []string `json:"resources"`
+				ResourceNames []string `json:"resourceNames"`
+			} `json:"rules"`
+		}
+		objs.get(t, "Role", "node-attestation-controller-standalone", &role)
+		granted := false
+		for _, r := range role.Rules {
+			granted = granted || (slices.Equal(r.Resources, []string{"secrets"}) &&
+				slices.Contains(r.ResourceNames, "kubeadm-ca") && slices.Contains(r.ResourceNames, "kubelet-serving-ca"))
+		}
+		if !granted {
+			t.Errorf("the Role does not grant the Secrets the values name: %+v", role.Rules)
+		}
+		for _, u := range objs {
+			if u.GetKind() == "CustomResourceDefinition" || u.GetKind() == "ValidatingAdmissionPolicy" || u.GetName() == "kubelet-authenticator:node-attestation-controller" {
+				t.Errorf("standalone mode renders Cluster API mode's %s %s", u.GetKind(), u.GetName())
+			}
+		}
+	})
+
+	t.Run("combinations that cannot work", func(t *testing.T) {
+		for _, c := range []struct {
+			name  string
+			flags []string
+			// want is what the message must say: the value to change.
+			want string
+		}{
+			{"unknown mode", []string{"--set", "mode=clusterapi"}, "/mode"},
+			{"a name with a namespace", []string{"--set", "mode=standalone,standalone.caSecret=kube-system/ca"}, "standalone.caSecret"},
+			{"the serving CA in the client CA's Secret", []string{"--set", "mode=standalone,standalone.servingCASecret=cluster-ca"}, "standalone.servingCASecret must differ from standalone.caSecret"},
+			{"a cloud attestor without configuration", []string{"--set", "mode=standalone,standalone.authorizedAttestors={tpm,gcp}"}, "attestorConfig.gcp"},
+			{"no attestor", []string{"--set", "mode=standalone,standalone.authorizedAttestors=null"}, "authorizedAttestors"},
+			{"an unknown attestor", []string{"--set", "mode=standalone,standalone.authorizedAttestors={tmp}"}, "/standalone/authorizedAttestors/0"},
+			{"a misspelt standalone value", []string{"--set", "mode=standalone,standalone.lockdwon=true"}, "lockdwon"},
+			{"lockdown in Cluster API mode", []string{"--set", "standalone.lockdown=true"}, "apply only with mode: standalone"},
+			{"a policy in Cluster API mode", []string{"--set", "standalone.attestorPolicies.tpm=x"}, "apply only with mode: standalone"},
+			{"a policy of an attestor not authorized", []string{"--set", "mode=standalone,standalone.attestorPolicies.aws=x"}, "standalone.attestorPolicies.aws"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", ns}, c.flags...)
+				out, err := exec.Command(tl.helm, args...).CombinedOutput()
+				if err == nil {
+					t.Fatalf("helm template %s renders; want it refused", strings.Join(c.flags, " "))
+				}
+				if !strings.Contains(string(out), c.want) {
+					t.Errorf("helm template %s fails without naming %q:\n%s", strings.Join(c.flags, " "), c.want, out)
+				}
+			})
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -20,11 +21,16 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/signer/standalone"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -265,4 +271,118 @@ func buildController(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
 	return out
+}
+
+// TestInstallStandalone installs the chart with `helm install` in
+// standalone mode (docs/standalone.md) into a real cluster without Cluster
+// API, adds what the operator adds (the client CA Secret, the allowlist),
+// and runs the real controller binary from the installed Deployment's
+// arguments with nothing but a token of its ServiceAccount: the allowlisted
+// node joins (its bootstrap request is signed by the cluster's CA), a
+// second registration of the joined node is denied NodeAlreadyJoined,
+// lockdown disarms kubeadm's bootstrap auto-approve binding, and no request
+// is forbidden, so the chart's RBAC is all standalone mode needs. Nothing
+// of Cluster API mode is installed (no CRD, no admission policy), and the
+// installed pod passes Pod Security "restricted".
+func TestInstallStandalone(t *testing.T) {
+	tl := getTools(t)
+	bin := buildController(t)
+	cp := harness.StartControlPlane(t, "standalone-helm")
+	ctx := context.Background()
+	cs := cp.Client
+	kubectl := func(args ...string) []byte {
+		t.Helper()
+		return run(t, nil, nil, tl.kubectl, append([]string{"--kubeconfig", cp.AdminKubeconfig}, args...)...)
+	}
+	cp.KubeadmAutoApprove(t)
+
+	// docs/standalone.md: the namespace, then helm install.
+	kubectl("create", "namespace", namespace)
+	kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+	run(t, nil, nil, tl.helm, append([]string{"--kubeconfig", cp.AdminKubeconfig, "install", "kubelet-authenticator",
+		filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "-n", namespace,
+		"--set", "standalone.authorizedAttestors={insecure}", "--set", "standalone.lockdown=true"}, standaloneValues...)...)
+	if out := string(kubectl("get", "crd", "-o", "name")); strings.Contains(out, "kubelet-authenticator") {
+		t.Errorf("a standalone install installs a CRD of Cluster API mode:\n%s", out)
+	}
+	if out := string(kubectl("get", "validatingadmissionpolicies", "-o", "name")); strings.Contains(out, "node-attestation-controller") {
+		t.Errorf("a standalone install installs an admission policy of Cluster API mode:\n%s", out)
+	}
+	d, err := cs.AppsV1().Deployments(namespace).Get(ctx, deployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: deployment + "-", Namespace: namespace, Labels: d.Spec.Template.Labels},
+		Spec:       *d.Spec.Template.Spec.DeepCopy(),
+	}
+	if _, err := cs.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("the installed Deployment's pod is not admitted: %v", err)
+	}
+
+	// What the operator adds (docs/standalone.md): the CA and the allowlist,
+	// under the names the chart's defaults give.
+	if _, err := cs.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "cluster-ca"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: cp.CACertPEM, corev1.TLSPrivateKeyKey: cp.CAKeyPEM},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps(namespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "allowlist"},
+		Data:       map[string]string{standalone.AllowlistKey: "nodes:\n- nodeName: node-1\n  providerID: test:///node-1\n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	logPath := runInstalledController(t, cp, bin, "--lockdown-period=1s", "-v=2")
+
+	bootstrap := cp.BootstrapClient(t)
+	join := func(name string) *certificatesv1.CertificateSigningRequest {
+		t.Helper()
+		req, _ := signertest.Request{NodeName: "node-1", ProviderID: "test:///node-1"}.Build(t)
+		csr := signertest.CSR(name, req)
+		csr.Spec.Username, csr.Spec.Groups = "", nil
+		if _, err := bootstrap.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return harness.WaitForCSRDecision(t, cs, name, 60*time.Second)
+	}
+	got := join("node-1-join")
+	if len(got.Status.Certificate) == 0 {
+		t.Fatalf("the allowlisted node's request was not issued: %+v", got.Status.Conditions)
+	}
+	block, _ := pem.Decode(got.Status.Certificate)
+	if block == nil {
+		t.Fatal("the issued certificate is not PEM")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(cp.CACertPEM)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil || cert.Subject.CommonName != "system:node:node-1" {
+		t.Errorf("the issued certificate (%s) does not chain to the cluster's client CA: %v", cert.Subject, err)
+	}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got = join("node-1-again")
+	if c := harness.CSRCondition(got, certificatesv1.CertificateDenied); c == nil || c.Reason != attestor.ReasonNodeAlreadyJoined {
+		t.Errorf("a second registration of the joined node: %+v, want denied %s", got.Status.Conditions, attestor.ReasonNodeAlreadyJoined)
+	}
+
+	// Lockdown, with the chart's RBAC (bind on the node-client ClusterRole).
+	harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+		b, err := cs.RbacV1().ClusterRoleBindings().Get(ctx, lockdown.KubeadmAutoApproveBootstrap, metav1.GetOptions{})
+		return err == nil && len(b.Subjects) == 0, err
+	})
+
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(string(b)), "forbidden") {
+		t.Errorf("the controller logs a forbidden request:\n%s", harness.LastLines(string(b), 40))
+	}
 }

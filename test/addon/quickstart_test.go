@@ -345,7 +345,7 @@ version: %s
 	// 5. Opt in; the controller the page built runs as the installed
 	// Deployment would.
 	s.run(blocks["opt-in"])
-	runInstalledController(t, mgmt, filepath.Join(clone, "bin", "linux_amd64", "node-attestation-controller"))
+	runInstalledController(t, mgmt.ControlPlane, filepath.Join(clone, "bin", "linux_amd64", "node-attestation-controller"))
 
 	// 6. Check.
 	harness.WaitFor(t, 2*time.Minute, func() (bool, error) {
@@ -381,13 +381,14 @@ func goEnv(t *testing.T, key string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// runInstalledController runs bin with the installed Deployment's arguments
+// runInstalledController runs bin with the arguments of the Deployment
+// installed in cp, then extra (the addresses and settings a test needs),
 // and a token of its ServiceAccount, as its pod would, and waits until it
-// is ready.
-func runInstalledController(t *testing.T, mgmt *harness.Management, bin string) {
+// is ready. It returns the controller's log file.
+func runInstalledController(t *testing.T, cp *harness.ControlPlane, bin string, extra ...string) string {
 	t.Helper()
 	ctx := context.Background()
-	cs := mgmt.ControlPlane.Client
+	cs := cp.Client
 	d, err := cs.AppsV1().Deployments(namespace).Get(ctx, deployment, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -400,13 +401,14 @@ func runInstalledController(t *testing.T, mgmt *harness.Management, bin string) 
 	}
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "sa.kubeconfig")
-	write(t, kubeconfig, mgmt.KubeconfigFor("", clientcmdapi.AuthInfo{Token: tr.Status.Token}))
+	write(t, kubeconfig, cp.KubeconfigFor("", clientcmdapi.AuthInfo{Token: tr.Status.Token}))
 	metricsPort, healthPort := harness.FreePort(t), harness.FreePort(t)
 	args := append(append([]string(nil), d.Spec.Template.Spec.Containers[0].Args...),
 		"--kubeconfig="+kubeconfig,
 		"--leader-election-namespace="+namespace,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", healthPort))
+	args = append(args, extra...)
 	logPath := filepath.Join(dir, "controller.log")
 	proc := harness.StartProcess(t, "node-attestation-controller", logPath, bin, args...)
 	t.Cleanup(func() {
@@ -426,4 +428,5 @@ func runInstalledController(t *testing.T, mgmt *harness.Management, bin string) 
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
+	return logPath
 }

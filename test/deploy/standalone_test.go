@@ -81,24 +81,6 @@ func TestStandaloneManifests(t *testing.T) {
 	harness.StartProcess(t, "controller", log, bin, args...)
 
 	bootstrap := wl.BootstrapClient(t)
-	decided := func(name string) *certificatesv1.CertificateSigningRequest {
-		t.Helper()
-		var got *certificatesv1.CertificateSigningRequest
-		harness.WaitFor(t, 60*time.Second, func() (bool, error) {
-			var err error
-			got, err = wl.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == certificatesv1.CertificateDenied || c.Type == certificatesv1.CertificateFailed {
-					return true, nil
-				}
-			}
-			return len(got.Status.Certificate) > 0, nil
-		})
-		return got
-	}
 	file := func(name string) *certificatesv1.CertificateSigningRequest {
 		t.Helper()
 		req, _ := signertest.Request{NodeName: "node-1", ProviderID: "test:///node-1"}.Build(t)
@@ -107,7 +89,7 @@ func TestStandaloneManifests(t *testing.T) {
 		if _, err := bootstrap.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		return decided(name)
+		return harness.WaitForCSRDecision(t, wl.Client, name, 60*time.Second)
 	}
 	if got := file("first"); len(got.Status.Certificate) == 0 {
 		t.Fatalf("the allowlisted node's request was not issued: %+v", got.Status.Conditions)
@@ -116,7 +98,7 @@ func TestStandaloneManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := file("again")
-	if c := conditionOf(got, certificatesv1.CertificateDenied); c == nil || c.Reason != attestor.ReasonNodeAlreadyJoined {
+	if c := harness.CSRCondition(got, certificatesv1.CertificateDenied); c == nil || c.Reason != attestor.ReasonNodeAlreadyJoined {
 		t.Errorf("a second registration of a joined node: %+v, want denied %s", got.Status.Conditions, attestor.ReasonNodeAlreadyJoined)
 	}
 	// Its entry taken out of the allowlist, the node's name is revoked.
@@ -146,13 +128,4 @@ func TestStandaloneManifests(t *testing.T) {
 	if l := readFile(t, log); strings.Contains(strings.ToLower(l), "forbidden") {
 		t.Errorf("the controller logs a forbidden request:\n%s", grep(l, "orbidden"))
 	}
-}
-
-func conditionOf(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) *certificatesv1.CertificateSigningRequestCondition {
-	for i := range csr.Status.Conditions {
-		if csr.Status.Conditions[i].Type == t {
-			return &csr.Status.Conditions[i]
-		}
-	}
-	return nil
 }

@@ -2,22 +2,14 @@ package integration
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509/pkix"
 	"testing"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	certutil "k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/certificate/csr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -28,50 +20,8 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
-// kubeadmAutoApprove creates kubeadm's CSR auto-approve bindings.
-func kubeadmAutoApprove(t *testing.T, c kubernetes.Interface) {
-	t.Helper()
-	for _, b := range []*rbacv1.ClusterRoleBinding{
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveBootstrap},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.NodeClientRole},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:bootstrappers:kubeadm:default-node-token"}},
-		},
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: lockdown.KubeadmAutoApproveRotation},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockdown.SelfNodeClientRole},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: attestor.NodesGroup}},
-		},
-	} {
-		if _, err := c.RbacV1().ClusterRoleBindings().Create(context.Background(), b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
-}
-
-// plainBootstrap files a kubelet client CSR the way kubelet's TLS bootstrap
-// does (kubernetes.io/kube-apiserver-client-kubelet) and waits up to wait
-// for its certificate; it reports whether one was issued.
-func plainBootstrap(t *testing.T, c kubernetes.Interface, node string, wait time.Duration) bool {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := certutil.MakeCSR(key, &pkix.Name{CommonName: attestor.NodeUserPrefix + node, Organization: []string{attestor.NodesGroup}}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	name, uid, err := csr.RequestCertificateWithContext(ctx, c, der, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil,
-		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = csr.WaitForCertificate(ctx, c, name, uid)
-	return err == nil
-}
+// issued reports whether harness.PlainBootstrap's request got a certificate.
+func issued(_ string, ok bool) bool { return ok }
 
 // TestSignerLockdown is issue 13.5: lockdown closes kube-controller-manager's
 // auto-approval of kubelet TLS bootstrap (and keeps it closed when kubeadm
@@ -88,7 +38,7 @@ func TestSignerLockdown(t *testing.T) {
 		capi.AnnotationEnabled:             "true",
 		capi.AnnotationAuthorizedAttestors: "insecure",
 	})
-	kubeadmAutoApprove(t, wl.Client)
+	wl.KubeadmAutoApprove(t)
 	wl.StartControllerManager(t, "csrapproving", "csrsigning")
 	bootstrap := wl.BootstrapClient(t)
 	// A control-plane node kubeadm joined: its kubelet holds a client
@@ -100,7 +50,7 @@ func TestSignerLockdown(t *testing.T) {
 	}
 	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
 
-	if !plainBootstrap(t, bootstrap, "plain-0", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, bootstrap, "plain-0", 30*time.Second)) {
 		t.Fatal("before lockdown, kube-controller-manager did not approve and sign a plain kubelet TLS bootstrap")
 	}
 
@@ -149,10 +99,10 @@ func TestSignerLockdown(t *testing.T) {
 		t.Errorf("the renewal binding's subjects: %v, want system:nodes kept", got)
 	}
 
-	if plainBootstrap(t, bootstrap, "plain-1", 8*time.Second) {
+	if issued(harness.PlainBootstrap(t, bootstrap, "plain-1", 8*time.Second)) {
 		t.Fatal("after lockdown, a plain kubelet TLS bootstrap was still approved")
 	}
-	if !plainBootstrap(t, controlPlane, "control-plane-0", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, controlPlane, "control-plane-0", 30*time.Second)) {
 		t.Fatal("after lockdown, the control-plane node could not renew its own certificate")
 	}
 
@@ -167,7 +117,7 @@ func TestSignerLockdown(t *testing.T) {
 	harness.WaitFor(t, 20*time.Second, func() (bool, error) {
 		return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 1, nil
 	})
-	if !plainBootstrap(t, bootstrap, "plain-2", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, bootstrap, "plain-2", 30*time.Second)) {
 		t.Fatal("after lockdown was lifted, a plain kubelet TLS bootstrap was not approved")
 	}
 }

@@ -39,7 +39,7 @@ func TestSignerStandaloneLockdown(t *testing.T) {
 	if _, err := wl.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubeadmAutoApprove(t, wl.Client)
+	wl.KubeadmAutoApprove(t)
 	wl.StartControllerManager(t, "csrapproving", "csrsigning")
 	bootstrap := wl.BootstrapClient(t)
 	cpCert, cpKey := wl.IssueClientCert(t, "system:node:control-plane-0", "system:nodes")
@@ -73,7 +73,7 @@ func TestSignerStandaloneLockdown(t *testing.T) {
 		})
 	}
 
-	if !plainBootstrap(t, bootstrap, "plain-0", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, bootstrap, "plain-0", 30*time.Second)) {
 		t.Fatal("before lockdown, kube-controller-manager did not approve and sign a plain kubelet TLS bootstrap")
 	}
 
@@ -128,10 +128,10 @@ func TestSignerStandaloneLockdown(t *testing.T) {
 
 	// Red team: a bootstrap-token holder files a plain kubelet client CSR
 	// for a node of its choosing; nobody approves it.
-	if plainBootstrap(t, bootstrap, "plain-1", 8*time.Second) {
+	if issued(harness.PlainBootstrap(t, bootstrap, "plain-1", 8*time.Second)) {
 		t.Fatal("after lockdown, a plain kubelet TLS bootstrap was still approved")
 	}
-	if !plainBootstrap(t, controlPlane, "control-plane-0", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, controlPlane, "control-plane-0", 30*time.Second)) {
 		t.Fatal("after lockdown, the control-plane node could not renew its own certificate")
 	}
 	e := &signerEnv{wl: wl, bootstrap: bootstrap}
@@ -150,7 +150,7 @@ func TestSignerStandaloneLockdown(t *testing.T) {
 	harness.WaitFor(t, 20*time.Second, func() (bool, error) {
 		return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 1, nil
 	})
-	if !plainBootstrap(t, bootstrap, "plain-2", 30*time.Second) {
+	if !issued(harness.PlainBootstrap(t, bootstrap, "plain-2", 30*time.Second)) {
 		t.Fatal("after lockdown was lifted, a plain kubelet TLS bootstrap was not approved")
 	}
 }
