@@ -420,7 +420,8 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 	newCA := f.emu.RotateTLS(t)
 	f.emu.RotateKey(t)
 	later := time.Now().Add(time.Minute)
-	v.clock = clocktesting.NewFakePassiveClock(later)
+	clk := clocktesting.NewFakePassiveClock(later)
+	v.clock = clk
 	f.binding = attestortest.NewBinding(t)
 	if _, err := upstream.Set(tlsCfg); err != nil {
 		t.Fatal(err)
@@ -440,6 +441,7 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 		t.Fatalf("Set after the CA file changed = %v, %v", changed, err)
 	}
 	later = later.Add(time.Minute)
+	clk.SetTime(later)
 	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
 		t.Fatalf("after the CA bundle file changed: %v", err)
 	}
