@@ -174,6 +174,14 @@ type ClusterAttestationStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	ClusterName string `json:"clusterName,omitempty"`
 
+	// ServedBy is the replica of node-attestation-controller that serves
+	// the Cluster, when replicas share the Clusters (--sharding): it holds
+	// the Cluster's claim. Empty with a single active replica.
+	//
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ServedBy string `json:"servedBy,omitempty"`
+
 	// ObservedGeneration is the Cluster's metadata.generation the status
 	// was computed from.
 	//
@@ -283,6 +291,7 @@ type LastDecision struct {
 // +kubebuilder:printcolumn:name="ServingCAExpiry",type=string,JSONPath=`.status.servingCAExpiry`
 // +kubebuilder:printcolumn:name="LastDecision",type=string,JSONPath=`.status.lastDecision.outcome`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="ServedBy",type=string,priority=1,JSONPath=`.status.servedBy`
 // +kubebuilder:printcolumn:name="Policy",type=string,priority=1,JSONPath=`.status.policySource`
 // +kubebuilder:printcolumn:name="SignerNames",type=string,priority=1,JSONPath=`.status.signerNames`
 // +kubebuilder:printcolumn:name="LastCSR",type=string,priority=1,JSONPath=`.status.lastDecision.csr`

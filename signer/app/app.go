@@ -150,6 +150,11 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.boundsOptions.configure(r, ctrlmetrics.Registry); err != nil { // bounds.go
 		return err
 	}
+	unregisterShards, err := o.shardOptions.configure(r, direct, o.namespace(), o.LeaderElectionID, ctrlmetrics.Registry) // shard.go
+	if err != nil {
+		return err
+	}
+	defer unregisterShards()
 	unregister, err := registerFleetMetrics(ctrlmetrics.Registry, r)
 	if err != nil {
 		return err
@@ -163,7 +168,12 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("unable to set up the Cluster reconciler: %w", err)
 	}
-	logger.Info("Starting", "leaderElect", o.LeaderElect, "maxClientCertificateLifetime", o.MaxClientCertificateLifetime)
+	var replica string
+	if r.Shards != nil {
+		replica = r.Shards.Identity
+	}
+	logger.Info("Starting", "leaderElect", o.LeaderElect, "sharding", o.Sharding, "replica", replica, "watchFilter", o.WatchFilter,
+		"maxClientCertificateLifetime", o.MaxClientCertificateLifetime)
 	return mgr.Start(ctx)
 }
 

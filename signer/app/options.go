@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/signer/challengekey"
+	"sigs.k8s.io/kubelet-authenticator/signer/shard"
 )
 
 // Defaults of Options.
@@ -175,6 +176,8 @@ type Options struct {
 	// diagnosticsOptions: logging flags, how /metrics is secured
 	// (diagnostics.go).
 	diagnosticsOptions
+	// shardOptions: --sharding, --watch-filter (shard.go).
+	shardOptions
 
 	completeErr error
 }
@@ -196,6 +199,7 @@ func NewOptions() *Options {
 		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL, KeyRotationInterval: challengekey.DefaultRotationInterval},
 		boundsOptions:                defaultBoundsOptions(),
 		cloudOptions:                 cloudOptions{UpstreamReloadInterval: DefaultUpstreamReloadInterval},
+		shardOptions:                 shardOptions{ShardLeaseDuration: shard.DefaultLeaseDuration},
 	}
 }
 
@@ -206,6 +210,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.cloudOptions.addFlags(fs)
 	o.testAttestorOptions.addFlags(fs)
 	o.diagnosticsOptions.addFlags(fs)
+	o.shardOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "The controller's own namespace: the leader election Lease and the trust-on-first-use records are kept there. Empty: the pod's namespace.")
@@ -307,5 +312,6 @@ func (o *Options) Validate() error {
 	errs = append(errs, o.cloudOptions.validate()...)
 	errs = append(errs, o.testAttestorOptions.validate()...)
 	errs = append(errs, o.diagnosticsOptions.validate()...)
+	errs = append(errs, o.shardOptions.validate(o.LeaderElectionID)...)
 	return errors.Join(errs...)
 }

@@ -17,7 +17,8 @@ import (
 // what the signer reads costs the shared controller nothing: of every
 // object, no managed fields; of a Cluster, only this project's annotations
 // (kubelet-authenticator.x-k8s.io/*: the switch, and the deprecated
-// policy annotations); of a ClusterAttestation, its spec; of a Machine, only its cluster-name label (the Machines of a
+// policy annotations) and Cluster API's watch-filter label (--watch-filter);
+// of a ClusterAttestation, its spec; of a Machine, only its cluster-name label (the Machines of a
 // Cluster are listed by it) and its endorsement key pin; of an
 // infrastructure object (cached as metadata only), only its endorsement key
 // pin. No labels, finalizers or owner references otherwise: the matcher,
@@ -75,7 +76,8 @@ func StripMachine(obj any) (any, error) {
 	return m, nil
 }
 
-// StripCluster keeps of a Cluster's metadata this project's annotations.
+// StripCluster keeps of a Cluster's metadata this project's annotations and
+// the cluster.x-k8s.io/watch-filter label.
 func StripCluster(obj any) (any, error) {
 	c, ok := obj.(*clusterv1.Cluster)
 	if !ok {
@@ -83,6 +85,7 @@ func StripCluster(obj any) (any, error) {
 	}
 	meta := keptMeta(&c.ObjectMeta)
 	meta.Annotations = only(c.Annotations, func(k string) bool { return strings.HasPrefix(k, AnnotationPolicyPrefix) })
+	meta.Labels = only(c.Labels, func(k string) bool { return k == LabelWatchFilter })
 	c.ObjectMeta = meta
 	return c, nil
 }

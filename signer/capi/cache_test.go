@@ -150,15 +150,16 @@ func TestCacheOptions(t *testing.T) {
 		AnnotationLockdown:            "true",
 		AnnotationPolicyPrefix + "tpm" + AnnotationPolicySuffix: `{"pcrs":[7]}`,
 	}
-	tenantMetadata(&cluster.ObjectMeta, nil, ours)
+	filter := map[string]string{LabelWatchFilter: "shard-1"}
+	tenantMetadata(&cluster.ObjectMeta, filter, ours)
 	out, err = transformFor(t, opts, cluster)(cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cc := out.(*clusterv1.Cluster)
-	if !maps.Equal(cc.Annotations, ours) || len(cc.Labels)+len(cc.Finalizers)+len(cc.OwnerReferences) != 0 || cc.Generation != 7 {
-		t.Errorf("Cluster cached with %d annotations, %d labels, %d finalizers, generation %d; want only this project's %d annotations",
-			len(cc.Annotations), len(cc.Labels), len(cc.Finalizers), cc.Generation, len(ours))
+	if !maps.Equal(cc.Annotations, ours) || !maps.Equal(cc.Labels, filter) || len(cc.Finalizers)+len(cc.OwnerReferences) != 0 || cc.Generation != 7 {
+		t.Errorf("Cluster cached with %d annotations, labels %v, %d finalizers, generation %d; want only this project's %d annotations and the watch-filter label",
+			len(cc.Annotations), cc.Labels, len(cc.Finalizers), cc.Generation, len(ours))
 	}
 	p, _ := ParseClusterPolicy(cc, nil, nil)
 	if !Enabled(cc) || !p.Lockdown || strings.Join(p.AuthorizedAttestors, ",") != "tpm,aws" || p.Policies["tpm"] != `{"pcrs":[7]}` {

@@ -45,6 +45,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
+	"sigs.k8s.io/kubelet-authenticator/signer/shard"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
@@ -157,6 +158,14 @@ type ClusterReconciler struct {
 	// write: deleted Machines' pending revocations are kept there
 	// (revoke.go). Empty keeps them in memory only.
 	Namespace string
+	// Shards, when set, shares the opted-in Clusters with the other
+	// replicas of its ring (shard.go): this replica serves those assigned
+	// to it whose claim it holds, and runs without leader election.
+	Shards *shard.Ring
+	// WatchFilter, when set, limits the Clusters served to those labelled
+	// cluster.x-k8s.io/watch-filter=<WatchFilter> (Cluster API's
+	// --watch-filter).
+	WatchFilter string
 
 	mu      sync.Mutex
 	base    context.Context
@@ -217,10 +226,11 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 	if err := mgr.Add(r); err != nil {
 		return err
 	}
+	leader := r.NeedLeaderElection()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("kubelet-authenticator-cluster").
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4)}).
-		For(&clusterv1.Cluster{}).
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, 4), NeedLeaderElection: &leader}).
+		For(&clusterv1.Cluster{}, builder.WithPredicates(r.watchFilter())).
 		// A ClusterAttestation's spec is its Cluster's policy: a change
 		// (a new generation) reconciles that Cluster.
 		Watches(&v1alpha1.ClusterAttestation{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -232,6 +242,9 @@ func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 			},
 			UpdateFunc: func(_ context.Context, e event.UpdateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				r.resync(e.ObjectNew)
+			},
+			DeleteFunc: func(_ context.Context, e event.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				r.servedMachineDeleted(e.Object)
 			},
 		}).
 		WatchesRawSource(source.Channel(r.wake, &handler.EnqueueRequestForObject{})).
@@ -252,13 +265,26 @@ func (r *ClusterReconciler) init() {
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: only the
-// leader runs workload controllers.
-func (r *ClusterReconciler) NeedLeaderElection() bool { return true }
+// leader runs workload controllers, unless the Clusters are shared among
+// the replicas (Shards).
+func (r *ClusterReconciler) NeedLeaderElection() bool { return r.Shards == nil }
 
 // Start implements manager.Runnable: it holds the context workload
 // controllers run under and stops them all when it is done.
 func (r *ClusterReconciler) Start(ctx context.Context) error {
 	r.init()
+	if r.Shards != nil {
+		// Never in the ring's goroutine: its renewals must not wait for
+		// thousands of Clusters to be queued.
+		r.Shards.Changed = func() { go r.reassign(ctx) }
+		if err := r.Shards.Join(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped before it joined
+			}
+			return err
+		}
+		go r.Shards.Run(ctx)
+	}
 	r.mu.Lock()
 	r.base = ctx
 	close(r.started)
@@ -266,11 +292,14 @@ func (r *ClusterReconciler) Start(ctx context.Context) error {
 	go r.keepStatus(ctx)
 	<-ctx.Done()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for nn, w := range r.running {
 		w.cancel()
 		<-w.done
 		delete(r.running, nn)
+	}
+	r.mu.Unlock()
+	if r.Shards != nil {
+		r.leaveRing(klog.FromContext(ctx))
 	}
 	return nil
 }
@@ -306,9 +335,15 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	case <-ctx.Done():
 		return reconcile.Result{}, ctx.Err()
 	}
+	if elsewhere, err := r.notAssigned(ctx, logger, req.NamespacedName); elsewhere || err != nil {
+		return reconcile.Result{}, err
+	}
 	cluster, err := r.servedCluster(ctx, logger, req.NamespacedName)
 	if cluster == nil {
 		return reconcile.Result{}, err
+	}
+	if held, res, err := r.claim(ctx, logger, req.NamespacedName); !held {
+		return res, err
 	}
 	s := &clusterScope{logger: logger, cluster: cluster, nn: req.NamespacedName}
 	if s.policy, s.policyErrs, err = r.readPolicy(ctx, cluster); err != nil {
@@ -374,17 +409,21 @@ func (r *ClusterReconciler) servedCluster(ctx context.Context, logger klog.Logge
 		}
 		r.stop(logger, nn, "Cluster deleted")
 		r.setIdle(nn, nil)
-		return nil, nil
+		return nil, r.forget(ctx, nn)
 	}
 	switch {
+	case r.filtered(&cluster):
+		r.stop(logger, nn, "Cluster not selected by --watch-filter")
+		r.setIdle(nn, nil)
+		return nil, r.forget(ctx, nn)
 	case !cluster.DeletionTimestamp.IsZero():
 		r.stop(logger, nn, "Cluster is being deleted")
 		r.setIdle(nn, nil)
-		return nil, nil
+		return nil, r.forget(ctx, nn)
 	case !Enabled(&cluster):
 		r.stop(logger, nn, "Cluster opted out")
 		r.setIdle(nn, &idleCluster{generation: cluster.Generation, reason: ReasonOptedOut})
-		return nil, nil
+		return nil, r.forget(ctx, nn)
 	}
 	return &cluster, nil
 }

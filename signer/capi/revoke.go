@@ -110,6 +110,9 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 			klog.FromContext(base).Error(err, "Unable to record a deleted Machine's pending revocation", "cluster", nn, "machine", klog.KObj(m))
 		}
 	}
+	if r.Shards != nil && !r.Shards.Mine(nn.String()) {
+		return // recorded: the replica the Cluster is assigned to reads it
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !slices.ContainsFunc(r.deleted[nn], func(o *clusterv1.Machine) bool { return o.UID == d.UID }) {

@@ -246,7 +246,9 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
 	}
 	for _, s := range w.r.Statuses() {
 		seen[s.Cluster] = true
-		if failed(s.Cluster, w.write(ctx, s.Cluster, s.ClusterUID, attestationStatus(s, s.ObservedGeneration), true)) {
+		status := attestationStatus(s, s.ObservedGeneration)
+		status.ServedBy = w.r.servedBy()
+		if failed(s.Cluster, w.write(ctx, s.Cluster, s.ClusterUID, status, true)) {
 			return
 		}
 	}
@@ -255,7 +257,11 @@ func (w *statusWriter) sync(ctx context.Context, logger klog.Logger) {
 			continue
 		}
 		seen[nn] = true
-		if failed(nn, w.write(ctx, nn, c.uid, idleStatus(nn, c), c.optedIn)) {
+		status := idleStatus(nn, c)
+		if c.optedIn {
+			status.ServedBy = w.r.servedBy()
+		}
+		if failed(nn, w.write(ctx, nn, c.uid, status, c.optedIn)) {
 			return
 		}
 	}
