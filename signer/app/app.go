@@ -189,7 +189,8 @@ func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "csr_decisions_total",
-		Help:      "Decisions on kubelet client CertificateSigningRequests, by workload cluster, decision (approved, denied, failed, challenged, retried) and reason.",
+		Help: "Decisions on kubelet client CertificateSigningRequests, by workload cluster, decision (approved, denied, failed, challenged, " +
+			"retried) and reason.",
 	}, []string{"cluster", "decision", "reason"})
 	if err := reg.Register(cv); err != nil {
 		var are prometheus.AlreadyRegisteredError
