@@ -22,8 +22,7 @@ const (
 // annotation kubelet-authenticator.x-k8s.io/enabled: "true"; without it
 // this spec is kept but not used.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.policies) || self.policies.all(p, p in self.authorizedAttestors)",message="spec.policies has a document
-// for an attestor spec.authorizedAttestors does not list: authorize the attestor or drop its policy"
+// +kubebuilder:validation:XValidation:rule="!has(self.policies) || self.policies.all(p, p in self.authorizedAttestors)",message="spec.policies has a document for an attestor spec.authorizedAttestors does not list: authorize the attestor or drop its policy"
 type ClusterAttestationSpec struct {
 	// AuthorizedAttestors are the providers whose evidence the Cluster
 	// accepts (tpm, aws, azure, gcp, insecure). A request of any other
@@ -44,8 +43,7 @@ type ClusterAttestationSpec struct {
 	//
 	// +optional
 	// +kubebuilder:validation:MaxProperties=8
-	// +kubebuilder:validation:XValidation:rule="self.all(p, p.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(p) <= 63)",message="each key of spec.policies is
-	// an attestor name, such as tpm"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, p.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(p) <= 63)",message="each key of spec.policies is an attestor name, such as tpm"
 	Policies map[string]PolicyDocument `json:"policies,omitempty"`
 
 	// Lockdown, when true, disarms the workload cluster's bootstrap
@@ -122,8 +120,7 @@ type PodCertificatePolicy struct {
 
 // PodCertificateServiceAccounts are ServiceAccounts of one namespace.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.serviceAccounts) || !('*' in self.serviceAccounts) || size(self.serviceAccounts) == 1",message="'*'
-// allows every ServiceAccount of the namespace and stands alone"
+// +kubebuilder:validation:XValidation:rule="!has(self.serviceAccounts) || !('*' in self.serviceAccounts) || size(self.serviceAccounts) == 1",message="'*' allows every ServiceAccount of the namespace and stands alone"
 type PodCertificateServiceAccounts struct {
 	// Namespace is the namespace.
 	//
