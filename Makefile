@@ -37,6 +37,10 @@ capi_bin = $(shell test/tools/install-capi.sh)
 KA_CACHE        ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kubelet-authenticator
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN  := $(KA_CACHE)/bin/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
+# golangci-lint runs the linters of .golangci.yml in make lint; installed
+# from its Go module like controller-gen.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT   := $(KA_CACHE)/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
 # Where the generated CRDs go (kustomize and clusterctl install them; the
 # Helm chart's crds/ links to them).
 CRD_DIR         := deploy/crd/bases
@@ -127,9 +131,15 @@ bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEE
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory|Hostile|MetadataFlood)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
 
 .PHONY: lint
-lint: verify-generate ## gofmt, go vet, and generated files current
+lint: verify-generate $(GOLANGCI_LINT) ## gofmt, go vet with and without the test tags, golangci-lint (.golangci.yml), and generated files current
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
 	$(GO) vet -tags '$(TEST_TAGS)' ./...
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(@D)
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(@D)

@@ -353,11 +353,11 @@ func Denials(err error) []*DenyError {
 		if e == nil {
 			return
 		}
-		if d, ok := e.(*DenyError); ok {
+		if d, ok := e.(*DenyError); ok { //nolint:errorlint // walks the whole tree; errors.As stops at the first
 			out = append(out, d)
 			return
 		}
-		switch u := e.(type) {
+		switch u := e.(type) { //nolint:errorlint // the walk itself unwraps
 		case interface{ Unwrap() []error }:
 			for _, x := range u.Unwrap() {
 				walk(x)

@@ -126,13 +126,13 @@ func checkSyntax(raw []byte, what string) error {
 		switch {
 		case errors.Is(err, jsontext.ErrDuplicateName):
 			return Deny(ReasonEvidenceDuplicateKey, "%s names a member twice: %s", what, describeDuplicate(err))
-		case err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF):
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 			return Deny(ReasonMalformedEvidence, "%s is empty or truncated", what)
 		default:
 			return Deny(ReasonMalformedEvidence, "%s is not valid JSON: %s", what, trimJSONError(err))
 		}
 	}
-	if _, err := dec.ReadToken(); err != io.EOF {
+	if _, err := dec.ReadToken(); !errors.Is(err, io.EOF) {
 		return Deny(ReasonEvidenceTrailingData, "%s has data after its JSON value, at offset %d", what, dec.InputOffset())
 	}
 	return nil

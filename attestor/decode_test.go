@@ -133,7 +133,7 @@ func TestDecodeDocument(t *testing.T) {
 			var d vendorDoc
 			err := DecodeDocument([]byte(tc.in), &d, "the identity document")
 			wantReason(t, "DecodeDocument", err, tc.reason, "")
-			if err != nil && !strings.HasPrefix(err.(*DenyError).Message, "the identity document") {
+			if d, ok := AsDenial(err); err != nil && (!ok || !strings.HasPrefix(d.Message, "the identity document")) {
 				t.Fatalf("message %q does not name the document", err)
 			}
 			if tc.reason == "" && d.InstanceID != "i-1" {

@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/pem"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -98,7 +99,7 @@ func TestParseRequestRejects(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q does not say %q", err, tc.want)
 			}
-			if _, ok := err.(*RequestError); !ok {
+			if re := (*RequestError)(nil); !errors.As(err, &re) {
 				t.Fatalf("error is %T, want *RequestError", err)
 			}
 		})

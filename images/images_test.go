@@ -391,7 +391,7 @@ func TestRoleOnDebianRootfs(t *testing.T) {
 	t.Run("binaries run in the image", func(t *testing.T) {
 		proc := filepath.Join(root, "proc")
 		run(t, "", nil, tl["mount"], "-t", "proc", "proc", proc)
-		defer exec.Command(tl["umount"], "-l", proc).Run()
+		defer func() { _ = exec.Command(tl["umount"], "-l", proc).Run() }()
 		// The image's own systemd-tmpfiles accepts the entry.
 		run(t, "", nil, "chroot", root, "systemd-tmpfiles", "--create", "/etc/tmpfiles.d/kubelet-authenticator.conf")
 		out := run(t, "", nil, "chroot", root, "/usr/local/bin/kubelet-authenticator", "version")

@@ -263,7 +263,7 @@ func TestUnitSettings(t *testing.T) {
 	}
 	// systemd applies drop-ins in file name order: ours must come after
 	// kubeadm's to override KUBELET_KUBECONFIG_ARGS.
-	if !(dropInName > "10-kubeadm.conf") {
+	if dropInName <= "10-kubeadm.conf" {
 		t.Errorf("%s sorts before 10-kubeadm.conf", dropInName)
 	}
 }
@@ -357,7 +357,7 @@ func TestTPMDeviceAsUnitCredentials(t *testing.T) {
 		args = append(args, "--", "/bin/sh", "-c", `exec 3<>"$1"`, "sh", dev)
 		out, err := exec.Command(setpriv, args...).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+			return fmt.Errorf("%w: %s", err, out)
 		}
 		return nil
 	}

@@ -78,7 +78,8 @@ SIGTERM and SIGINT stop it after the write in progress.`,
 		},
 	}
 	o.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&o.metricsAddr, "metrics-bind-address", "", "unix:/absolute/path or host:port serving /metrics and /healthz when not socket-activated, \"0\" for none (default "+config.DefaultMetricsBindAddress+")")
+	cmd.Flags().StringVar(&o.metricsAddr, "metrics-bind-address", "",
+		"unix:/absolute/path or host:port serving /metrics and /healthz when not socket-activated, \"0\" for none (default "+config.DefaultMetricsBindAddress+")")
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	cmd.Flags().AddGoFlag(gfs.Lookup("v"))
@@ -212,7 +213,8 @@ func (a *agent) watchdog(ctx context.Context, wg *sync.WaitGroup) {
 // nextConfig waits for SIGHUP and a valid configuration to reload (true),
 // or for ctx to end (false). An invalid configuration is logged and the
 // running one kept.
-func (a *agent) nextConfig(ctx context.Context, o *agentOptions, hup <-chan os.Signal, cfg *config.NodeConfig, activated []net.Listener) (*config.NodeConfig, attestor.Attestor, bool) {
+func (a *agent) nextConfig(ctx context.Context, o *agentOptions, hup <-chan os.Signal, cfg *config.NodeConfig, activated []net.Listener) (*config.NodeConfig,
+	attestor.Attestor, bool) {
 	for {
 		select {
 		case <-ctx.Done():

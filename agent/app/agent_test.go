@@ -130,7 +130,7 @@ func TestAgentOutlivesMetricsSquatter(t *testing.T) {
 	eventually(t, 10*time.Second, "status reports the listener problem", func() error {
 		select {
 		case err := <-done:
-			return fmt.Errorf("the agent exited: %v", err)
+			return fmt.Errorf("the agent exited: %w", err)
 		default:
 		}
 		st, err := status.LoadState(cacheDir)

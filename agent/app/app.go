@@ -106,7 +106,8 @@ func (o *nodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.override.ProviderID, "provider-id", "", "provider ID to claim; must equal the Machine's spec.providerID")
 	fs.StringVar(&o.override.Attestor, "attestor", "", "attestor proving this node: tpm, aws, azure, gcp, insecure (default tpm)")
 	fs.StringVar(&o.override.SignerName, "signer-name", "", "signer name (default cluster.x-k8s.io/kube-apiserver-client-kubelet-<attestor>)")
-	fs.StringVar(&o.override.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "kubeconfig holding the bootstrap credential (default "+config.DefaultBootstrapKubeconfig+")")
+	fs.StringVar(&o.override.BootstrapKubeconfig, "bootstrap-kubeconfig", "",
+		"kubeconfig holding the bootstrap credential (default "+config.DefaultBootstrapKubeconfig+")")
 	fs.DurationVar(&o.override.RequestTimeout.Duration, "timeout", 0, "how long to wait for the certificate signing request to be signed (default 5m)")
 	fs.DurationVar(&o.override.CertificateLifetime.Duration, "certificate-lifetime", 0, "client certificate lifetime to request (default: the signer's)")
 }

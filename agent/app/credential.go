@@ -78,7 +78,8 @@ func (l *logFlags) effective() int {
 
 func addCredentialFlags(fs *pflag.FlagSet, o *nodeOptions, logs *logFlags) {
 	o.AddFlags(fs)
-	fs.IntVarP(&logs.level, "v", "v", 0, "log level: 1 or more logs progress (attestation, CSR name, signer decision) on stderr; at 0 a failure is one line and success prints nothing there")
+	fs.IntVarP(&logs.level, "v", "v", 0,
+		"log level: 1 or more logs progress (attestation, CSR name, signer decision) on stderr; at 0 a failure is one line and success prints nothing there")
 	fs.BoolVar(&logs.verbose, "verbose", false, "the same as -v=1")
 	_ = fs.MarkDeprecated("verbose", "use -v=1")
 }

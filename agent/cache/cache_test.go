@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -42,7 +43,7 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 
 func TestStoreLoad(t *testing.T) {
 	d := Dir{Path: filepath.Join(t.TempDir(), "cache")}
-	if _, err := d.Load(); err != ErrNotFound {
+	if _, err := d.Load(); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("empty cache: %v, want ErrNotFound", err)
 	}
 	cert, key := selfSigned(t)
@@ -72,7 +73,7 @@ func TestStoreRefusesMismatchedKey(t *testing.T) {
 	if err := d.Store(cert, otherKey); err == nil {
 		t.Fatal("stored a certificate with a key that does not match it")
 	}
-	if _, err := d.Load(); err != ErrNotFound {
+	if _, err := d.Load(); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a refused store left a file behind: %v", err)
 	}
 }

@@ -37,7 +37,8 @@ func (c *NodeConfig) validateProviders() []error {
 	// derive it: it comes from the configuration (Cluster API's Azure
 	// provider knows it when it writes the bootstrap data).
 	if c.Attestor == azure.Name && c.ProviderID == "" {
-		errs = append(errs, fmt.Errorf("providerID is required with attestor azure (azure:///subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Compute/virtualMachines/<name>, the Machine's spec.providerID)"))
+		errs = append(errs, fmt.Errorf("providerID is required with attestor azure ("+
+			"azure:///subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Compute/virtualMachines/<name>, the Machine's spec.providerID)"))
 	}
 	return errs
 }

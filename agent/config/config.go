@@ -311,7 +311,8 @@ func (c *NodeConfig) Validate() error {
 		}
 		dir := filepath.Dir(filepath.Clean(p.Path))
 		if j, ok := dirs[dir]; ok {
-			errs = append(errs, fmt.Errorf("trustBundles[%d].path: directory %s is already used by trustBundles[%d]; each projection needs a directory of its own", i, dir, j))
+			errs = append(errs, fmt.Errorf("trustBundles[%d].path: directory %s is already used by trustBundles[%d]; each projection needs a directory of its own", i,
+				dir, j))
 		} else {
 			dirs[dir] = i
 		}
@@ -329,7 +330,9 @@ func (c *NodeConfig) validateServing() []error {
 	}
 	var errs []error
 	if c.Attestor == "insecure" {
-		errs = append(errs, errors.New("serving.enabled: attestor insecure issues client certificates only (it proves nothing beyond a bootstrap token and a claimed provider ID); use a hardware or cloud attestor, or leave kubelet's serving certificate to kubelet"))
+		errs = append(errs, errors.New("serving.enabled: attestor insecure issues client certificates only ("+
+			"it proves nothing beyond a bootstrap token and a claimed provider ID); "+
+			"use a hardware or cloud attestor, or leave kubelet's serving certificate to kubelet"))
 	}
 	if s.SignerName != "" && !strings.Contains(strings.SplitN(s.SignerName, "/", 2)[0], ".") {
 		errs = append(errs, fmt.Errorf("serving.signerName %q must be <domain>/<path> with a dotted domain", s.SignerName))

@@ -668,7 +668,7 @@ func ClusterConfig(cfg *config.NodeConfig) (*rest.Config, error) {
 	}
 	c, cerr := cache.Dir{Path: cfg.CacheDir}.LoadCluster()
 	if cerr != nil {
-		return nil, fmt.Errorf("no cluster to talk to: the bootstrap kubeconfig is unreadable (%v) and none was recorded: %w", err, cerr)
+		return nil, fmt.Errorf("no cluster to talk to: the bootstrap kubeconfig is unreadable (%w) and none was recorded: %w", err, cerr)
 	}
 	return &rest.Config{Host: c.Server, TLSClientConfig: rest.TLSClientConfig{CAData: c.CAData, ServerName: c.ServerName}}, nil
 }

@@ -124,7 +124,8 @@ func Object(name, signerName string, request []byte, expirationSeconds *int32, a
 
 // ObjectWithUsages returns the CertificateSigningRequest object to file
 // for a certificate with the given usages (ClientUsages, ServingUsages).
-func ObjectWithUsages(name, signerName string, usages []certificatesv1.KeyUsage, request []byte, expirationSeconds *int32, annotations map[string]string) *certificatesv1.CertificateSigningRequest {
+func ObjectWithUsages(name, signerName string, usages []certificatesv1.KeyUsage, request []byte, expirationSeconds *int32,
+	annotations map[string]string) *certificatesv1.CertificateSigningRequest {
 	return &certificatesv1.CertificateSigningRequest{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "certificates.k8s.io/v1", Kind: "CertificateSigningRequest"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
@@ -204,7 +205,8 @@ func (c *Client) Get(ctx context.Context, name string) (*certificatesv1.Certific
 // Wait watches the named CSR until done reports true or returns an error,
 // or ctx ends. done sees every version of the object, starting with the
 // current one.
-func (c *Client) Wait(ctx context.Context, name string, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Client) Wait(ctx context.Context, name string,
+	done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
 	ev, err := watchtools.UntilWithSync(ctx, c.listWatch(name), &certificatesv1.CertificateSigningRequest{}, nil, untilDone(name, done))
 	if err != nil {
 		return nil, waitError(ctx, name, err)
@@ -218,7 +220,8 @@ func (c *Client) Wait(ctx context.Context, name string, done func(*certificatesv
 // server's watch cache to catch up with a fresh List). done sees obj, then
 // every later version. Where the API server no longer holds that version
 // (the watch expired), it falls back to Wait.
-func (c *Client) WaitFrom(ctx context.Context, obj *certificatesv1.CertificateSigningRequest, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Client) WaitFrom(ctx context.Context, obj *certificatesv1.CertificateSigningRequest,
+	done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
 	if ok, err := done(obj); ok || err != nil {
 		return obj, err
 	}
@@ -295,7 +298,8 @@ func (a *Ahead) Stop() {
 // the watch delivers. If a watches another name (the request was filed
 // under a name not known in advance), did not open, or ends early, the
 // wait goes on as WaitFrom from the newest version seen.
-func (c *Client) WaitAhead(ctx context.Context, a *Ahead, obj *certificatesv1.CertificateSigningRequest, done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Client) WaitAhead(ctx context.Context, a *Ahead, obj *certificatesv1.CertificateSigningRequest,
+	done func(*certificatesv1.CertificateSigningRequest) (bool, error)) (*certificatesv1.CertificateSigningRequest, error) {
 	if ok, err := done(obj); ok || err != nil {
 		return obj, err
 	}

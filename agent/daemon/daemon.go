@@ -44,10 +44,13 @@ type Renewer interface {
 	Renew(ctx context.Context) (*cache.Credential, time.Time, error)
 }
 
-// Gauge, Counter and Histogram are the metric shapes the loop reports to.
+// The metric shapes the loop reports to.
 type (
-	Gauge     interface{ Set(float64) }
-	Counter   interface{ Inc() }
+	// Gauge is a metric the loop sets.
+	Gauge interface{ Set(float64) }
+	// Counter is a metric the loop increments.
+	Counter interface{ Inc() }
+	// Histogram is a metric the loop observes durations with.
 	Histogram interface{ Observe(float64) }
 )
 

@@ -42,7 +42,8 @@ var ErrInsecureSkipTLSVerify = errors.New("insecure-skip-tls-verify is not allow
 // has to change it.
 func RequireVerified(cfg *rest.Config, source string) error {
 	if cfg.Insecure {
-		return fmt.Errorf("%s: %w: remove insecure-skip-tls-verify and set certificate-authority-data (or certificate-authority) to the cluster CA", source, ErrInsecureSkipTLSVerify)
+		return fmt.Errorf("%s: %w: remove insecure-skip-tls-verify and set certificate-authority-data (or certificate-authority) to the cluster CA", source,
+			ErrInsecureSkipTLSVerify)
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"sigs.k8s.io/kubelet-authenticator/agent/daemon"
 	"sigs.k8s.io/kubelet-authenticator/agent/trustbundle"
 )
@@ -38,7 +40,7 @@ type Metrics struct {
 
 	mu     sync.Mutex
 	synced map[string]time.Time // by projection
-	now    func() time.Time
+	clock  clock.PassiveClock
 }
 
 // certMetrics are the metrics of one certificate the agent renews.
@@ -47,11 +49,11 @@ type certMetrics struct {
 
 	mu       sync.Mutex
 	notAfter time.Time
-	now      func() time.Time
+	clock    clock.PassiveClock
 }
 
-func newCertMetrics(kind, what string, now func() time.Time) *certMetrics {
-	c := &certMetrics{now: now}
+func newCertMetrics(kind, what string, clk clock.PassiveClock) *certMetrics {
+	c := &certMetrics{clock: clk}
 	prefix := namespace + kind + "_certificate_"
 	c.expiration = newFamily(prefix+"expiration_timestamp_seconds",
 		"NotAfter of the current "+what+", in Unix seconds.", "gauge", "")
@@ -80,7 +82,7 @@ func (c *certMetrics) ttlSeconds() float64 {
 	if c.notAfter.IsZero() {
 		return 0
 	}
-	return c.notAfter.Sub(c.now()).Seconds()
+	return c.notAfter.Sub(c.clock.Now()).Seconds()
 }
 
 // Set implements daemon.Gauge for the expiration.
@@ -102,10 +104,9 @@ func (c *certMetrics) daemon() daemon.Metrics {
 
 // New returns the agent's metrics, with the process and Go runtime ones.
 func New() *Metrics {
-	m := &Metrics{now: time.Now, synced: map[string]time.Time{}}
-	now := func() time.Time { return m.now() }
-	m.client = newCertMetrics("client", "kubelet client certificate", now)
-	m.serving = newCertMetrics("serving", "kubelet serving certificate (serving.enabled)", now)
+	m := &Metrics{clock: clock.RealClock{}, synced: map[string]time.Time{}}
+	m.client = newCertMetrics("client", "kubelet client certificate", m.clock)
+	m.serving = newCertMetrics("serving", "kubelet serving certificate (serving.enabled)", m.clock)
 	m.attestation = newFamily(namespace+"attestation_duration_seconds",
 		"Duration of producing attestation evidence (and answering a challenge), by result.", "histogram", "result", exponentialBuckets(0.001, 2, 15)...)
 	m.bundleUpdates = newFamily(namespace+"trust_bundle_updates_total",
@@ -119,9 +120,13 @@ func New() *Metrics {
 	m.bundleSynced = newFamily(namespace+"trust_bundle_last_sync_timestamp_seconds",
 		"When a projected trust bundle file was last confirmed to match its source, in Unix seconds.", "gauge", "path")
 	m.bundleOversized = newFamily(namespace+"trust_bundle_oversized_objects_total",
-		"ClusterTrustBundles kept out of a projection's watch cache because their trust bundle alone is over agent.maxTrustBundleBytes, by projection path (once per object version).", "counter", "path")
+		"ClusterTrustBundles kept out of a projection's watch cache because their trust bundle alone is over agent.maxTrustBundleBytes, "+
+			"by projection path (once per object version).",
+		"counter", "path")
 	m.bundleExcess = newFamily(namespace+"trust_bundle_excess_objects_total",
-		"ClusterTrustBundles kept out of a projection's watch cache because it already holds agent.maxTrustBundles objects, by projection path (once per object version).", "counter", "path")
+		"ClusterTrustBundles kept out of a projection's watch cache because it already holds agent.maxTrustBundles objects, "+
+			"by projection path (once per object version).",
+		"counter", "path")
 	syncAge := newFamily(namespace+"trust_bundle_sync_age_seconds",
 		"Seconds since a projected trust bundle file was last confirmed to match its source: how stale it may be.", "gauge", "path")
 	syncAge.fnVec = m.syncAges
@@ -163,7 +168,7 @@ func (m *Metrics) Synced(projection string, at time.Time) {
 func (m *Metrics) syncAges() map[string]float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
+	now := m.clock.Now()
 	out := make(map[string]float64, len(m.synced))
 	for p, at := range m.synced {
 		out[p] = now.Sub(at).Seconds()

@@ -39,8 +39,8 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
 
-// PendingKeyFile, in the cache directory, keeps the key of a serving CSR in
-// flight, so that a retry finds the same request.
+// PendingKeyFile is the file, in the cache directory, that keeps the key of
+// a serving CSR in flight, so that a retry finds the same request.
 const PendingKeyFile = "kubelet-server-pending.key"
 
 // ErrNotFound is returned by Load when no serving certificate is installed.
@@ -177,8 +177,9 @@ func (m *Manager) Renew(ctx context.Context) (*cache.Credential, time.Time, erro
 		return nil, time.Time{}, fmt.Errorf("no client certificate to request the serving certificate with: %w", err)
 	}
 	if client.Leaf.Subject.CommonName != attestor.NodeUserPrefix+cfg.NodeName || !rotation.Usable(client.Leaf, m.now()) {
-		return nil, time.Time{}, fmt.Errorf("the client certificate (%s, valid until %s) is not usable for node %s; the serving certificate is requested by the node itself",
-			client.Leaf.Subject.CommonName, client.Leaf.NotAfter.UTC().Format(time.RFC3339), cfg.NodeName)
+		return nil, time.Time{},
+			fmt.Errorf("the client certificate (%s, valid until %s) is not usable for node %s; the serving certificate is requested by the node itself",
+				client.Leaf.Subject.CommonName, client.Leaf.NotAfter.UTC().Format(time.RFC3339), cfg.NodeName)
 	}
 	restCfg, err := m.Source.NodeRESTConfig(client)
 	if err != nil {

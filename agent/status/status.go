@@ -163,11 +163,11 @@ type Report struct {
 type Health int
 
 const (
-	// Healthy: a usable client certificate, nothing needs attention.
+	// Healthy means: a usable client certificate, nothing needs attention.
 	Healthy Health = 0
-	// NoIdentity: no usable client certificate.
+	// NoIdentity means: no usable client certificate.
 	NoIdentity Health = 2
-	// Degraded: a usable client certificate, but its renewal is overdue
+	// Degraded means: a usable client certificate, but its renewal is overdue
 	// or failing, the serving certificate is missing or unusable, or a
 	// trust bundle is stale.
 	Degraded Health = 3

@@ -104,7 +104,8 @@ func Discover(ctx context.Context, cfg *rest.Config) (schema.GroupVersionResourc
 		return schema.GroupVersionResource{}, err
 	}
 	fail := func(err error) (schema.GroupVersionResource, error) {
-		return schema.GroupVersionResource{}, fmt.Errorf("the API server serves no ClusterTrustBundle API (tried %s in %s): %w", strings.Join(versions(), ", "), Group, err)
+		return schema.GroupVersionResource{}, fmt.Errorf("the API server serves no ClusterTrustBundle API (tried %s in %s): %w", strings.Join(versions(), ", "),
+			Group, err)
 	}
 	var group struct {
 		Versions []groupVersionEntry `json:"versions"`

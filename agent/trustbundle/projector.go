@@ -31,11 +31,12 @@ const (
 	Resource = "clustertrustbundles"
 	// DefaultCommandTimeout bounds a post-update command.
 	DefaultCommandTimeout = 30 * time.Second
-	// DefaultRetryInitial and DefaultRetryMax bound the backoff after a
-	// failed write; DefaultResyncPeriod is how often a projection is read
-	// from the API server (a LIST) and written again, without a change.
+	// DefaultRetryInitial is the first backoff after a failed write.
 	DefaultRetryInitial = time.Second
-	DefaultRetryMax     = 5 * time.Minute
+	// DefaultRetryMax is the longest backoff after failed writes.
+	DefaultRetryMax = 5 * time.Minute
+	// DefaultResyncPeriod is how often a projection is read from the API
+	// server (a LIST) and written again, without a change.
 	DefaultResyncPeriod = 10 * time.Minute
 )
 
@@ -288,7 +289,8 @@ func admitted(admit func(*clusterTrustBundle) bool, items []*clusterTrustBundle)
 // matched what the server sent (a watch event or the periodic read); a
 // watch that went quiet is caught by the periodic read, and while the
 // server cannot be read LastSync ages.
-func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string, confirm func(context.Context) (map[string]string, error)) {
+func (p *Projector) loop(ctx context.Context, trigger <-chan struct{}, selected func() map[string]string,
+	confirm func(context.Context) (map[string]string, error)) {
 	retryInitial, retryMax, resyncPeriod := p.RetryInitial, p.RetryMax, p.ResyncPeriod
 	if retryInitial <= 0 {
 		retryInitial = DefaultRetryInitial

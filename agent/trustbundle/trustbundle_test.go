@@ -156,25 +156,33 @@ func TestInvalidBundleKeepsLastGood(t *testing.T) {
 	if s := log.get(path); !s.Stale {
 		t.Fatalf("before the first sync: %+v, want stale", s)
 	}
-	p.sync(ctx, map[string]string{"root": a})
+	mustSync(t, p, map[string]string{"root": a})
 	if s := log.get(path); !current(s) || s.Certificates != 1 {
 		t.Fatalf("after the first sync: %+v", s)
 	}
 	good, _ := os.ReadFile(path)
-	p.sync(ctx, map[string]string{"root": a + "garbage"})
+	_ = p.sync(ctx, map[string]string{"root": a + "garbage"}) // rejected: the file must not change
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, good) {
 		t.Fatal("an invalid bundle changed the file")
 	}
 	if s := log.get(path); !s.Stale || !strings.Contains(s.Reason, "keeping the last good content") {
 		t.Errorf("after an invalid bundle: %+v", s)
 	}
-	p.sync(ctx, map[string]string{})
+	_ = p.sync(ctx, map[string]string{}) // deleted: the file must not change
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, good) {
 		t.Fatal("a deleted bundle changed the file")
 	}
 	b := newCAPEM(t, "b")
-	p.sync(ctx, map[string]string{"root": a + b})
+	mustSync(t, p, map[string]string{"root": a + b})
 	if s := log.get(path); !current(s) || s.Certificates != 2 {
 		t.Fatalf("after a valid bundle: %+v", s)
+	}
+}
+
+// mustSync runs one sync the test expects to succeed.
+func mustSync(t *testing.T, p *Projector, objects map[string]string) {
+	t.Helper()
+	if err := p.sync(t.Context(), objects); err != nil {
+		t.Fatalf("sync: %v", err)
 	}
 }

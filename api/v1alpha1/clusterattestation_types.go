@@ -155,9 +155,9 @@ type PolicyDocument string
 type PolicySource string
 
 const (
-	// PolicySourceSpec: the ClusterAttestation's spec.
+	// PolicySourceSpec means the ClusterAttestation's spec.
 	PolicySourceSpec PolicySource = "Spec"
-	// PolicySourceAnnotations: the Cluster's annotations (deprecated; used
+	// PolicySourceAnnotations means the Cluster's annotations (deprecated; used
 	// only while the ClusterAttestation has no spec).
 	PolicySourceAnnotations PolicySource = "Annotations"
 )

@@ -294,7 +294,8 @@ func (s *suite) attestRequest(tb testing.TB, key crypto.Signer, version string) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &attestor.Request{NodeName: s.p.NodeName, ProviderID: s.p.ProviderID, Binding: attestor.Binding(spki), SPKI: spki, Version: version, ClusterCA: s.clusterCA}
+	return &attestor.Request{NodeName: s.p.NodeName, ProviderID: s.p.ProviderID, Binding: attestor.Binding(spki), SPKI: spki, Version: version,
+		ClusterCA: s.clusterCA}
 }
 
 // file attests with key and files the evidence in a CSR, parsed back as

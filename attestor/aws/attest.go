@@ -10,9 +10,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"sigs.k8s.io/kubelet-authenticator/attestor/internal/metadata"
 	"strings"
 	"time"
+
+	"k8s.io/utils/clock"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/internal/metadata"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -43,7 +46,7 @@ type Attestor struct {
 	stsRegion     string
 	presignExpiry int
 	client        *http.Client
-	now           func() time.Time
+	clock         clock.PassiveClock
 }
 
 // NewAttestor returns the node half.
@@ -54,7 +57,7 @@ func NewAttestor(cfg AttestorConfig) (*Attestor, error) {
 		stsRegion:     cfg.STSRegion,
 		presignExpiry: cfg.PresignExpiry,
 		client:        &http.Client{Timeout: 10 * time.Second},
-		now:           time.Now,
+		clock:         clock.RealClock{},
 	}
 	if a.imds == "" {
 		a.imds = DefaultIMDSEndpoint
@@ -143,7 +146,7 @@ func (a *Attestor) presign(region string, creds credentials, binding []byte) (*P
 	}
 	u.RawQuery = url.Values{"Action": {"GetCallerIdentity"}, "Version": {"2011-06-15"}}.Encode()
 	headers := map[string]string{BindingHeader: bindingHex(binding)}
-	signed := presignURL(u, headers, creds, signRegion, stsService, a.now(), a.presignExpiry, emptyBodySHA256)
+	signed := presignURL(u, headers, creds, signRegion, stsService, a.clock.Now(), a.presignExpiry, emptyBodySHA256)
 	return &PresignedRequest{URL: signed, Headers: headers}, nil
 }
 

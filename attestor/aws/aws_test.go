@@ -15,11 +15,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
-	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -215,7 +218,7 @@ func TestDenials(t *testing.T) {
 		{
 			name: "expired presigned request", reason: ReasonPresignExpired,
 			edit: func(t *testing.T, f *fixture, v *Verifier, ev attestor.Evidence, _ *attestor.VerifyRequest) attestor.Evidence {
-				v.now = func() time.Time { return time.Now().Add(2 * time.Minute) }
+				v.clock = clocktesting.NewFakePassiveClock(time.Now().Add(2 * time.Minute))
 				return ev
 			},
 		},
@@ -574,7 +577,7 @@ func TestRealDocumentWithNoConfiguration(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewVerifier with no certificatesDir: %v", err)
 	}
-	v.now = func() time.Time { return time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC) }
+	v.clock = clocktesting.NewFakePassiveClock(time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC))
 	iid, err := v.verifyDocument(doc, p7)
 	if err != nil {
 		t.Fatalf("real document rejected by the built-in certificates: %v", err)
@@ -610,7 +613,7 @@ func TestBuiltinCertificatesMatchRealData(t *testing.T) {
 	}
 	for _, w := range want {
 		name := filepath.Base(w)
-		real, err := os.ReadFile(w)
+		genuine, err := os.ReadFile(w)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -619,7 +622,7 @@ func TestBuiltinCertificatesMatchRealData(t *testing.T) {
 			t.Errorf("%s is not built in: %v", name, err)
 			continue
 		}
-		if !bytes.Equal(b, real) {
+		if !bytes.Equal(b, genuine) {
 			t.Errorf("built-in %s differs from %s", name, w)
 		}
 		blk, _ := pem.Decode(b)

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/smallstep/pkcs7"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -120,13 +121,13 @@ type Verifier struct {
 	roles    []roleRef
 	hosts    []string
 	client   httpDoer
-	now      func() time.Time
+	clock    clock.PassiveClock
 }
 
 // NewVerifier returns the signer half. It fails when no certificate or no
 // account is configured.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
-	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, now: time.Now}
+	v := &Verifier{certs: map[string][]*x509.Certificate{}, accounts: map[string]bool{}, hosts: cfg.STS.Hosts, clock: clock.RealClock{}}
 	var errs []error
 	if cfg.ReplaceBuiltinCertificates && cfg.CertificatesDir == "" {
 		errs = append(errs, errors.New("replaceBuiltinCertificates: set certificatesDir to the certificates that replace the built-in ones"))
@@ -162,7 +163,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		v.roles = append(v.roles, ref)
 	}
 	if len(cfg.AllowedRoles) == 0 {
-		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: without it any role in the account could vouch for an instance", CAPANodesRole))
+		errs = append(errs, fmt.Errorf("allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. %s for Cluster API Provider AWS: "+
+			"without it any role in the account could vouch for an instance",
+			CAPANodesRole))
 	}
 	client, err := cfg.STS.TLS.HTTPClient(15 * time.Second)
 	if err != nil {
@@ -325,7 +328,8 @@ func (v *Verifier) verifyDocument(doc, sig []byte) (*InstanceIdentityDocument, e
 		return nil, err
 	}
 	var missing []string
-	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone, "region": iid.Region} {
+	for name, val := range map[string]string{"accountId": iid.AccountID, "instanceId": iid.InstanceID, "availabilityZone": iid.AvailabilityZone,
+		"region": iid.Region} {
 		if val == "" {
 			missing = append(missing, name)
 		}
@@ -404,9 +408,10 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.
 	}
 	expires, err := strconv.Atoi(q.Get("X-Amz-Expires"))
 	if err != nil || expires < 1 || expires > MaxPresignExpiry {
-		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request has X-Amz-Expires=%q, want 1 to %d seconds", q.Get("X-Amz-Expires"), MaxPresignExpiry)
+		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request has X-Amz-Expires=%q, want 1 to %d seconds", q.Get("X-Amz-Expires"),
+			MaxPresignExpiry)
 	}
-	now := v.now()
+	now := v.clock.Now()
 	if now.Add(clockSkew).Before(signedAt) {
 		return nil, attestor.Deny(ReasonPresignExpired, "the presigned STS request is dated %s, in the future", signedAt.Format(time.RFC3339))
 	}
@@ -417,7 +422,9 @@ func (v *Verifier) checkPresigned(p *PresignedRequest, bindings [][]byte) (*url.
 		return nil, attestor.Deny(ReasonPresignInvalid, "the presigned STS request must carry exactly the %s header", BindingHeader)
 	}
 	if got, ok := p.Headers[BindingHeader]; !ok || !attestor.AnyBinding(bindings, func(b []byte) bool { return got == bindingHex(b) }) {
-		return nil, attestor.Deny(ReasonBindingMismatch, "the presigned STS request signs a binding other than the CSR key's (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster")
+		return nil, attestor.Deny(ReasonBindingMismatch,
+			"the presigned STS request signs a binding other than the CSR key's (and, from evidence v2, this cluster's CA): "+
+				"evidence made for another key or another cluster")
 	}
 	return u, nil
 }
@@ -453,14 +460,14 @@ func (v *Verifier) replay(ctx context.Context, u *url.URL, headers map[string]st
 	if err != nil {
 		return nil, fmt.Errorf("unable to read the STS response: %w", err)
 	}
-	switch {
-	case resp.StatusCode == http.StatusOK:
+	switch resp.StatusCode {
+	case http.StatusOK:
 		var ci callerIdentity
 		if err := xml.Unmarshal(body, &ci); err != nil {
 			return nil, fmt.Errorf("unable to parse the STS GetCallerIdentity response: %w", err)
 		}
 		return &ci, nil
-	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusForbidden:
+	case http.StatusBadRequest, http.StatusForbidden:
 		var se stsError
 		_ = xml.Unmarshal(body, &se)
 		switch se.Code {
@@ -539,7 +546,9 @@ func (v *Verifier) checkCaller(ci *callerIdentity, doc *InstanceIdentityDocument
 		}
 	}
 	if !allowed {
-		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed, "the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1], parts[4]))
+		errs = append(errs, attestor.Deny(ReasonCallerRoleNotAllowed,
+			"the STS caller is a session of role %q in account %s, which allowedRoles does not list (it lists the role of the nodes' instance profile)", res[1],
+			parts[4]))
 	}
 	return joinDenials(errs)
 }

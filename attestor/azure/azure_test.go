@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
 	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 
@@ -246,7 +248,7 @@ func TestRealDocuments(t *testing.T) {
 			}
 			// The full verifier then stops at the nonce: the sample was not
 			// requested for a CSR key.
-			v.now = func() time.Time { return at }
+			v.clock = clocktesting.NewFakePassiveClock(at)
 			pid := "azure:///subscriptions/" + want.SubscriptionID + "/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/vm"
 			_, err = v.Verify(context.Background(), &attestor.VerifyRequest{Evidence: sigEvidence(t, sig), Binding: make([]byte, 32), ProviderID: pid})
 			attestortest.WantDenial(t, err, ReasonNonceMismatch)

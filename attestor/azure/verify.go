@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/smallstep/pkcs7"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -101,7 +102,7 @@ type Verifier struct {
 	roots, intermediates *x509.CertPool
 	signerNames          []string
 	subscriptions        []string
-	now                  func() time.Time
+	clock                clock.PassiveClock
 	issuers              *issuerCache // nil when fetching is disabled
 }
 
@@ -117,7 +118,7 @@ func BuiltinRoots() fs.FS {
 
 // NewVerifier returns the signer half.
 func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
-	v := &Verifier{roots: x509.NewCertPool(), intermediates: x509.NewCertPool(), signerNames: cfg.SignerNames, now: time.Now}
+	v := &Verifier{roots: x509.NewCertPool(), intermediates: x509.NewCertPool(), signerNames: cfg.SignerNames, clock: clock.RealClock{}}
 	var errs []error
 	if len(cfg.Roots) == 0 {
 		names, _ := fs.Glob(BuiltinRoots(), "*.pem")
@@ -186,7 +187,7 @@ func (v *Verifier) ClusterBound(version string) bool { return clusterBound(versi
 // for each initializer on every call (make bench, BenchmarkCachedPath).
 // providerIDRE matches an Azure VM or scale set VM provider ID.
 var providerIDRE = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/(virtualMachines/[^/]+|virtualMachineScaleSets/[^/]+/virtualMachines/[^/]+)$`)
+	return regexp.MustCompile(`^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/(virtualMachines/[^/]+|virtualMachineScaleSets/[^/]+/virtualMachines/[^/]+)$`) //nolint:lll // one regular expression reads better whole
 })
 
 // Verify implements attestor.Verifier.
@@ -199,14 +200,17 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		return nil, attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion, "evidence version %q is not %q or %q", ev.Version, VersionV2, VersionV1)
 	}
 	bindings := in.Bindings(clusterBound(ev.Version))
-	now := v.now()
+	now := v.clock.Now()
 	doc, err := v.verifyDocument(ctx, ev.Signature, now)
 	if err != nil {
 		return nil, err
 	}
 	var denials []error
 	if !attestor.AnyBinding(bindings, func(b []byte) bool { return doc.Nonce == Nonce(b) }) {
-		denials = append(denials, attestor.Deny(ReasonNonceMismatch, "the attested document's nonce %q is not derived from the CSR key (and, from evidence v2, this cluster's CA): evidence made for another key or another cluster", doc.Nonce))
+		denials = append(denials, attestor.Deny(ReasonNonceMismatch,
+			"the attested document's nonce %q is not derived from the CSR key (and, from evidence v2, this cluster's CA): "+
+				"evidence made for another key or another cluster",
+			doc.Nonce))
 	}
 	created, expires, err := doc.Window()
 	switch {
@@ -226,7 +230,8 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	case m == nil:
 		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID %q is not an Azure VM provider ID", in.ProviderID))
 	case strings.ToLower(m[1]) != sub:
-		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1], doc.SubscriptionID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "provider ID names subscription %s but the attested document %s", m[1],
+			doc.SubscriptionID))
 	}
 	if doc.VMID == "" {
 		denials = append(denials, attestor.Deny(attestor.ReasonMalformedEvidence, "the attested document has no vmId"))
@@ -287,7 +292,8 @@ func (v *Verifier) verifyDocument(ctx context.Context, signature string, at time
 		_, err = signer.Verify(opts)
 	}
 	if err != nil {
-		return nil, attestor.Deny(ReasonUntrustedSigner, "the attested document's signing certificate %q does not chain to a configured root: %v", signer.Subject.CommonName, err)
+		return nil, attestor.Deny(ReasonUntrustedSigner, "the attested document's signing certificate %q does not chain to a configured root: %v",
+			signer.Subject.CommonName, err)
 	}
 	if !v.signerNameAllowed(signer) {
 		return nil, attestor.Deny(ReasonSignerNameNotAllowed, "the attested document is signed by %q (%s), not by the metadata service (%s)",
@@ -351,7 +357,8 @@ func (ic *issuerCache) fetch(ctx context.Context, c *x509.Certificate) ([]*x509.
 	for _, raw := range c.IssuingCertificateURL {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !slices.Contains(ic.hosts, u.Host) {
-			lastErr = attestor.Deny(ReasonUntrustedSigner, "certificate %q names issuing CA URL %q, whose host is not one the verifier fetches from (issuers.hosts)", c.Subject.CommonName, raw)
+			lastErr = attestor.Deny(ReasonUntrustedSigner, "certificate %q names issuing CA URL %q, whose host is not one the verifier fetches from (issuers.hosts)",
+				c.Subject.CommonName, raw)
 			continue
 		}
 		ic.mu.Lock()

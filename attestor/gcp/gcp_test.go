@@ -13,11 +13,16 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
-	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 	"strings"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"k8s.io/utils/clock"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor/attestortest"
+	realdatapkg "sigs.k8s.io/kubelet-authenticator/test/realdata"
 
 	"github.com/go-jose/go-jose/v4"
 
@@ -115,7 +120,7 @@ func TestKeyRotation(t *testing.T) {
 	_, err := v.Verify(context.Background(), f.request(ev))
 	attestortest.WantDenial(t, err, ReasonUnknownKey)
 	later := time.Now().Add(time.Minute)
-	v.now = func() time.Time { return later }
+	v.clock = clocktesting.NewFakePassiveClock(later)
 	f.emu.SetClock(func() time.Time { return later })
 	if _, err := v.Verify(context.Background(), f.request(f.attest(t))); err != nil {
 		t.Fatalf("Verify after rotation: %v", err)
@@ -187,7 +192,7 @@ func TestDenials(t *testing.T) {
 		}},
 		{"expired token", ReasonTokenExpired, func(t *testing.T, f *fixture, v *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
 			ev := f.attest(t)
-			v.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+			v.clock = clocktesting.NewFakePassiveClock(time.Now().Add(2 * time.Hour))
 			return ev
 		}},
 		{"token issued in the future", ReasonTokenExpired, func(t *testing.T, f *fixture, v *Verifier, in *attestor.VerifyRequest) attestor.Evidence {
@@ -303,7 +308,7 @@ func TestRealToken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v.now = func() time.Time { return time.Unix(1624130200, 0) }
+			v.clock = clocktesting.NewFakePassiveClock(time.Unix(1624130200, 0))
 			claims, err := v.verifyToken(context.Background(), tok)
 			if err != nil {
 				t.Fatalf("real token rejected: %v", err)
@@ -329,7 +334,7 @@ func TestRealToken(t *testing.T) {
 					t.Fatalf("token altered at %d: %v, want a denial", pos, err)
 				}
 			}
-			v.now = func() time.Time { return time.Now() }
+			v.clock = clock.RealClock{}
 			_, err = v.verifyToken(context.Background(), tok)
 			attestortest.WantDenial(t, err, ReasonTokenExpired)
 		})
@@ -338,7 +343,7 @@ func TestRealToken(t *testing.T) {
 		url, tc := realJWKS(t, "6a1d26d992be7a4b689bdce1911f4e9adc75d9f1")
 		raw, _ := os.ReadFile(realdatapkg.Path(t, "gcp", "gce-identity-token-2021-06-19-a.jwt"))
 		v, _ := NewVerifier(VerifierConfig{Projects: []string{"mineral-minutia-820"}, JWKS: JWKSConfig{URL: url, TLS: tc}})
-		v.now = func() time.Time { return time.Unix(1624130200, 0) }
+		v.clock = clocktesting.NewFakePassiveClock(time.Unix(1624130200, 0))
 		_, err := v.verifyToken(context.Background(), string(raw))
 		attestortest.WantDenial(t, err, ReasonUnknownKey)
 	})
@@ -415,7 +420,8 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 	newCA := f.emu.RotateTLS(t)
 	f.emu.RotateKey(t)
 	later := time.Now().Add(time.Minute)
-	v.now = func() time.Time { return later }
+	clk := clocktesting.NewFakePassiveClock(later)
+	v.clock = clk
 	f.binding = attestortest.NewBinding(t)
 	if _, err := upstream.Set(tlsCfg); err != nil {
 		t.Fatal(err)
@@ -435,6 +441,7 @@ func TestJWKSCARotationWithoutRestart(t *testing.T) {
 		t.Fatalf("Set after the CA file changed = %v, %v", changed, err)
 	}
 	later = later.Add(time.Minute)
+	clk.SetTime(later)
 	if _, err := v.Verify(ctx, f.request(f.attest(t))); err != nil {
 		t.Fatalf("after the CA bundle file changed: %v", err)
 	}

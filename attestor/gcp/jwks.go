@@ -18,7 +18,6 @@ import (
 type keySet struct {
 	url        string
 	client     httpDoer
-	now        func() time.Time
 	refresh    time.Duration
 	minRefresh time.Duration
 
@@ -27,12 +26,12 @@ type keySet struct {
 	fetched time.Time
 }
 
-// key returns the key with kid. A nil key with a nil error means the JWKS
-// has no such key; an error means the JWKS could not be read.
-func (s *keySet) key(ctx context.Context, kid string) (*jose.JSONWebKey, error) {
+// key returns the key with kid at time now (the verifier's clock). A nil
+// key with a nil error means the JWKS has no such key; an error means the
+// JWKS could not be read.
+func (s *keySet) key(ctx context.Context, kid string, now time.Time) (*jose.JSONWebKey, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
 	stale := s.keys == nil || now.Sub(s.fetched) >= s.refresh
 	if k, ok := s.keys[kid]; ok && !stale {
 		return k, nil
@@ -40,7 +39,7 @@ func (s *keySet) key(ctx context.Context, kid string) (*jose.JSONWebKey, error) 
 	if !stale && now.Sub(s.fetched) < s.minRefresh {
 		return nil, nil
 	}
-	if err := s.fetch(ctx); err != nil {
+	if err := s.fetch(ctx, now); err != nil {
 		if k, ok := s.keys[kid]; ok {
 			return k, nil // keep using what we have while the JWKS is unreachable
 		}
@@ -49,7 +48,7 @@ func (s *keySet) key(ctx context.Context, kid string) (*jose.JSONWebKey, error) 
 	return s.keys[kid], nil
 }
 
-func (s *keySet) fetch(ctx context.Context) error {
+func (s *keySet) fetch(ctx context.Context, now time.Time) error {
 	r, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url, nil)
 	if err != nil {
 		return err
@@ -78,6 +77,6 @@ func (s *keySet) fetch(ctx context.Context) error {
 		}
 		keys[k.KeyID] = k
 	}
-	s.keys, s.fetched = keys, s.now()
+	s.keys, s.fetched = keys, now
 	return nil
 }

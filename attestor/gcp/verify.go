@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tlsconfig"
@@ -68,7 +69,7 @@ type Verifier struct {
 	projects []string
 	prefix   string
 	keys     *keySet
-	now      func() time.Time
+	clock    clock.PassiveClock
 }
 
 // NewVerifier returns the signer half.
@@ -95,8 +96,8 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if refresh <= 0 {
 		refresh = defaultJWKSRefresh
 	}
-	v := &Verifier{projects: cfg.Projects, prefix: cfg.AudiencePrefix, now: time.Now}
-	v.keys = &keySet{url: jwksURL, client: client, now: func() time.Time { return v.now() }, refresh: refresh, minRefresh: defaultJWKSMinRefresh}
+	v := &Verifier{projects: cfg.Projects, prefix: cfg.AudiencePrefix, clock: clock.RealClock{}}
+	v.keys = &keySet{url: jwksURL, client: client, refresh: refresh, minRefresh: defaultJWKSMinRefresh}
 	return v, nil
 }
 
@@ -122,7 +123,9 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 	}
 	var denials []error
 	if len(claims.Audience) != 1 || !attestor.AnyBinding(bindings, func(b []byte) bool { return claims.Audience[0] == Audience(v.prefix, b) }) {
-		denials = append(denials, attestor.Deny(ReasonAudienceMismatch, "token audience %q does not carry the binding of the CSR key (and, from evidence v2, of this cluster's CA): evidence made for another key or another cluster", claims.Audience))
+		denials = append(denials, attestor.Deny(ReasonAudienceMismatch,
+			"token audience %q does not carry the binding of the CSR key (and, from evidence v2, of this cluster's CA): "+
+				"evidence made for another key or another cluster", claims.Audience))
 	}
 	ce := claims.Google.ComputeEngine
 	if ce == nil || ce.ProjectID == "" || ce.Zone == "" || ce.InstanceName == "" || ce.InstanceID == "" {
@@ -136,7 +139,8 @@ func (v *Verifier) Verify(ctx context.Context, in *attestor.VerifyRequest) (*att
 		denials = append(denials, attestor.Deny(attestor.ReasonNodeNameMismatch, "instance name %q is not the node name %q", ce.InstanceName, in.NodeName))
 	}
 	if pid := ce.ProviderID(); pid != in.ProviderID {
-		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid, in.ProviderID))
+		denials = append(denials, attestor.Deny(attestor.ReasonAttestedProviderIDMismatch, "the token proves provider ID %q but the CSR claims %q", pid,
+			in.ProviderID))
 	}
 	if err := joinDenials(denials); err != nil {
 		return nil, err
@@ -153,7 +157,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 	if strings.Count(token, ".") != 2 {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not a compact JWS")
 	}
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.RS256})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.RS256})
 	if err != nil {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token is not an RS256 JWT: %v", err)
 	}
@@ -161,7 +165,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token names no signing key")
 	}
 	kid := jws.Signatures[0].Header.KeyID
-	key, err := v.keys.key(ctx, kid)
+	key, err := v.keys.key(ctx, kid, v.clock.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +186,7 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*Claims, erro
 	if claims.IssuedAt == nil || claims.Expiry == nil {
 		return nil, attestor.Deny(attestor.ReasonMalformedEvidence, "the identity token lacks iat or exp")
 	}
-	now := v.now()
+	now := v.clock.Now()
 	iat, exp := time.Unix(*claims.IssuedAt, 0), time.Unix(*claims.Expiry, 0)
 	switch {
 	case now.Add(clockSkew).Before(iat):

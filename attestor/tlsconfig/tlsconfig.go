@@ -185,7 +185,8 @@ func (c *Config) Validate() error {
 				break
 			}
 			if _, ok := tlsVersions[p.Custom.MinTLSVersion]; !ok {
-				errs = append(errs, fmt.Errorf("securityProfile.custom.minTLSVersion: %q is not one of VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13", p.Custom.MinTLSVersion))
+				errs = append(errs, fmt.Errorf("securityProfile.custom.minTLSVersion: %q is not one of VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13",
+					p.Custom.MinTLSVersion))
 			}
 			if _, err := cipherIDs(p.Custom.Ciphers); err != nil {
 				errs = append(errs, fmt.Errorf("securityProfile.custom.ciphers: %w", err))

@@ -35,9 +35,11 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 		return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "the challenged CSR %q carries no first-round TPM attestation", round.Name)
 	}
 	if clusterBound(version) != clusterBound(first.Version) {
-		return nil, attestor.Deny(attestor.ReasonChallengeMismatch, "the response is evidence %s, the challenged CSR %q evidence %s: answer in the version of the challenged request", version, round.Name, first.Version)
+		return nil, attestor.Deny(attestor.ReasonChallengeMismatch,
+			"the response is evidence %s, the challenged CSR %q evidence %s: answer in the version of the challenged request", version, round.Name, first.Version)
 	}
-	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Bindings(clusterBound(first.Version)), round.Annotations, in.MachineAnnotations, pol)
+	at, err := v.checkAttestation(first.Version, first.Attestation, in.CSR.PublicKey, in.Bindings(clusterBound(first.Version)), round.Annotations,
+		in.MachineAnnotations, pol)
 	if err != nil {
 		ds := attestor.Denials(err)
 		if len(ds) == 0 {
@@ -82,7 +84,8 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 	if r.Quote == nil {
 		if pol != nil && pol.needsQuote() {
 			return attestor.Deny(ReasonFreshQuoteRequired,
-				"the Cluster's TPM boot policy reads PCRs, and the answer carries no fresh quote of them (evidence %s): upgrade the node's kubelet-authenticator", VersionV3)
+				"the Cluster's TPM boot policy reads PCRs, and the answer carries no fresh quote of them (evidence %s): upgrade the node's kubelet-authenticator",
+				VersionV3)
 		}
 		return nil
 	}
@@ -107,7 +110,8 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 		case errors.Is(err, errNoCommonBank):
 			noState, err = err.Error(), nil
 		case err != nil:
-			return attestor.Deny(ReasonEventLogMismatch, "the PCRs quoted in the answer are not those the first round's event log leads to (the machine booted again, or extended them since): %v", err)
+			return attestor.Deny(ReasonEventLogMismatch,
+				"the PCRs quoted in the answer are not those the first round's event log leads to (the machine booted again, or extended them since): %v", err)
 		}
 	}
 	return pol.evaluate(VersionV3, r.PCRs, sel, state, noState)

@@ -360,7 +360,8 @@ func (a *Attestor) readEventLog() ([]byte, error) {
 		return nil, fmt.Errorf("unable to read the measured-boot event log: %w", err)
 	}
 	if len(b) > maxEventLog {
-		return nil, fmt.Errorf("the measured-boot event log %s is %d bytes, more than the %d a CSR can carry; set the TPM attestor's noEventLog to file without it", a.eventLog, len(b), maxEventLog)
+		return nil, fmt.Errorf("the measured-boot event log %s is %d bytes, more than the %d a CSR can carry; set the TPM attestor's noEventLog to file without it",
+			a.eventLog, len(b), maxEventLog)
 	}
 	if len(b) == 0 {
 		return nil, nil
@@ -772,7 +773,8 @@ func (s *session) endorsementKey(specs []ekSpec) (*key, []byte, error) {
 		if k, err := publicKey(ek.pub); err == nil && publicKeysEqual(cert.PublicKey, k) {
 			return ek, der, nil
 		}
-		return nil, nil, fmt.Errorf("the %s EK certificate at 0x%08x certifies a key that is neither the standard-template EK nor the one at 0x%08x", spec.what, uint32(spec.certIndex), uint32(spec.persistent))
+		return nil, nil, fmt.Errorf("the %s EK certificate at 0x%08x certifies a key that is neither the standard-template EK nor the one at 0x%08x", spec.what,
+			uint32(spec.certIndex), uint32(spec.persistent))
 	}
 	ek, err := s.createPrimary(specs[0].template)
 	if err != nil {

@@ -109,11 +109,13 @@ func signatureLists(b []byte) error {
 		case sigSize < efiGUIDSize:
 			return fmt.Errorf("signature list %d: SignatureSize %d is below %d (the owner GUID every signature starts with)", n, sigSize, efiGUIDSize)
 		case listSize < efiSignatureListHeader+headerSize:
-			return fmt.Errorf("signature list %d: SignatureListSize %d is below its header (%d + SignatureHeaderSize %d)", n, listSize, efiSignatureListHeader, headerSize)
+			return fmt.Errorf("signature list %d: SignatureListSize %d is below its header (%d + SignatureHeaderSize %d)", n, listSize, efiSignatureListHeader,
+				headerSize)
 		case listSize > uint64(len(b)-off):
 			return fmt.Errorf("signature list %d: SignatureListSize %d runs past the variable's %d remaining bytes", n, listSize, len(b)-off)
 		case (listSize-efiSignatureListHeader-headerSize)%sigSize != 0:
-			return fmt.Errorf("signature list %d: %d bytes of signatures are not a whole number of %d-byte signatures", n, listSize-efiSignatureListHeader-headerSize, sigSize)
+			return fmt.Errorf("signature list %d: %d bytes of signatures are not a whole number of %d-byte signatures", n, listSize-efiSignatureListHeader-headerSize,
+				sigSize)
 		case headerSize != 0:
 			return fmt.Errorf("signature list %d: SignatureHeaderSize is %d; the lists of X.509 certificates and SHA-256 hashes have none", n, headerSize)
 		case bytes.Equal(typ, efiCertSHA256) && sigSize != efiGUIDSize+32:

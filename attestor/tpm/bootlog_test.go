@@ -213,7 +213,7 @@ func hasReason(err error, reason string) bool {
 // allocate SignatureSize-16 bytes, a uint32 wrapped to 4 GiB, twice.
 func badSignatureListLog(t testing.TB) []byte {
 	t.Helper()
-	real := splitLog(t, realEventLog(t, softLog))
+	genuine := splitLog(t, realEventLog(t, softLog))
 	list := append([]byte(nil), efiCertX509...)
 	list = binary.LittleEndian.AppendUint32(list, 28+16) // SignatureListSize: one entry
 	list = binary.LittleEndian.AppendUint32(list, 0)     // SignatureHeaderSize
@@ -227,8 +227,8 @@ func badSignatureListLog(t testing.TB) []byte {
 		data = binary.LittleEndian.AppendUint16(data, c)
 	}
 	data = append(data, list...)
-	e := agileEvent{pcr: 7, typ: evVariableConf, algs: real.events[0].algs, digests: make([][]byte, len(real.events[0].algs)), data: data}
+	e := agileEvent{pcr: 7, typ: evVariableConf, algs: genuine.events[0].algs, digests: make([][]byte, len(genuine.events[0].algs)), data: data}
 	e.measure(data)
-	l := &agileLog{head: real.head, sizes: real.sizes, events: []agileEvent{e}}
+	l := &agileLog{head: genuine.head, sizes: genuine.sizes, events: []agileEvent{e}}
 	return l.bytes()
 }

@@ -140,7 +140,7 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 	// would not replay.
 	el, err := tcg.ParseEventLog(rawLog, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errEventLogMismatch, err)
+		return nil, fmt.Errorf("%w: %w", errEventLogMismatch, err)
 	}
 	var bank *register.PCRBank
 	var bankName string
@@ -161,11 +161,12 @@ func ReplayEventLog(rawLog []byte, pcrs []PCRValue) (st *BootState, err error) {
 		}
 	}
 	if bank == nil {
-		return nil, fmt.Errorf("%w: the log has %v digests and the quote covers none of those banks (set the node's pcrBank to one of them)", errNoCommonBank, el.Algs)
+		return nil, fmt.Errorf("%w: the log has %v digests and the quote covers none of those banks (set the node's pcrBank to one of them)", errNoCommonBank,
+			el.Algs)
 	}
 	events, err := el.Verify(bank.MRs())
 	if err != nil {
-		return nil, fmt.Errorf("%w against the quoted %s PCRs: %v", errEventLogMismatch, bankName, err)
+		return nil, fmt.Errorf("%w against the quoted %s PCRs: %w", errEventLogMismatch, bankName, err)
 	}
 	measured := map[int]bool{}
 	for _, e := range events {

@@ -26,7 +26,7 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 	if in.ChallengeTTL > 0 {
 		ttl = min(ttl, in.ChallengeTTL)
 	}
-	expires := v.now().Add(ttl).UTC().Truncate(time.Second)
+	expires := v.clock.Now().Add(ttl).UTC().Truncate(time.Second)
 	keyID, key := v.keys.Current()
 	if key == nil {
 		return nil, errors.New("the signer has no challenge key yet")
@@ -54,7 +54,8 @@ func (v *Verifier) challenge(in *attestor.VerifyRequest, ev *Evidence, pol *Poli
 // must replay against the quoted PCRs (one with no digests of a quoted
 // bank gives no boot state and is not judged). Then the Cluster's boot policy
 // (nil for none) applies, every violated rule its own denial.
-func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypto.PublicKey, bindings [][]byte, csrAnnotations, machineAnnotations map[string]string, pol *Policy) (*attested, error) {
+func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypto.PublicKey, bindings [][]byte, csrAnnotations,
+	machineAnnotations map[string]string, pol *Policy) (*attested, error) {
 	at, err := v.checkKeys(a, csrAnnotations, machineAnnotations)
 	if err != nil {
 		return nil, err
@@ -156,7 +157,9 @@ func checkQuote(at *attested, a *Attestation, bindings [][]byte) (map[string][]i
 		return nil, attestor.Deny(ReasonBadAttestation, "the attestation is of type 0x%04x, not TPM_ST_ATTEST_QUOTE", uint16(info.Type))
 	}
 	if !attestor.AnyBinding(bindings, func(b []byte) bool { return hmac.Equal(info.ExtraData.Buffer, b) }) {
-		return nil, attestor.Deny(ReasonStaleBinding, "the quote's qualifying data is not the binding of this CSR's key (and, from evidence v3, of this cluster's CA): evidence made for another key or another cluster, or reused")
+		return nil, attestor.Deny(ReasonStaleBinding,
+			"the quote's qualifying data is not the binding of this CSR's key (and, from evidence v3, of this cluster's CA): "+
+				"evidence made for another key or another cluster, or reused")
 	}
 	quote, err := info.Attested.Quote()
 	if err != nil {
@@ -171,7 +174,8 @@ func checkQuote(at *attested, a *Attestation, bindings [][]byte) (map[string][]i
 		return nil, err
 	}
 	if !hmac.Equal(quote.PCRDigest.Buffer, digest) {
-		return nil, attestor.Deny(ReasonPCRMismatch, "the PCR values in the evidence are not the ones the TPM quoted (digest %x, quoted %x)", digest, quote.PCRDigest.Buffer)
+		return nil, attestor.Deny(ReasonPCRMismatch, "the PCR values in the evidence are not the ones the TPM quoted (digest %x, quoted %x)", digest,
+			quote.PCRDigest.Buffer)
 	}
 	return selection(quote.PCRSelect), nil
 }

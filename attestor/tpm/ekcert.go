@@ -202,7 +202,7 @@ func exceptionFor(chain []*x509.Certificate) *profileException {
 }
 
 // verifyEKCertificate verifies an EK certificate against the manufacturer
-// pool at v.now(): full path validation, the TCG EK credential profile of
+// pool at v.clock.Now(): full path validation, the TCG EK credential profile of
 // the leaf (extended key usage, key usage, subject alternative name, basic
 // constraints) and the usages of the CAs on the path. The TCG subject
 // alternative name, which Go's x509 leaves unhandled, is parsed and
@@ -225,7 +225,7 @@ func (v *Verifier) verifyEKCertificate(cert *x509.Certificate) error {
 	chains, err := c.Verify(x509.VerifyOptions{
 		Roots:         v.roots,
 		Intermediates: v.intermediates,
-		CurrentTime:   v.now(),
+		CurrentTime:   v.clock.Now(),
 		// Go's nested EKU check knows only its own usages, not
 		// tcg-kp-EKCertificate: the leaf's and the CAs' extended key
 		// usages are checked below instead.
@@ -264,20 +264,25 @@ func checkEKProfile(cert *x509.Certificate, sanErr error, exc *profileException)
 	switch {
 	case !hasEKU && exc != nil && exc.omitsExtKeyUsage:
 	case !hasEKU:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the EK certificate has no extended key usage; an EK certificate names tcg-kp-EKCertificate (%s)", oidEKCertificateKP))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage,
+			"the EK certificate has no extended key usage; an EK certificate names tcg-kp-EKCertificate (%s)", oidEKCertificateKP))
 	case !slices.ContainsFunc(cert.UnknownExtKeyUsage, func(u asn1.ObjectIdentifier) bool { return u.Equal(oidEKCertificateKP) }):
-		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the certificate's extended key usage does not include tcg-kp-EKCertificate (%s)%s", oidEKCertificateKP, excused(exc != nil && exc.omitsExtKeyUsage)))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateExtKeyUsage, "the certificate's extended key usage does not include tcg-kp-EKCertificate (%s)%s",
+			oidEKCertificateKP, excused(exc != nil && exc.omitsExtKeyUsage)))
 	}
 	switch {
 	case cert.KeyUsage == 0:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage, "the EK certificate has no key usage; an EK certificate allows key encipherment (RSA) or key agreement (ECC)"))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage,
+			"the EK certificate has no key usage; an EK certificate allows key encipherment (RSA) or key agreement (ECC)"))
 	case cert.KeyUsage&(x509.KeyUsageKeyEncipherment|x509.KeyUsageKeyAgreement) == 0:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage, "the certificate's key usage allows neither key encipherment nor key agreement: it certifies a signing key, not an endorsement key"))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateKeyUsage,
+			"the certificate's key usage allows neither key encipherment nor key agreement: it certifies a signing key, not an endorsement key"))
 	}
 	switch {
 	case errors.Is(sanErr, errNoSubjectAltName) && exc != nil && exc.omitsSubjectAltName:
 	case sanErr != nil:
-		errs = append(errs, attestor.Deny(ReasonEKCertificateSubjectAltName, "the EK certificate's %v%s", sanErr, excused(exc != nil && exc.omitsSubjectAltName && !errors.Is(sanErr, errNoSubjectAltName))))
+		errs = append(errs, attestor.Deny(ReasonEKCertificateSubjectAltName, "the EK certificate's %v%s", sanErr,
+			excused(exc != nil && exc.omitsSubjectAltName && !errors.Is(sanErr, errNoSubjectAltName))))
 	}
 	switch {
 	case !cert.BasicConstraintsValid:
@@ -318,7 +323,8 @@ func chainWithCAUsages(chains [][]*x509.Certificate) ([]*x509.Certificate, error
 			return chain, nil
 		}
 		if first == nil {
-			first = attestor.Deny(ReasonEKCertificateChainUsage, "the EK certificate's path to the manufacturer CA pool has CAs not allowed to issue it: %s", strings.Join(errs, "; "))
+			first = attestor.Deny(ReasonEKCertificateChainUsage, "the EK certificate's path to the manufacturer CA pool has CAs not allowed to issue it: %s",
+				strings.Join(errs, "; "))
 		}
 	}
 	return nil, first

@@ -90,9 +90,10 @@ func parseGCEAttestation(t *testing.T, raw []byte) *gceAttestation {
 							var k uint64
 							var d []byte
 							protoFields(t, v, func(num protowire.Number, _ protowire.Type, v []byte, n uint64) {
-								if num == 1 {
+								switch num {
+								case 1:
 									k = n
-								} else if num == 2 {
+								case 2:
 									d = v
 								}
 							})

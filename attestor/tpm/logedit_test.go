@@ -63,15 +63,15 @@ func dropEvent(tb testing.TB, raw []byte, pcr uint32) []byte {
 }
 
 // alterBytes returns raw with the first occurrence of old (an event's
-// digest) replaced by new.
-func alterBytes(tb testing.TB, raw, old, new []byte) []byte {
+// digest) replaced by replacement.
+func alterBytes(tb testing.TB, raw, old, replacement []byte) []byte {
 	tb.Helper()
 	i := bytes.Index(raw, old)
 	if i < 0 {
 		tb.Fatal("the log does not hold the bytes to alter")
 	}
 	out := bytes.Clone(raw)
-	copy(out[i:], new)
+	copy(out[i:], replacement)
 	return out
 }
 

@@ -289,7 +289,8 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 	if !quotes(version) {
 		if p.needsQuote() {
 			return attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion,
-				"the Cluster's TPM boot policy requires %s or %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator", VersionV3, VersionV2, version)
+				"the Cluster's TPM boot policy requires %s or %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator", VersionV3,
+				VersionV2, version)
 		}
 		return nil
 	}
@@ -319,7 +320,9 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 		if noState != "" {
 			deny(ReasonBootStateRequired, "the Cluster's TPM boot policy requires boot state: %s", noState)
 		} else {
-			deny(ReasonBootStateRequired, "the Cluster's TPM boot policy requires boot state and the evidence carries no measured-boot event log: make the event log readable by the agent (eventLogPath) and do not set noEventLog")
+			deny(ReasonBootStateRequired,
+				"the Cluster's TPM boot policy requires boot state and the evidence carries no measured-boot event log: "+
+					"make the event log readable by the agent (eventLogPath) and do not set noEventLog")
 		}
 		return errors.Join(errs...)
 	}

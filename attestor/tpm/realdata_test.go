@@ -154,7 +154,7 @@ func TestRealEKWrongManufacturer(t *testing.T) {
 // TestRealEKExpiry: the chain is checked at the verifier's clock.
 func TestRealEKExpiry(t *testing.T) {
 	v := realVerifier(t, realBundle)
-	v.now = func() time.Time { return time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC) }
+	v.clock = clocktesting.NewFakePassiveClock(time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC))
 	err := checkRealEK(v, readRealCert(t, realdatapkg.Path(t, "tpm-ek", "stm-st33htph-rsa-ek.pem")))
 	if err == nil || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("got %v, want expiry (the STM EK expires in July 2028)", err)

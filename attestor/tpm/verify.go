@@ -117,7 +117,7 @@ type Verifier struct {
 	roots, intermediates *x509.CertPool
 	keys                 attestor.ChallengeKeys
 	ttl                  time.Duration
-	now                  func() time.Time
+	clock                clock.PassiveClock
 	rand                 io.Reader
 	// replays remembers boot states between a join's rounds.
 	replays replayCache
@@ -145,7 +145,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		intermediates: cfg.Intermediates,
 		keys:          cfg.Keys,
 		ttl:           cfg.ChallengeTTL,
-		now:           nowOf(cfg.Clock),
+		clock:         clockOf(cfg.Clock),
 		rand:          cfg.Rand,
 	}
 	if v.keys == nil {
@@ -261,7 +261,8 @@ func (v *Verifier) checkKeys(a *Attestation, csrAnnotations, machineAnnotations 
 	if want, ok := machineAnnotations[attestor.AnnotationEndorsementKey]; ok {
 		// The infrastructure knows this machine's EK: it alone decides.
 		if err := sameEK(want, ekKey); err != nil {
-			return nil, attestor.Deny(ReasonEKMismatch, "the EK in the evidence is not the one the Machine's infrastructure reports (%s): %v", attestor.AnnotationEndorsementKey, err)
+			return nil, attestor.Deny(ReasonEKMismatch, "the EK in the evidence is not the one the Machine's infrastructure reports (%s): %v",
+				attestor.AnnotationEndorsementKey, err)
 		}
 		got, ok := csrAnnotations[attestor.AnnotationEndorsementKey]
 		if !ok {
@@ -444,10 +445,10 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 	return ok && b != nil && ak.Equal(b)
 }
 
-// nowOf returns c's Now, or the real clock's when c is nil.
-func nowOf(c clock.PassiveClock) func() time.Time {
+// clockOf returns c, or the real clock when c is nil.
+func clockOf(c clock.PassiveClock) clock.PassiveClock {
 	if c == nil {
-		return time.Now
+		return clock.RealClock{}
 	}
-	return c.Now
+	return c
 }

@@ -34,11 +34,12 @@ const kustomizationFile = "kustomization.yaml"
 // kinds are the kinds the manifests may hold, with their resources: the
 // controller installs nothing else in a workload cluster.
 var kinds = map[schema.GroupVersionKind]schema.GroupVersionResource{
-	{Version: "v1", Kind: "ServiceAccount"}:                                         {Version: "v1", Resource: "serviceaccounts"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRole"}:        {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBinding"}: {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "Role"}:               {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}:        {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+	{Version: "v1", Kind: "ServiceAccount"}:                                  {Version: "v1", Resource: "serviceaccounts"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRole"}: {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBinding"}: {Group: "rbac.authorization.k8s.io", Version: "v1",
+		Resource: "clusterrolebindings"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "Role"}:        {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}: {Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
 }
 
 // Resource returns the resource of a kind the manifests may hold.
@@ -112,7 +113,9 @@ func load(files fs.FS) (*Manifests, error) {
 			}
 			at := fmt.Sprintf("deploy/workload/%s: %s %q", f, u.GetKind(), u.GetName())
 			if _, ok := Resource(u.GroupVersionKind()); !ok {
-				errs = append(errs, fmt.Errorf("%s: the controller installs only ServiceAccounts, (Cluster)Roles and (Cluster)RoleBindings (rbac.authorization.k8s.io/v1), not %s", at, u.GroupVersionKind()))
+				errs = append(errs, fmt.Errorf("%s: the controller installs only ServiceAccounts, "+
+					"(Cluster)Roles and (Cluster)RoleBindings (rbac.authorization.k8s.io/v1), not %s",
+					at, u.GroupVersionKind()))
 				continue
 			}
 			switch ns := u.GetNamespace(); {

@@ -81,30 +81,8 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(o.RESTConfig, ctrl.Options{
-		Scheme:                        scheme,
-		LeaderElection:                o.LeaderElect,
-		LeaderElectionID:              o.LeaderElectionID,
-		LeaderElectionNamespace:       o.LeaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       o.metricsServer(), // diagnostics.go
-		HealthProbeBindAddress:        o.HealthProbeBindAddress,
-		// Secrets are read one by one from the API server, never listed,
-		// watched or cached: the controller may get the Secrets it needs,
-		// not list every Secret of the management cluster.
-		// What tenants write on their Clusters, Machines and infrastructure
-		// objects beyond what the signer reads is not cached.
-		Cache:      capi.CacheOptions(),
-		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}}},
-		Controller: config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
-	})
+	mgr, err := o.newManager(scheme)
 	if err != nil {
-		return fmt.Errorf("unable to create the manager: %w", err)
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
 	metrics, err := newDecisionMetrics(ctrlmetrics.Registry)
@@ -177,6 +155,38 @@ func (o *Options) Run(ctx context.Context) error {
 	return mgr.Start(ctx)
 }
 
+// newManager returns the controller-runtime manager: leader election, the
+// metrics and health endpoints, and a cache of only what the signer reads.
+func (o *Options) newManager(scheme *runtime.Scheme) (ctrl.Manager, error) {
+	mgr, err := ctrl.NewManager(o.RESTConfig, ctrl.Options{
+		Scheme:                        scheme,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		Metrics:                       o.metricsServer(), // diagnostics.go
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		// Secrets are read one by one from the API server, never listed,
+		// watched or cached: the controller may get the Secrets it needs,
+		// not list every Secret of the management cluster.
+		// What tenants write on their Clusters, Machines and infrastructure
+		// objects beyond what the signer reads is not cached.
+		Cache:      capi.CacheOptions(),
+		Client:     client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}}},
+		Controller: config.Controller{SkipNameValidation: &o.SkipControllerNameValidation},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("unable to create the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return mgr, nil
+}
+
 // decisionMetrics counts CSR decisions; it implements controller.Metrics
 // and, through csrMetrics (observe.go), the controller's optional metrics.
 type decisionMetrics struct {
@@ -189,7 +199,8 @@ func newDecisionMetrics(reg prometheus.Registerer) (*decisionMetrics, error) {
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "csr_decisions_total",
-		Help:      "Decisions on kubelet client CertificateSigningRequests, by workload cluster, decision (approved, denied, failed, challenged, retried) and reason.",
+		Help: "Decisions on kubelet client CertificateSigningRequests, by workload cluster, decision (approved, denied, failed, challenged, " +
+			"retried) and reason.",
 	}, []string{"cluster", "decision", "reason"})
 	if err := reg.Register(cv); err != nil {
 		var are prometheus.AlreadyRegisteredError

@@ -44,11 +44,13 @@ func defaultBoundsOptions() boundsOptions {
 
 func (o *boundsOptions) addFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.WorkloadMaxResponseBytes, "workload-max-response-bytes", o.WorkloadMaxResponseBytes,
-		"Largest answer read from a workload API server (a page of a list is one answer); a larger one marks the cluster unhealthy (WorkloadBoundsExceeded) and it is connected to again later.")
+		"Largest answer read from a workload API server (a page of a list is one answer); "+
+			"a larger one marks the cluster unhealthy (WorkloadBoundsExceeded) and it is connected to again later.")
 	fs.Int64Var(&o.WorkloadMaxEventBytes, "workload-max-event-bytes", o.WorkloadMaxEventBytes,
 		"Largest watch event read from a workload API server; a larger one marks the cluster unhealthy.")
 	fs.DurationVar(&o.WorkloadRequestTimeout, "workload-request-timeout", o.WorkloadRequestTimeout,
-		"Longest a request to a workload API server may take, from sending it to the end of its answer, and a watch event from its first byte to its last; a slower one marks the cluster unhealthy.")
+		"Longest a request to a workload API server may take, from sending it to the end of its answer, and a watch event from its first byte to its last; "+
+			"a slower one marks the cluster unhealthy.")
 	fs.DurationVar(&o.WorkloadWatchIdleTimeout, "workload-watch-idle-timeout", o.WorkloadWatchIdleTimeout,
 		"Longest a watch of a workload API server may go without a complete event (an API server ends a watch within 10m); a longer one marks the cluster unhealthy.")
 	fs.IntVar(&o.WorkloadMaxCachedCSRs, "workload-max-cached-csrs", o.WorkloadMaxCachedCSRs,
@@ -62,14 +64,16 @@ func (o *boundsOptions) addFlags(fs *pflag.FlagSet) {
 func (o *boundsOptions) validate() []error {
 	var errs []error
 	if o.WorkloadMaxResponseBytes < 64<<10 || o.WorkloadMaxEventBytes < 64<<10 {
-		errs = append(errs, fmt.Errorf("--workload-max-response-bytes (%d) and --workload-max-event-bytes (%d) must be at least 65536", o.WorkloadMaxResponseBytes, o.WorkloadMaxEventBytes))
+		errs = append(errs, fmt.Errorf("--workload-max-response-bytes (%d) and --workload-max-event-bytes (%d) must be at least 65536", o.WorkloadMaxResponseBytes,
+			o.WorkloadMaxEventBytes))
 	}
 	if o.WorkloadRequestTimeout < time.Second || o.WorkloadWatchIdleTimeout < time.Second || o.WorkloadBoundsRetry < time.Second {
 		errs = append(errs, fmt.Errorf("--workload-request-timeout (%s), --workload-watch-idle-timeout (%s) and --workload-bounds-retry (%s) must be at least 1s",
 			o.WorkloadRequestTimeout, o.WorkloadWatchIdleTimeout, o.WorkloadBoundsRetry))
 	}
 	if o.WorkloadMaxCachedCSRs < 1 || o.WorkloadMaxCachedCSRBytes < 1 {
-		errs = append(errs, fmt.Errorf("--workload-max-cached-csrs (%d) and --workload-max-cached-csr-bytes (%d) must be positive", o.WorkloadMaxCachedCSRs, o.WorkloadMaxCachedCSRBytes))
+		errs = append(errs, fmt.Errorf("--workload-max-cached-csrs (%d) and --workload-max-cached-csr-bytes (%d) must be positive", o.WorkloadMaxCachedCSRs,
+			o.WorkloadMaxCachedCSRBytes))
 	}
 	return errs
 }
@@ -86,7 +90,8 @@ func (o *boundsOptions) configure(r *capi.ClusterReconciler, reg prometheus.Regi
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "workload_bounds_exceeded_total",
-		Help:      "Times a workload cluster exceeded a bound of the controller (an answer, a watch event or the CSR cache too large, a request or a watch too slow), by workload cluster and bound; each stops serving the cluster until it is connected to again.",
+		Help: "Times a workload cluster exceeded a bound of the controller (an answer, a watch event or the CSR cache too large, " +
+			"a request or a watch too slow), by workload cluster and bound; each stops serving the cluster until it is connected to again.",
 	}, []string{"cluster", "limit"}))
 	if err != nil {
 		return err

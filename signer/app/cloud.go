@@ -80,7 +80,8 @@ func (c *AttestorConfig) Validate() error {
 			errs = append(errs, errors.New("aws.accounts: at least one AWS account ID is required"))
 		}
 		if len(c.AWS.AllowedRoles) == 0 {
-			errs = append(errs, errors.New("aws.allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, e.g. nodes.cluster-api-provider-aws.sigs.k8s.io for Cluster API Provider AWS"))
+			errs = append(errs, errors.New("aws.allowedRoles: list the IAM role (name or ARN) of your nodes' instance profile, "+
+				"e.g. nodes.cluster-api-provider-aws.sigs.k8s.io for Cluster API Provider AWS"))
 		}
 	}
 	if c.Azure != nil {
@@ -152,9 +153,11 @@ const DefaultUpstreamReloadInterval = 10 * time.Second
 
 func (o *cloudOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.AttestorConfigFile, "attestor-config", o.AttestorConfigFile,
-		"YAML file (kind "+AttestorConfigKind+") configuring the cloud attestors: aws, azure and gcp sections, each with its allowlist, trusted roots and outbound TLS. A provider without a section is not served.")
+		"YAML file (kind "+AttestorConfigKind+") configuring the cloud attestors: aws, azure and gcp sections, each with its allowlist, "+
+			"trusted roots and outbound TLS. A provider without a section is not served.")
 	fs.DurationVar(&o.UpstreamReloadInterval, "upstream-reload-interval", o.UpstreamReloadInterval,
-		"How often the tls blocks of --attestor-config (proxy, securityProfile, trustedCA) and the trustedCA files and ConfigMaps they name are read again; a change applies to new connections without a restart, an invalid one keeps the last good settings. 0 reads them only at start.")
+		"How often the tls blocks of --attestor-config (proxy, securityProfile, trustedCA) and the trustedCA files and ConfigMaps they name are read again; "+
+			"a change applies to new connections without a restart, an invalid one keeps the last good settings. 0 reads them only at start.")
 }
 
 // validate loads the file and reports its problems, prefixed with the flag.
@@ -218,7 +221,8 @@ func (o *Options) resolveTLS(ctx context.Context, c client.Client, t *tlsconfig.
 		nn.Namespace = o.namespace()
 	}
 	if nn.Namespace == "" {
-		return nil, fmt.Errorf("trustedCA.configMap %s names no namespace, and the controller's own is unknown outside a cluster without --leader-election-namespace", ref.Name)
+		return nil, fmt.Errorf("trustedCA.configMap %s names no namespace, and the controller's own is unknown outside a cluster without --leader-election-namespace",
+			ref.Name)
 	}
 	var cm corev1.ConfigMap
 	if err := c.Get(ctx, nn, &cm); err != nil {

@@ -44,9 +44,11 @@ func (o *diagnosticsOptions) addFlags(fs *pflag.FlagSet) {
 	}
 	logsv1.AddFlags(o.logging, fs)
 	fs.BoolVar(&o.InsecureDiagnostics, "insecure-diagnostics", o.InsecureDiagnostics,
-		"Serve /metrics over plain HTTP without authentication or authorization. By default it is HTTPS and a caller needs a bearer token the API server authenticates and authorizes for get on /metrics (ClusterRole kubelet-authenticator:node-attestation-controller-metrics-reader).")
+		"Serve /metrics over plain HTTP without authentication or authorization. By default it is HTTPS and a caller needs a bearer token the API server "+
+			"authenticates and authorizes for get on /metrics (ClusterRole kubelet-authenticator:node-attestation-controller-metrics-reader).")
 	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir,
-		"Directory holding the metrics endpoint's serving certificate and key, tls.crt and tls.key (reloaded when they change). Empty: a self-signed certificate made at start.")
+		"Directory holding the metrics endpoint's serving certificate and key, tls.crt and tls.key (reloaded when they change). Empty: "+
+			"a self-signed certificate made at start.")
 }
 
 func (o *diagnosticsOptions) validate() []error {

@@ -41,7 +41,8 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 	if o.LockdownPeriod == 0 {
 		o.LockdownPeriod = capi.DefaultLockdownPeriod
 	}
-	fs.DurationVar(&o.ProbePeriod, "workload-probe-period", o.ProbePeriod, "How often each workload cluster's API server is probed (kubelet_authenticator_signer_workload_cluster_connected).")
+	fs.DurationVar(&o.ProbePeriod, "workload-probe-period", o.ProbePeriod,
+		"How often each workload cluster's API server is probed (kubelet_authenticator_signer_workload_cluster_connected).")
 	fs.DurationVar(&o.LockdownPeriod, "lockdown-period", o.LockdownPeriod,
 		"How often, in Clusters annotated "+capi.AnnotationLockdown+"=true, kubeadm's CSR auto-approve bindings are removed again.")
 	if o.ServingCALifetime == 0 {
@@ -53,7 +54,8 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ServingCALifetime, "serving-ca-lifetime", o.ServingCALifetime,
 		"Validity of each serving CA the controller makes for a workload cluster (it signs the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates).")
 	fs.DurationVar(&o.ServingCARotateBefore, "serving-ca-rotate-before", o.ServingCARotateBefore,
-		"How long before the signing serving CA expires the next one is made; both are published as ClusterTrustBundles until the old one expires, and new certificates are signed by the new one only.")
+		"How long before the signing serving CA expires the next one is made; "+
+			"both are published as ClusterTrustBundles until the old one expires, and new certificates are signed by the new one only.")
 	if o.TokenLifetime == 0 {
 		o.TokenLifetime = scoped.DefaultTokenLifetime
 	}
@@ -61,9 +63,12 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 		o.TokenRenewBefore = scoped.DefaultRenewBefore
 	}
 	fs.DurationVar(&o.TokenLifetime, "workload-token-lifetime", o.TokenLifetime,
-		"Lifetime of the tokens of the controller's own ServiceAccount in each workload cluster (min 10m). The controller installs that ServiceAccount, bound to deploy/workload's rules, with the cluster's admin kubeconfig, and works only through its tokens.")
+		"Lifetime of the tokens of the controller's own ServiceAccount in each workload cluster (min 10m). The controller installs that ServiceAccount, "+
+			"bound to deploy/workload's rules, with the cluster's admin kubeconfig, and works only through its tokens.")
 	fs.DurationVar(&o.TokenRenewBefore, "workload-token-renew-before", o.TokenRenewBefore,
-		"How long before its expiry a workload cluster token is renewed, never sooner than a minute after the last renewal (kubelet_authenticator_signer_workload_token_expiry_timestamp_seconds says when the current one expires).")
+		"How long before its expiry a workload cluster token is renewed, "+
+			"never sooner than a minute after the last renewal ("+
+			"kubelet_authenticator_signer_workload_token_expiry_timestamp_seconds says when the current one expires).")
 }
 
 // configure applies the options to r and registers the serving CA rotation
@@ -120,25 +125,30 @@ func newFleetCollector(statuses func() []capi.ClusterStatus) *fleetCollector {
 		return prometheus.NewDesc("kubelet_authenticator_signer_"+name, help, []string{"cluster"}, nil)
 	}
 	return &fleetCollector{
-		statuses:        statuses,
-		connected:       d("workload_cluster_connected", "1 when the last probe of the workload cluster's API server succeeded, 0 otherwise."),
-		lastContact:     d("workload_cluster_last_contact_timestamp_seconds", "When the workload cluster's API server last answered a probe (Unix seconds; 0: never)."),
+		statuses:  statuses,
+		connected: d("workload_cluster_connected", "1 when the last probe of the workload cluster's API server succeeded, 0 otherwise."),
+		lastContact: d("workload_cluster_last_contact_timestamp_seconds",
+			"When the workload cluster's API server last answered a probe (Unix seconds; 0: never)."),
 		synced:          d("workload_cluster_synced", "1 once the CSR controller has listed the workload cluster's CSRs."),
 		queue:           d("csr_queue_depth", "CSRs of the workload cluster waiting to be decided."),
 		lockdown:        d("workload_cluster_lockdown", "1 when kubeadm's CSR auto-approve bindings are kept removed in the workload cluster."),
 		lockdownRemoved: d("lockdown_bindings_removed", "Auto-approve ClusterRoleBindings removed from the workload cluster since its controller started."),
-		generation:      d("workload_controller_generation", "How many CSR controllers were started for the Cluster (one more per kubeconfig, CA or setting change)."),
-		servingCAExpiry: d("serving_ca_expiry_timestamp_seconds", "When the serving CA that signs the workload cluster's attested serving certificates expires (Unix seconds)."),
-		servingCAs:      d("serving_cas", "Serving CAs published for the workload cluster (2 during a rotation)."),
+		generation: d("workload_controller_generation",
+			"How many CSR controllers were started for the Cluster (one more per kubeconfig, CA or setting change)."),
+		servingCAExpiry: d("serving_ca_expiry_timestamp_seconds",
+			"When the serving CA that signs the workload cluster's attested serving certificates expires (Unix seconds)."),
+		servingCAs: d("serving_cas", "Serving CAs published for the workload cluster (2 during a rotation)."),
 		trustBundlesPublished: d("serving_ca_trust_bundles_published",
 			"1 when the last publication of the serving CAs as ClusterTrustBundles in the workload cluster succeeded."),
 		scopedIdentity: d("workload_scoped_identity",
 			"1 when the controller works in the workload cluster through tokens of its own ServiceAccount, 0 when as the kubeconfig's (non-admin) user."),
 		tokenExpiry: d("workload_token_expiry_timestamp_seconds",
 			"When the token of the controller's ServiceAccount in the workload cluster expires (Unix seconds); alert when it comes near."),
-		revokedNodes: d("revoked_node_names", "Node names of deleted Machines refused in the workload cluster until every certificate issued before their deletion has expired."),
+		revokedNodes: d("revoked_node_names",
+			"Node names of deleted Machines refused in the workload cluster until every certificate issued before their deletion has expired."),
 		revocationErrors: d("revocation_write_errors_total",
-			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; a deleted Machine's node keeps access while they fail."),
+			"Failed attempts to write the revoked node names (or their admission policy) to the workload cluster since its controller started; "+
+				"a deleted Machine's node keeps access while they fail."),
 		policyValid: d("cluster_policy_valid",
 			"1 when the Cluster's policy has no problem, 0 when it has (listed in its ClusterAttestation's PolicyValid condition)."),
 	}
@@ -190,8 +200,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// statuser reports the status of the clusters served.
-type statuser interface{ Statuses() []capi.ClusterStatus }
+// statusLister reports the status of the clusters served.
+type statusLister interface{ Statuses() []capi.ClusterStatus }
 
 type statusesFunc func() []capi.ClusterStatus
 
@@ -199,7 +209,7 @@ func (f statusesFunc) Statuses() []capi.ClusterStatus { return f() }
 
 // registerFleetMetrics registers the fleet collector of r with reg and
 // returns a function that unregisters it.
-func registerFleetMetrics(reg prometheus.Registerer, r statuser) (func(), error) {
+func registerFleetMetrics(reg prometheus.Registerer, r statusLister) (func(), error) {
 	c := newFleetCollector(r.Statuses)
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
@@ -260,7 +270,8 @@ func newIdentityMetrics(reg prometheus.Registerer) (*identityMetrics, error) {
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "workload_identity_failures_total",
-		Help:      "Failed attempts to install the controller's ServiceAccount in a workload cluster or to get a token for it, by workload cluster and step (check, install, token); each is retried.",
+		Help: "Failed attempts to install the controller's ServiceAccount in a workload cluster or to get a token for it, " +
+			"by workload cluster and step (check, install, token); each is retried.",
 	}, []string{"cluster", "step"}))
 	if err != nil {
 		return nil, err

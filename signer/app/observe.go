@@ -28,7 +28,8 @@ func newCSRMetrics(reg prometheus.Registerer) (*csrMetrics, error) {
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "csrs_seen_total",
-		Help:      "Pending CertificateSigningRequests of the controller's signer names it saw, by workload cluster and signer name (once per CSR and controller start).",
+		Help: "Pending CertificateSigningRequests of the controller's signer names it saw, " +
+			"by workload cluster and signer name (once per CSR and controller start).",
 	}, []string{"cluster", "signer"}))
 	if err != nil {
 		return nil, err

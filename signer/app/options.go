@@ -196,10 +196,11 @@ func NewOptions() *Options {
 		WorkloadClientQPS:            DefaultWorkloadClientQPS,
 		WorkloadClientBurst:          DefaultWorkloadClientBurst,
 		ClusterRecheckPeriod:         5 * time.Minute,
-		TPM:                          TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL, KeyRotationInterval: challengekey.DefaultRotationInterval},
-		boundsOptions:                defaultBoundsOptions(),
-		cloudOptions:                 cloudOptions{UpstreamReloadInterval: DefaultUpstreamReloadInterval},
-		shardOptions:                 shardOptions{ShardLeaseDuration: shard.DefaultLeaseDuration},
+		TPM: TPMOptions{KeySecretName: DefaultTPMKeySecretName, ChallengeTTL: tpm.DefaultChallengeTTL,
+			KeyRotationInterval: challengekey.DefaultRotationInterval},
+		boundsOptions: defaultBoundsOptions(),
+		cloudOptions:  cloudOptions{UpstreamReloadInterval: DefaultUpstreamReloadInterval},
+		shardOptions:  shardOptions{ShardLeaseDuration: shard.DefaultLeaseDuration},
 	}
 }
 
@@ -213,18 +214,23 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.shardOptions.addFlags(fs)
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig of the Cluster API management cluster. Empty: the in-cluster service account.")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that one replica is active.")
-	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "The controller's own namespace: the leader election Lease and the trust-on-first-use records are kept there. Empty: the pod's namespace.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace,
+		"The controller's own namespace: the leader election Lease and the trust-on-first-use records are kept there. Empty: the pod's namespace.")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader election Lease.")
 	fs.DurationVar(&o.MaxClientCertificateLifetime, "max-client-certificate-lifetime", o.MaxClientCertificateLifetime,
 		"Longest lifetime of an issued kubelet client certificate; a shorter spec.expirationSeconds wins, and no certificate outlives the cluster CA.")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint (HTTPS unless --insecure-diagnostics); \"0\" disables it.")
-	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; \"0\" disables them.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress,
+		"Address of the Prometheus metrics endpoint (HTTPS unless --insecure-diagnostics); \"0\" disables it.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress,
+		"Address of the /healthz and /readyz endpoints; \"0\" disables them.")
 	fs.IntVar(&o.WorkersPerCluster, "workers-per-cluster", o.WorkersPerCluster, "Concurrent CSR workers per workload cluster.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the management cluster's API server.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the management cluster's API server.")
-	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS, "Requests per second to each workload API server (every signed CSR costs two: the approval and the certificate; a TPM join four).")
+	fs.Float32Var(&o.WorkloadClientQPS, "workload-client-qps", o.WorkloadClientQPS,
+		"Requests per second to each workload API server (every signed CSR costs two: the approval and the certificate; a TPM join four).")
 	fs.IntVar(&o.WorkloadClientBurst, "workload-client-burst", o.WorkloadClientBurst, "Burst of requests to each workload API server.")
-	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod, "How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
+	fs.DurationVar(&o.ClusterRecheckPeriod, "cluster-recheck-period", o.ClusterRecheckPeriod,
+		"How often an opted-in Cluster's kubeconfig and CA Secrets are read again.")
 	o.TPM.AddFlags(fs)
 }
 
@@ -246,7 +252,7 @@ func (o *Options) Complete() error {
 	}
 	o.RESTConfig, err = rest.InClusterConfig()
 	if err != nil {
-		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%v); point --kubeconfig at the management cluster", err)
+		o.completeErr = fmt.Errorf("--kubeconfig: not running in a cluster (%w); point --kubeconfig at the management cluster", err)
 	}
 	return nil
 }
@@ -276,11 +282,13 @@ func (o *Options) Validate() error {
 		// The controller's own namespace holds the Lease and the
 		// trust-on-first-use records.
 		if _, err := os.Stat(inClusterNamespaceFile); err != nil {
-			errs = append(errs, errors.New("--leader-election-namespace (the controller's own namespace: its Lease and trust-on-first-use records) is required outside a cluster"))
+			errs = append(errs, errors.New("--leader-election-namespace (the controller's own namespace: "+
+				"its Lease and trust-on-first-use records) is required outside a cluster"))
 		}
 	}
 	if l := o.MaxClientCertificateLifetime; l < MinClientCertificateLifetime || l > MaxClientCertificateLifetime {
-		errs = append(errs, fmt.Errorf("--max-client-certificate-lifetime %s must be between %s and %s", l, MinClientCertificateLifetime, MaxClientCertificateLifetime))
+		errs = append(errs, fmt.Errorf("--max-client-certificate-lifetime %s must be between %s and %s", l, MinClientCertificateLifetime,
+			MaxClientCertificateLifetime))
 	}
 	for _, a := range []struct{ flag, addr string }{
 		{"--metrics-bind-address", o.MetricsBindAddress},

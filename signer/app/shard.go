@@ -34,9 +34,16 @@ type shardOptions struct {
 }
 
 func (o *shardOptions) addFlags(fs *pflag.FlagSet) {
-	fs.BoolVar(&o.Sharding, "sharding", o.Sharding, "Share the opted-in Clusters among every replica: each Cluster is served by one replica at a time, and a replica's Clusters move to the others when it goes (membership and claim Leases in the controller's namespace, ring named by --leader-election-id). False: the leader serves every Cluster.")
-	fs.DurationVar(&o.ShardLeaseDuration, "shard-lease-duration", o.ShardLeaseDuration, "With --sharding, how long a replica's membership Lease lasts without renewal (renewed every third of it): the longest a dead replica's Clusters wait to move.")
-	fs.StringVar(&o.WatchFilter, "watch-filter", o.WatchFilter, "Serve only the Clusters labelled "+capi.LabelWatchFilter+"=<value> (Cluster API's --watch-filter), for operators who shard by hand. Empty: every Cluster.")
+	fs.BoolVar(&o.Sharding, "sharding", o.Sharding,
+		"Share the opted-in Clusters among every replica: "+
+			"each Cluster is served by one replica at a time, "+
+			"and a replica's Clusters move to the others when it goes (membership and claim Leases in the controller's namespace, "+
+			"ring named by --leader-election-id). False: the leader serves every Cluster.")
+	fs.DurationVar(&o.ShardLeaseDuration, "shard-lease-duration", o.ShardLeaseDuration,
+		"With --sharding, how long a replica's membership Lease lasts without renewal (renewed every third of it): "+
+			"the longest a dead replica's Clusters wait to move.")
+	fs.StringVar(&o.WatchFilter, "watch-filter", o.WatchFilter,
+		"Serve only the Clusters labelled "+capi.LabelWatchFilter+"=<value> (Cluster API's --watch-filter), for operators who shard by hand. Empty: every Cluster.")
 }
 
 func (o *shardOptions) validate(ringName string) []error {

@@ -111,16 +111,28 @@ func (o *StandaloneOptions) AddFlags(fs *pflag.FlagSet) {
 	if f := fs.Lookup("serving-ca-lifetime"); f != nil {
 		f.Usage = "Validity of each serving CA the controller makes (it signs the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates)."
 	}
-	fs.StringVar(&o.CACertFile, "ca-cert-file", o.CACertFile, "PEM file of the CA kube-apiserver trusts for client certificates (its --client-ca-file CA). With --ca-key-file; or use --ca-secret.")
+	fs.StringVar(&o.CACertFile, "ca-cert-file", o.CACertFile,
+		"PEM file of the CA kube-apiserver trusts for client certificates (its --client-ca-file CA). With --ca-key-file; or use --ca-secret.")
 	fs.StringVar(&o.CAKeyFile, "ca-key-file", o.CAKeyFile, "PEM file of the CA's private key.")
 	fs.StringVar(&o.CASecret, "ca-secret", o.CASecret, "Secret namespace/name holding the CA (tls.crt, tls.key), instead of --ca-cert-file and --ca-key-file.")
-	fs.StringVar(&o.Allowlist, "allowlist-configmap", o.Allowlist, "ConfigMap namespace/name whose key "+standalone.AllowlistKey+" lists the nodes that may join: nodes: [{nodeName, providerID, identity}].")
+	fs.StringVar(&o.Allowlist, "allowlist-configmap", o.Allowlist,
+		"ConfigMap namespace/name whose key "+standalone.AllowlistKey+" lists the nodes that may join: nodes: [{nodeName, providerID, identity}].")
 	fs.StringSliceVar(&o.AuthorizedAttestors, "authorized-attestors", o.AuthorizedAttestors, "Attestors whose evidence is accepted (e.g. tpm,aws).")
-	fs.DurationVar(&o.RevocationPeriod, "revocation-period", o.RevocationPeriod, "How often the allowlist is compared with the certificates issued: the certificates of a node whose entry was taken out (or given another provider ID) are refused by the cluster's admission policy within this period.")
-	fs.StringVar(&o.ServingCASecret, "serving-ca-secret", o.ServingCASecret, "Secret namespace/name where the controller keeps the serving CAs it makes, rotates and publishes as ClusterTrustBundles; they sign the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates of allowlisted nodes.")
-	fs.BoolVar(&o.ApproveKubeletServing, "approve-kubelet-serving", o.ApproveKubeletServing, "Approve kubelet's own kubernetes.io/kubelet-serving requests (ServerTLSBootstrap) of a node whose every name and address is in its allowlist entry (dnsNames, ips); kube-controller-manager signs them.")
-	fs.BoolVar(&o.Lockdown, "lockdown", o.Lockdown, "Disarm kubeadm's CSR auto-approve bindings (subjects kept in an annotation, restored when the flag is off again), so that a node joins only by attesting; nodes keep renewing their own certificates.")
-	fs.StringToStringVar(&o.PolicyFiles, "attestor-policy", o.PolicyFiles, "Policy document of an attestor, as <provider>=<file> (e.g. tpm=/etc/kubelet-authenticator/tpm-policy.yaml for the TPM boot-state policy). Repeatable. Without one, the attestor applies no policy.")
+	fs.DurationVar(&o.RevocationPeriod, "revocation-period", o.RevocationPeriod,
+		"How often the allowlist is compared with the certificates issued: "+
+			"the certificates of a node whose entry was taken out (or given another provider ID) are refused by the cluster's admission policy within this period.")
+	fs.StringVar(&o.ServingCASecret, "serving-ca-secret", o.ServingCASecret,
+		"Secret namespace/name where the controller keeps the serving CAs it makes, rotates and publishes as ClusterTrustBundles; "+
+			"they sign the attested cluster.x-k8s.io/kubelet-serving-<provider> certificates of allowlisted nodes.")
+	fs.BoolVar(&o.ApproveKubeletServing, "approve-kubelet-serving", o.ApproveKubeletServing,
+		"Approve kubelet's own kubernetes.io/kubelet-serving requests (ServerTLSBootstrap) of a node whose every name and address is in its allowlist entry ("+
+			"dnsNames, ips); kube-controller-manager signs them.")
+	fs.BoolVar(&o.Lockdown, "lockdown", o.Lockdown,
+		"Disarm kubeadm's CSR auto-approve bindings (subjects kept in an annotation, restored when the flag is off again), so that a node joins only by attesting; "+
+			"nodes keep renewing their own certificates.")
+	fs.StringToStringVar(&o.PolicyFiles, "attestor-policy", o.PolicyFiles,
+		"Policy document of an attestor, as <provider>=<file> ("+
+			"e.g. tpm=/etc/kubelet-authenticator/tpm-policy.yaml for the TPM boot-state policy). Repeatable. Without one, the attestor applies no policy.")
 }
 
 // Validate reports every problem with the options at once.

@@ -93,7 +93,8 @@ func (o *TPMOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KeySecretNamespace, "tpm-key-secret-namespace", o.KeySecretNamespace,
 		"Namespace of the Secret holding the key TPM challenges are derived from. Empty: the leader election namespace.")
 	fs.StringVar(&o.KeySecretName, "tpm-key-secret-name", o.KeySecretName,
-		"Name of the Secret holding the keys TPM challenges are sealed and derived under (data key \"keys.json\"; the first format's single \"key\" is read too); created with a random key when missing.")
+		"Name of the Secret holding the keys TPM challenges are sealed and derived under (data key \"keys.json\"; the first format's single \"key\" is read too); "+
+			"created with a random key when missing.")
 	fs.DurationVar(&o.KeyRotationInterval, "challenge-key-rotation-interval", o.KeyRotationInterval,
 		"How long a TPM challenge key stays current before a new one replaces it; the previous key is kept "+ChallengeKeyOverlap.String()+
 			" for the challenges in flight, then dropped. 0: rotate only on demand (annotate the key Secret with "+challengekey.AnnotationRotate+").")
@@ -119,7 +120,8 @@ func (o *TPMOptions) validate() []error {
 		errs = append(errs, errors.New("--tpm-key-secret-name must not be empty"))
 	}
 	if o.KeyRotationInterval != 0 && o.KeyRotationInterval < ChallengeKeyOverlap {
-		errs = append(errs, fmt.Errorf("--challenge-key-rotation-interval %s must be 0 (on demand only) or at least %s (how long a previous key is kept)", o.KeyRotationInterval, ChallengeKeyOverlap))
+		errs = append(errs, fmt.Errorf("--challenge-key-rotation-interval %s must be 0 (on demand only) or at least %s (how long a previous key is kept)",
+			o.KeyRotationInterval, ChallengeKeyOverlap))
 	}
 	if o.ChallengeTTL < MinTPMChallengeTTL || o.ChallengeTTL > MaxTPMChallengeTTL {
 		errs = append(errs, fmt.Errorf("--tpm-challenge-ttl %s must be between %s and %s", o.ChallengeTTL, MinTPMChallengeTTL, MaxTPMChallengeTTL))

@@ -172,7 +172,8 @@ func newUpstreamMetrics(reg prometheus.Registerer) (*upstreamMetrics, error) {
 		Namespace: "kubelet_authenticator",
 		Subsystem: "signer",
 		Name:      "upstream_config_failing",
-		Help:      "1 while the last read of an upstream's outbound configuration (proxy, securityProfile, trustedCA) failed and its last good one stays in use, else 0; by upstream (aws.sts.tls, azure.issuers.tls, gcp.jwks.tls).",
+		Help: "1 while the last read of an upstream's outbound configuration (proxy, securityProfile, trustedCA) failed and its last good one stays in use, " +
+			"else 0; by upstream (aws.sts.tls, azure.issuers.tls, gcp.jwks.tls).",
 	}, []string{"upstream"}))
 	if err != nil {
 		return nil, err

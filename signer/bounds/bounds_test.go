@@ -31,7 +31,7 @@ func TestBounds(t *testing.T) {
 		limit   string // "" when within bounds
 	}{
 		{name: "within bounds", path: "/api", handler: func(w http.ResponseWriter, _ *http.Request) {
-			io.WriteString(w, strings.Repeat(chunk, 32)) // exactly the bound
+			_, _ = io.WriteString(w, strings.Repeat(chunk, 32)) // exactly the bound
 		}},
 		{name: "declared too large", path: "/api", handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Length", "50331648")
@@ -62,7 +62,7 @@ func TestBounds(t *testing.T) {
 			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf;stream=watch")
 			var h [4]byte
 			binary.BigEndian.PutUint32(h[:], 1<<30)
-			w.Write(h[:])
+			_, _ = w.Write(h[:])
 			drip(w, 1, 0, chunk)
 		}, limit: LimitEventSize},
 		{name: "protobuf frames within bounds", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
@@ -70,7 +70,7 @@ func TestBounds(t *testing.T) {
 			for range 10 {
 				var h [4]byte
 				binary.BigEndian.PutUint32(h[:], uint32(len(chunk)))
-				w.Write(h[:])
+				_, _ = w.Write(h[:])
 				drip(w, 1, 100*time.Millisecond, chunk)
 			}
 		}},

@@ -44,7 +44,7 @@ func tenantMetadata(o *metav1.ObjectMeta, keepLabels, keepAnnotations map[string
 		o.Finalizers = append(o.Finalizers, fmt.Sprintf("example.com/finalizer-%04d", i))
 	}
 	o.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "u"}}
-	o.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}}
+	o.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{}}`)}}
 }
 
 func transformFor(t *testing.T, opts ctrlcache.Options, obj client.Object) func(any) (any, error) {

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 )
 
-// AnnotationEnabled, "true" on a Cluster, opts it in: the controller
+// AnnotationEnabled opts a Cluster in when it is "true" on the Cluster: the controller
 // decides its CSRs under its policy (ParseClusterPolicy). Cluster API has
 // no field for it; it is the one switch that stays an annotation.
 const AnnotationEnabled = "kubelet-authenticator.x-k8s.io/enabled"

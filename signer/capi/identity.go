@@ -56,13 +56,17 @@ func (r *ClusterReconciler) connect(ctx context.Context, logger klog.Logger, clu
 		case err == nil:
 			obs.st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.TokenExpiry, s.IdentityError = true, id.Expiry(), "" })
 			obs.shortReported.Store(false)
-			logger.Info("Installed the controller's identity in the workload cluster: working through its tokens", "serviceAccount", id.ServiceAccount(), "tokenExpires", id.Expiry())
+			logger.Info("Installed the controller's identity in the workload cluster: working through its tokens", "serviceAccount", id.ServiceAccount(), "tokenExpires",
+				id.Expiry())
 			return true
 		case errors.Is(err, scoped.ErrNotAdmin):
 			obs.st.update(func(s *ClusterStatus) { s.ScopedIdentity, s.IdentityError = false, "" })
-			logger.Info("The workload kubeconfig's user may not request tokens for the controller's ServiceAccount, so it is not an admin: working as that user, as given; it needs deploy/workload's rules")
+			logger.Info("The workload kubeconfig's user may not request tokens for the controller's ServiceAccount, so it is not an admin: " +
+				"working as that user, as given; it needs deploy/workload's rules")
 			r.clusterEvent(cluster, corev1.EventTypeNormal, ReasonScopedIdentityNotInstalled,
-				"The user of Secret %s may not request tokens for the controller's ServiceAccount: the controller works as that user, which needs the rules of deploy/workload", cluster.Name+KubeconfigSecretSuffix)
+				"The user of Secret %s may not request tokens for the controller's ServiceAccount: "+
+					"the controller works as that user, which needs the rules of deploy/workload",
+				cluster.Name+KubeconfigSecretSuffix)
 			return true
 		}
 		if boundsExceeded(err) {
@@ -158,6 +162,7 @@ func (r *ClusterReconciler) clusterEvent(cluster *clusterv1.Cluster, typ, reason
 	if r.Events == nil {
 		return
 	}
-	ref := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: cluster.Namespace, Name: cluster.Name, UID: cluster.UID}
+	ref := &corev1.ObjectReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Namespace: cluster.Namespace, Name: cluster.Name,
+		UID: cluster.UID}
 	r.Events.Eventf(ref, typ, reason, format, args...)
 }

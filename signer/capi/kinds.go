@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 )
 
 // kindMissTTL is how long a kind the management cluster does not serve is
@@ -20,21 +21,21 @@ const kindMissTTL = time.Minute
 // behind it. A kind installed meanwhile is found once its miss expires.
 type kindMisses struct {
 	meta.RESTMapper
-	now func() time.Time
+	clock clock.PassiveClock
 
 	mu     sync.Mutex
 	misses map[schema.GroupKind]time.Time
 }
 
-func newKindMisses(m meta.RESTMapper, now func() time.Time) *kindMisses {
-	return &kindMisses{RESTMapper: m, now: now, misses: map[schema.GroupKind]time.Time{}}
+func newKindMisses(m meta.RESTMapper, clk clock.PassiveClock) *kindMisses {
+	return &kindMisses{RESTMapper: m, clock: clk, misses: map[schema.GroupKind]time.Time{}}
 }
 
 // RESTMapping answers a recent miss without discovery.
 func (k *kindMisses) RESTMapping(gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
 	k.mu.Lock()
 	at, missed := k.misses[gk]
-	if missed && k.now().Sub(at) >= kindMissTTL {
+	if missed && k.clock.Now().Sub(at) >= kindMissTTL {
 		delete(k.misses, gk)
 		missed = false
 	}
@@ -45,7 +46,7 @@ func (k *kindMisses) RESTMapping(gk schema.GroupKind, versions ...string) (*meta
 	mapping, err := k.RESTMapper.RESTMapping(gk, versions...)
 	if meta.IsNoMatchError(err) {
 		k.mu.Lock()
-		k.misses[gk] = k.now()
+		k.misses[gk] = k.clock.Now()
 		k.mu.Unlock()
 	}
 	return mapping, err

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -28,7 +30,8 @@ func TestKindMisses(t *testing.T) {
 	base.Add(served, meta.RESTScopeNamespace)
 	counting := &countingMapper{RESTMapper: base}
 	now := time.Unix(1_000_000, 0)
-	k := newKindMisses(counting, func() time.Time { return now })
+	clk := clocktesting.NewFakePassiveClock(now)
+	k := newKindMisses(counting, clk)
 
 	unknown := schema.GroupKind{Group: infrastructureGroup, Kind: "NoSuchMachine"}
 	for range 100 {
@@ -54,7 +57,7 @@ func TestKindMisses(t *testing.T) {
 	if _, err := k.RESTMapping(unknown); !meta.IsNoMatchError(err) {
 		t.Fatalf("within the minute: %v, want the remembered miss", err)
 	}
-	now = now.Add(kindMissTTL)
+	clk.SetTime(now.Add(kindMissTTL))
 	if m, err := k.RESTMapping(unknown); err != nil || m.GroupVersionKind != installed {
 		t.Fatalf("after the miss expired: %v, %v", m, err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
@@ -86,7 +85,8 @@ func Match(machines []clusterv1.Machine, nodeName, providerID string) (*clusterv
 		if m.Status.NodeRef.IsDefined() {
 			return nil, deny(attestor.ReasonNodeNameMismatch, "Machine %s with provider ID %q is node %q, not %q", m.Name, providerID, m.Status.NodeRef.Name, nodeName)
 		}
-		return nil, deny(attestor.ReasonNodeNameMismatch, "Machine %s with provider ID %q does not claim node name %q (it claims %q)", m.Name, providerID, nodeName, claimedNames(m))
+		return nil, deny(attestor.ReasonNodeNameMismatch, "Machine %s with provider ID %q does not claim node name %q (it claims %q)", m.Name, providerID, nodeName,
+			claimedNames(m))
 	}
 	if !BootstrapReady(m) {
 		return nil, &NotReadyError{Machine: m.Name, Detail: "is not bootstrapped yet (no bootstrapDataSecretCreated, BootstrapConfigReady not True)"}
@@ -106,7 +106,8 @@ func noMachineWithProviderID(machines []clusterv1.Machine, nodeName, providerID 
 		if m.Spec.ProviderID == "" {
 			return &NotReadyError{Machine: m.Name, Detail: "claims node name " + nodeName + " but has no provider ID yet"}
 		}
-		return deny(attestor.ReasonMachineProviderIDMismatch, "node %q is Machine %s, whose provider ID is %q, not %q", nodeName, m.Name, m.Spec.ProviderID, providerID)
+		return deny(attestor.ReasonMachineProviderIDMismatch, "node %q is Machine %s, whose provider ID is %q, not %q", nodeName, m.Name, m.Spec.ProviderID,
+			providerID)
 	}
 	return deny(attestor.ReasonMachineNotFound, "no Machine of the Cluster has provider ID %q or claims node name %q", providerID, nodeName)
 }
@@ -181,7 +182,7 @@ type Matcher struct {
 	// Mapper resolves an infrastructure reference's group and kind to the
 	// version the management cluster serves; nil reads no infrastructure
 	// object.
-	Mapper meta.RESTMapper
+	Mapper apimeta.RESTMapper
 
 	once sync.Once
 }
@@ -253,7 +254,7 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		return nil
 	}
 	mapping, err := m.Mapper.RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
-	if meta.IsNoMatchError(err) {
+	if apimeta.IsNoMatchError(err) {
 		// The management cluster serves no such kind: nothing can pin a
 		// key there.
 		return nil
@@ -273,7 +274,8 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		err = lr.Get(ctx, key, infra)
 	}
 	if apierrors.IsNotFound(err) {
-		return deny(attestor.ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join", machine.Name, ref.Kind, ref.Name)
+		return deny(attestor.ReasonMachineNotFound, "Machine %s references %s %s, which does not exist; a Machine without its infrastructure does not join",
+			machine.Name, ref.Kind, ref.Name)
 	}
 	if err != nil {
 		return fmt.Errorf("unable to read infrastructure object %s %s of Machine %s: %w", ref.Kind, ref.Name, machine.Name, err)
@@ -283,7 +285,8 @@ func (m *Matcher) withInfrastructure(ctx context.Context, machine *clusterv1.Mac
 		return nil
 	}
 	if own, ok := out.Annotations[attestor.AnnotationEndorsementKey]; ok && own != pinned {
-		return deny(attestor.ReasonEndorsementKeyConflict, "Machine %s and its %s %s pin different endorsement keys (%s); fix the one that is wrong", machine.Name, ref.Kind, ref.Name, attestor.AnnotationEndorsementKey)
+		return deny(attestor.ReasonEndorsementKeyConflict, "Machine %s and its %s %s pin different endorsement keys (%s); fix the one that is wrong", machine.Name,
+			ref.Kind, ref.Name, attestor.AnnotationEndorsementKey)
 	}
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}

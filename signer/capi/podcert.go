@@ -82,7 +82,8 @@ type podSigner struct {
 // done, when its policy turns them on: the admission policy that stamps
 // the requests' creator, the pod CA (made, rotated, published), and the
 // decisions of the pod signer's requests.
-func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy *podcert.Policy, cfg *rest.Config, cs kubernetes.Interface, eng *engine.Engine) {
+func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy *podcert.Policy, cfg *rest.Config,
+	cs kubernetes.Interface, eng *engine.Engine) {
 	if policy == nil {
 		return
 	}
@@ -132,7 +133,8 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 // keepPodCA keeps the pod CA made, rotated and published (and the
 // admission policy in place) until ctx is done; ready is closed once a CA
 // is published for the first time.
-func (r *ClusterReconciler) keepPodCA(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, cs kubernetes.Interface, pub *trust.Publisher, s *podSigner, ready chan struct{}) {
+func (r *ClusterReconciler) keepPodCA(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, cs kubernetes.Interface, pub *trust.Publisher,
+	s *podSigner, ready chan struct{}) {
 	store := &trust.Store{Client: r.Client, Reader: r.APIReader, Clock: r.Clock, Policy: r.ServingCA, Metrics: r.TrustMetrics}
 	ref := trust.SecretRef{
 		NamespacedName: types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name + PodCASecretSuffix},

@@ -189,7 +189,7 @@ type ClusterReconciler struct {
 // kinds is the manager's RESTMapper behind one memory of unserved kinds,
 // shared by every Cluster's Machine matcher.
 func (r *ClusterReconciler) kinds() meta.RESTMapper {
-	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.now) })
+	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.clock()) })
 	return r.kindCache
 }
 
@@ -723,11 +723,13 @@ func (r *ClusterReconciler) checkPolicy(logger klog.Logger, cluster *clusterv1.C
 		case policy.Source == v1alpha1.PolicySourceAnnotations:
 			logger.Info("The Cluster's policy is read from deprecated annotations: move it to the spec of its ClusterAttestation")
 			r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyAnnotationsDeprecated,
-				"The policy of Cluster %s is read from its annotations, which are deprecated: write it as the spec of ClusterAttestation %s (docs/status.md)", cluster.Name, cluster.Name)
+				"The policy of Cluster %s is read from its annotations, which are deprecated: write it as the spec of ClusterAttestation %s (docs/status.md)", cluster.Name,
+				cluster.Name)
 		case len(policy.IgnoredAnnotations) > 0:
 			logger.Info("The Cluster's deprecated policy annotations are ignored: its ClusterAttestation has a spec", "annotations", policy.IgnoredAnnotations)
 			r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyAnnotationsIgnored,
-				"Annotations %s of Cluster %s are ignored: the spec of ClusterAttestation %s is the policy; remove them", truncate(strings.Join(policy.IgnoredAnnotations, ", "), 1024), cluster.Name, cluster.Name)
+				"Annotations %s of Cluster %s are ignored: the spec of ClusterAttestation %s is the policy; remove them", truncate(strings.Join(policy.IgnoredAnnotations,
+					", "), 1024), cluster.Name, cluster.Name)
 		}
 	}
 	if (cur == nil && msg == "") || (cur != nil && last.PolicyErrors == msg) {
@@ -738,7 +740,8 @@ func (r *ClusterReconciler) checkPolicy(logger klog.Logger, cluster *clusterv1.C
 		return msg
 	}
 	logger.Info("The Cluster's policy has problems", "errors", msg)
-	r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyInvalid, "Policy of Cluster %s: %s (details in its ClusterAttestation)", cluster.Name, truncate(msg, 1024))
+	r.clusterEvent(cluster, corev1.EventTypeWarning, ReasonPolicyInvalid, "Policy of Cluster %s: %s (details in its ClusterAttestation)", cluster.Name,
+		truncate(msg, 1024))
 	return msg
 }
 

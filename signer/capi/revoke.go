@@ -262,7 +262,8 @@ func claimants(m *clusterv1.Machine, machines []clusterv1.Machine) func(node str
 // is done: the policy, its binding and its parameter every period (they
 // are restored when deleted, and expired names dropped), and the names of
 // Machines deleted as soon as they are reported.
-func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Logger, cluster *corev1.ObjectReference, rv *revocation, st *state, period time.Duration) {
+func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Logger, cluster *corev1.ObjectReference, rv *revocation, st *state,
+	period time.Duration) {
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	backoff := time.Second
 	for {
@@ -275,7 +276,8 @@ func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Log
 			st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
 			logger.Info("Revocations not written yet, will retry", "err", err.Error(), "in", backoff)
 			if r.Events != nil {
-				r.Events.Eventf(cluster, corev1.EventTypeWarning, ReasonRevocationFailed, "Unable to keep deleted Machines' node names revoked in the workload cluster: %v", err)
+				r.Events.Eventf(cluster, corev1.EventTypeWarning, ReasonRevocationFailed, "Unable to keep deleted Machines' node names revoked in the workload cluster: %v",
+					err)
 			}
 			wait, backoff = backoff, min(2*backoff, period)
 		} else {
@@ -294,7 +296,8 @@ func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Log
 	}
 }
 
-func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, nn types.NamespacedName, cluster *corev1.ObjectReference, rv *revoke.Revoker, st *state) error {
+func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, nn types.NamespacedName, cluster *corev1.ObjectReference, rv *revoke.Revoker,
+	st *state) error {
 	s, dropped, err := rv.Ensure(ctx)
 	if err != nil {
 		return err
@@ -302,7 +305,8 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 	for _, n := range dropped {
 		logger.Info("Revoked node name expired: every certificate issued before its revocation has expired", "node", n)
 		if r.Events != nil {
-			r.Events.Eventf(cluster, corev1.EventTypeNormal, ReasonRevocationExpired, "Node %s is no longer listed as revoked: every certificate issued before its Machine was deleted has expired", n)
+			r.Events.Eventf(cluster, corev1.EventTypeNormal, ReasonRevocationExpired,
+				"Node %s is no longer listed as revoked: every certificate issued before its Machine was deleted has expired", n)
 		}
 	}
 	pending, err := r.pendingRevocations(ctx, logger, nn)
@@ -324,7 +328,7 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 			err = r.forgetPending(ctx, nn, m)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("Machine %s/%s: %w", m.Namespace, m.Name, err))
+			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
 			continue
 		}
 		for _, n := range listed {
@@ -370,7 +374,8 @@ func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, 
 		return err
 	}
 	if e != nil {
-		klog.FromContext(ctx).Info("Accepted a certificate for a revoked node name, issued to a new Machine", "node", node, "revokedMachine", e.Machine.String(), "revokedUntil", e.Until)
+		klog.FromContext(ctx).Info("Accepted a certificate for a revoked node name, issued to a new Machine", "node", node, "revokedMachine", e.Machine.String(),
+			"revokedUntil", e.Until)
 		if a.r.Events != nil {
 			a.r.Events.Eventf(a.cluster, corev1.EventTypeNormal, ReasonRevokedNodeAccepted,
 				"Node %s: the certificate issued to Machine %s is accepted; certificates issued before Machine %s was deleted stay refused until %s",

@@ -96,83 +96,129 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 		out.LastDecision = &v1alpha1.LastDecision{Time: metav1.Time{Time: d.Time.UTC().Truncate(time.Second)}, CSR: d.CSR, Machine: d.Machine,
 			Outcome: d.Outcome, Reason: d.Reason, Message: truncate(d.Message, maxDecisionMessage)}
 	}
-	cond := func(t string, ok bool, reason, format string, args ...any) {
+	policy := ClusterPolicy{Source: s.PolicySource}
+	reachable, served := s.Connected, s.Synced && len(s.SignerNames) > 0
+	for _, c := range []struct {
+		typ string
+		v   conditionValue
+	}{
+		{ConditionOptedIn, condf(true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)},
+		{ConditionPolicyValid, policyCondition(s)},
+		{ConditionWorkloadReachable, reachableCondition(s)},
+		{ConditionSignersServed, signersCondition(s, policy)},
+		{ConditionLockdownApplied, lockdownCondition(s, policy)},
+		{ConditionServingCAPublished, servingCACondition(s)},
+		{ConditionScopedIdentity, scopedIdentityCondition(s)},
+		{ConditionReady, readyCondition(reachable, served)},
+	} {
 		st := metav1.ConditionFalse
-		if ok {
+		if c.v.ok {
 			st = metav1.ConditionTrue
 		}
-		out.Conditions = append(out.Conditions, metav1.Condition{Type: t, Status: st, ObservedGeneration: generation, Reason: reason, Message: fmt.Sprintf(format, args...)})
+		out.Conditions = append(out.Conditions, metav1.Condition{Type: c.typ, Status: st, ObservedGeneration: generation, Reason: c.v.reason, Message: c.v.message})
 	}
-	policy := ClusterPolicy{Source: s.PolicySource}
-	cond(ConditionOptedIn, true, "Enabled", "annotation %s is \"true\": the controller decides this Cluster's CSRs", AnnotationEnabled)
-	if s.PolicyErrors == "" {
-		cond(ConditionPolicyValid, true, "Valid", "the Cluster's policy (%s) is valid", policySourceText(s.PolicySource))
-	} else {
-		cond(ConditionPolicyValid, false, "Invalid", "%s", truncate(s.PolicyErrors, maxConditionMessage))
-	}
+	return out
+}
 
-	reachable := s.Connected
+// conditionValue is a condition of a ClusterAttestation before its type
+// and generation are set.
+type conditionValue struct {
+	ok              bool
+	reason, message string
+}
+
+func condf(ok bool, reason, format string, args ...any) conditionValue {
+	return conditionValue{ok: ok, reason: reason, message: fmt.Sprintf(format, args...)}
+}
+
+// policyCondition says whether the Cluster's policy is valid.
+func policyCondition(s ClusterStatus) conditionValue {
+	if s.PolicyErrors != "" {
+		return condf(false, "Invalid", "%s", truncate(s.PolicyErrors, maxConditionMessage))
+	}
+	return condf(true, "Valid", "the Cluster's policy (%s) is valid", policySourceText(s.PolicySource))
+}
+
+// reachableCondition says whether the workload API server answers.
+func reachableCondition(s ClusterStatus) conditionValue {
 	switch {
 	case s.Connected:
-		cond(ConditionWorkloadReachable, true, "Ready", "the workload API server answers /readyz")
+		return condf(true, "Ready", "the workload API server answers /readyz")
 	case s.LastError != "":
-		cond(ConditionWorkloadReachable, false, "Unreachable", "the workload API server does not answer /readyz: %s", s.LastError)
+		return condf(false, "Unreachable", "the workload API server does not answer /readyz: %s", s.LastError)
 	default:
-		cond(ConditionWorkloadReachable, false, "NotProbed", "the workload API server has not been reached yet")
+		return condf(false, "NotProbed", "the workload API server has not been reached yet")
 	}
+}
 
-	served := s.Synced && len(s.SignerNames) > 0
+// signersCondition says whether the Cluster's CSRs are being decided.
+func signersCondition(s ClusterStatus, policy ClusterPolicy) conditionValue {
 	switch {
 	case len(s.SignerNames) == 0:
-		cond(ConditionSignersServed, false, "NoAuthorizedAttestor", "%s names no attestor this controller serves (%q): every request is denied", policy.Setting("authorizedAttestors", AnnotationAuthorizedAttestors), strings.Join(s.AuthorizedAttestors, ","))
+		return condf(false, "NoAuthorizedAttestor", "%s names no attestor this controller serves (%q): every request is denied",
+			policy.Setting("authorizedAttestors", AnnotationAuthorizedAttestors), strings.Join(s.AuthorizedAttestors, ","))
 	case !s.Synced:
-		cond(ConditionSignersServed, false, "NotSynced", "the CSRs of the workload cluster are not listed yet")
+		return condf(false, "NotSynced", "the CSRs of the workload cluster are not listed yet")
 	default:
-		cond(ConditionSignersServed, true, "Serving", "deciding the CSRs of %s", strings.Join(s.SignerNames, ", "))
+		return condf(true, "Serving", "deciding the CSRs of %s", strings.Join(s.SignerNames, ", "))
 	}
+}
 
+// readyCondition sums up: reachable, and its CSRs decided.
+func readyCondition(reachable, served bool) conditionValue {
+	switch {
+	case reachable && served:
+		return condf(true, "Serving", "the workload cluster is reachable and its CSRs are decided")
+	case !reachable:
+		return condf(false, "WorkloadUnreachable", "see condition %s", ConditionWorkloadReachable)
+	default:
+		return condf(false, "SignersNotServed", "see condition %s", ConditionSignersServed)
+	}
+}
+
+// lockdownCondition says whether lockdown is applied as the policy asks.
+func lockdownCondition(s ClusterStatus, policy ClusterPolicy) conditionValue {
 	switch {
 	case s.Lockdown && s.LockdownEnforced:
-		cond(ConditionLockdownApplied, true, "Enforced", "the bootstrap auto-approve bindings are kept disarmed (%d disarmed since the controller started)", s.LockdownRemoved)
+		return condf(true, "Enforced", "the bootstrap auto-approve bindings are kept disarmed (%d disarmed since the controller started)",
+			s.LockdownRemoved)
 	case s.Lockdown && s.LockdownError != "":
-		cond(ConditionLockdownApplied, false, "EnforcementFailed", "lockdown is asked for but not enforced yet (retried): %s", s.LockdownError)
+		return condf(false, "EnforcementFailed", "lockdown is asked for but not enforced yet (retried): %s", s.LockdownError)
 	case s.Lockdown:
-		cond(ConditionLockdownApplied, false, "Pending", "lockdown is asked for and not enforced yet")
+		return condf(false, "Pending", "lockdown is asked for and not enforced yet")
 	case s.LockdownError != "":
-		cond(ConditionLockdownApplied, false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s", policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)
+		return condf(false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s",
+			policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)
 	default:
-		cond(ConditionLockdownApplied, false, "NotRequested", "%s is not true: kube-controller-manager's bootstrap auto-approval is left as it is", policy.Setting("lockdown", AnnotationLockdown))
+		return condf(false, "NotRequested", "%s is not true: kube-controller-manager's bootstrap auto-approval is left as it is",
+			policy.Setting("lockdown", AnnotationLockdown))
 	}
+}
 
+// servingCACondition says whether the serving CAs are published.
+func servingCACondition(s ClusterStatus) conditionValue {
 	expiry := s.ServingCAExpiry.UTC().Format(time.RFC3339)
 	switch {
 	case s.TrustBundlesPublished:
-		cond(ConditionServingCAPublished, true, "Published", "%d serving CA(s) published as ClusterTrustBundles; the signing one expires %s", s.ServingCAs, expiry)
+		return condf(true, "Published", "%d serving CA(s) published as ClusterTrustBundles; the signing one expires %s", s.ServingCAs, expiry)
 	case s.TrustBundleError != "":
-		cond(ConditionServingCAPublished, false, "PublishFailed", "publishing the serving CAs as ClusterTrustBundles failed (retried): %s", s.TrustBundleError)
+		return condf(false, "PublishFailed", "publishing the serving CAs as ClusterTrustBundles failed (retried): %s", s.TrustBundleError)
 	default:
-		cond(ConditionServingCAPublished, false, "Pending", "the serving CAs are not published yet")
+		return condf(false, "Pending", "the serving CAs are not published yet")
 	}
+}
 
+// scopedIdentityCondition says whether the controller works through its own identity.
+func scopedIdentityCondition(s ClusterStatus) conditionValue {
 	switch {
 	case s.ScopedIdentity:
-		cond(ConditionScopedIdentity, true, "TokenIssued", "working through the controller's own ServiceAccount in the workload cluster")
+		return condf(true, "TokenIssued", "working through the controller's own ServiceAccount in the workload cluster")
 	case s.IdentityError != "":
-		cond(ConditionScopedIdentity, false, "Failed", "installing the controller's identity in the workload cluster failed (retried): %s", s.IdentityError)
+		return condf(false, "Failed", "installing the controller's identity in the workload cluster failed (retried): %s", s.IdentityError)
 	default:
-		cond(ConditionScopedIdentity, false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet", s.Cluster.Name+KubeconfigSecretSuffix)
+		return condf(false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet",
+			s.Cluster.Name+KubeconfigSecretSuffix)
 	}
-
-	ready := reachable && served
-	switch {
-	case ready:
-		cond(ConditionReady, true, "Serving", "the workload cluster is reachable and its CSRs are decided")
-	case !reachable:
-		cond(ConditionReady, false, "WorkloadUnreachable", "see condition %s", ConditionWorkloadReachable)
-	default:
-		cond(ConditionReady, false, "SignersNotServed", "see condition %s", ConditionSignersServed)
-	}
-	return out
 }
 
 // idleStatus is what a ClusterAttestation says of a Cluster not served:
@@ -213,7 +259,8 @@ type statusWriter struct {
 
 // keepStatus writes the ClusterAttestations until ctx is done.
 func (r *ClusterReconciler) keepStatus(ctx context.Context) {
-	w := &statusWriter{r: r, written: map[types.NamespacedName]string{}, created: map[types.NamespacedName]bool{}, conditions: map[types.NamespacedName][]metav1.Condition{}}
+	w := &statusWriter{r: r, written: map[types.NamespacedName]string{}, created: map[types.NamespacedName]bool{},
+		conditions: map[types.NamespacedName][]metav1.Condition{}}
 	logger := klog.FromContext(ctx)
 	wait.UntilWithContext(ctx, func(ctx context.Context) { w.sync(ctx, logger) }, cmp.Or(r.StatusPeriod, DefaultStatusPeriod))
 }

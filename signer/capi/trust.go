@@ -7,16 +7,22 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
 
 func (r *ClusterReconciler) now() time.Time {
+	return r.clock().Now()
+}
+
+// clock returns the reconciler's clock, the real one when none is set.
+func (r *ClusterReconciler) clock() clock.PassiveClock {
 	if r.Clock == nil {
-		return time.Now()
+		return clock.RealClock{}
 	}
-	return r.Clock.Now()
+	return r.Clock
 }
 
 // servingSignerNames returns the attested serving signer names of the

@@ -32,9 +32,9 @@ const (
 	// AnnotationRotate on the Secret asks for a rotation now; the
 	// controller removes it when it rotates. Any value.
 	AnnotationRotate = "kubelet-authenticator.x-k8s.io/rotate-challenge-key"
-	// KeySize is the size of a generated key; MinKeySize the shortest
-	// accepted.
-	KeySize    = 32
+	// KeySize is the size of a generated key.
+	KeySize = 32
+	// MinKeySize is the size of the shortest key accepted.
 	MinKeySize = 32
 	// maxKeys bounds the keys a set may hold.
 	maxKeys = 16

@@ -38,9 +38,9 @@ func TestSetKey(t *testing.T) {
 		switch {
 		case tc.want == nil && (err != nil || key == nil):
 			t.Errorf("Key(%q) = %v, want the key", tc.id, err)
-		case tc.want == errNeither && (err == nil || errors.Is(err, attestor.ErrChallengeKeyRetired) || errors.Is(err, attestor.ErrChallengeKeyNotYetRead)):
+		case errors.Is(tc.want, errNeither) && (err == nil || errors.Is(err, attestor.ErrChallengeKeyRetired) || errors.Is(err, attestor.ErrChallengeKeyNotYetRead)):
 			t.Errorf("Key(%q) = %v, want an error saying no such key was made", tc.id, err)
-		case tc.want != nil && tc.want != errNeither && !errors.Is(err, tc.want):
+		case tc.want != nil && !errors.Is(tc.want, errNeither) && !errors.Is(err, tc.want):
 			t.Errorf("Key(%q) = %v, want %v", tc.id, err, tc.want)
 		}
 	}

@@ -31,7 +31,9 @@ import (
 )
 
 const (
-	MinRSABits           = 2048
+	// MinRSABits is the smallest RSA key a CSR may carry.
+	MinRSABits = 2048
+	// MaxRSABits is the largest RSA key a CSR may carry.
 	MaxRSABits           = 8192
 	maxProviderIDLength  = 512 // Machine spec.providerID's limit
 	maxReportedSANsShown = 5
@@ -108,66 +110,37 @@ type Checked struct {
 // *attestor.DenyError per failed rule.
 func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, error) {
 	var fails []error
-	add := func(f *attestor.DenyError) { fails = append(fails, f) }
+	// add keeps every denial given, and ignores nil ones.
+	add := func(fs ...*attestor.DenyError) {
+		for _, f := range fs {
+			if f != nil {
+				fails = append(fails, f)
+			}
+		}
+	}
 	spec := &csr.Spec
 
 	// The requester: a bootstrap token (client certificates only), or the
 	// node itself. Which node is compared with the subject below.
-	requesterNode, renewal := "", false
-	switch {
-	case r.Kind == Client && strings.HasPrefix(spec.Username, attestor.BootstrapUserPrefix):
-		id := strings.TrimPrefix(spec.Username, attestor.BootstrapUserPrefix)
-		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, attestor.BootstrappersGroup) {
-			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)", spec.Username, attestor.BootstrappersGroup))
-		}
-	case strings.HasPrefix(spec.Username, attestor.NodeUserPrefix):
-		requesterNode = strings.TrimPrefix(spec.Username, attestor.NodeUserPrefix)
-		renewal = true
-		if !slices.Contains(spec.Groups, attestor.NodesGroup) {
-			add(failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, attestor.NodesGroup))
-		}
-	case r.Kind == Client:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may", spec.Username, attestor.BootstrapUserPrefix, attestor.NodeUserPrefix))
-	default:
-		add(failf(attestor.ReasonRequesterNotAllowed, "requester %q may not ask for a kubelet serving certificate: only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity", spec.Username, attestor.NodeUserPrefix))
-	}
+	requesterNode, renewal, f := checkRequester(spec, r.Kind)
+	add(f)
 
 	// The annotations the signer reads are bounded as spec.request is: the
 	// controller caches no more of one (signer/controller).
 	for _, k := range attestor.RequestAnnotations() {
 		if v, ok := csr.Annotations[k]; ok && len(v) > attestor.MaxAnnotationSize {
-			add(failf(attestor.ReasonMalformedRequest, "annotation %s is larger than the %d bytes the signer reads; file a request without it", k, attestor.MaxAnnotationSize))
+			add(failf(attestor.ReasonMalformedRequest, "annotation %s is larger than the %d bytes the signer reads; file a request without it", k,
+				attestor.MaxAnnotationSize))
 		}
 	}
 
 	usages, rsaOnly := checkUsages(spec.Usages, r.Kind)
 
-	var x *x509.CertificateRequest
-	var req *attestor.AttestedRequest
-	if r.Attested {
-		var err error
-		req, err = attestor.ParseRequest(spec.Request)
-		if d, ok := attestor.AsDenial(err); ok {
-			add(d) // the evidence decoder's own reason
-		} else if err != nil {
-			add(failf(attestor.ReasonMalformedRequest, "spec.request does not follow the wire contract: %v", err))
-		} else {
-			x = req.CSR
-			if req.Provider != r.Provider {
-				add(failf(attestor.ReasonProviderMismatch, "the provider block names %q but the signer name %q is for %q", req.Provider, spec.SignerName, r.Provider))
-			}
-		}
-	} else {
-		var err error
-		if x, err = parsePlain(spec.Request); err != nil {
-			add(failf(attestor.ReasonMalformedRequest, "spec.request: %v", err))
-		}
-	}
+	x, req, f := parseRequest(spec, r)
+	add(f)
 	if x == nil {
 		// Everything else needs the parsed request; report what we have.
-		if usages != nil {
-			add(usages)
-		}
+		add(usages)
 		return nil, errors.Join(fails...)
 	}
 	if err := x.CheckSignature(); err != nil {
@@ -175,52 +148,31 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	}
 
 	nodeName, subjFails := checkSubject(x)
-	for _, f := range subjFails {
-		add(f)
-	}
+	add(subjFails...)
 	if renewal && nodeName != "" && requesterNode != nodeName {
 		add(failf(attestor.ReasonRequesterMismatch, "node %q may ask only for its own certificate, not one for %q", requesterNode, nodeName))
 	}
 
-	isRSA := false
-	switch k := x.PublicKey.(type) {
-	case *ecdsa.PublicKey:
-		if k.Curve != elliptic.P256() {
-			add(failf(attestor.ReasonKeyNotAllowed, "ECDSA key on curve %s: use P-256", k.Curve.Params().Name))
-		}
-	case *rsa.PublicKey:
-		isRSA = true
-		if n := k.N.BitLen(); n < MinRSABits || n > MaxRSABits {
-			add(failf(attestor.ReasonKeyNotAllowed, "RSA key of %d bits: use ECDSA P-256 (or RSA of %d to %d bits)", n, MinRSABits, MaxRSABits))
-		}
-	default:
-		add(failf(attestor.ReasonKeyNotAllowed, "%s key: use ECDSA P-256", x.PublicKeyAlgorithm))
-	}
+	isRSA, f := checkKey(x)
+	add(f)
 	if usages != nil {
 		add(usages)
 	} else if rsaOnly && !isRSA {
-		add(failf(attestor.ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment, certificatesv1.UsageDigitalSignature, authUsage(r.Kind)))
+		add(failf(attestor.ReasonUsagesNotAllowed, "usage %q is allowed only for RSA keys: request %q and %q", certificatesv1.UsageKeyEncipherment,
+			certificatesv1.UsageDigitalSignature, authUsage(r.Kind)))
 	}
 
 	if r.Kind == Client {
-		if f := checkNoSANs(x); f != nil {
-			add(f)
-		}
+		add(checkNoSANs(x))
 	} else {
-		for _, f := range checkServingSANTypes(x) {
-			add(f)
-		}
+		add(checkServingSANTypes(x)...)
 	}
-	if f := checkCA(x); f != nil {
-		add(f)
-	}
+	add(checkCA(x))
 
 	var providerID string
 	if r.Attested {
-		var f *attestor.DenyError
-		if providerID, f = checkProviderID(x); f != nil {
-			add(f)
-		}
+		providerID, f = checkProviderID(x)
+		add(f)
 	}
 
 	if len(fails) > 0 {
@@ -242,6 +194,80 @@ func Check(csr *certificatesv1.CertificateSigningRequest, r Rules) (*Checked, er
 	}, nil
 }
 
+// checkRequester says which node asks (empty for a bootstrap token), and
+// whether it renews its own certificate; f says why the requester may not
+// ask for a certificate of kind k.
+func checkRequester(spec *certificatesv1.CertificateSigningRequestSpec, k Kind) (requesterNode string, renewal bool, f *attestor.DenyError) {
+	switch {
+	case k == Client && strings.HasPrefix(spec.Username, attestor.BootstrapUserPrefix):
+		id := strings.TrimPrefix(spec.Username, attestor.BootstrapUserPrefix)
+		if !bootstrapTokenIDRE.MatchString(id) || !slices.Contains(spec.Groups, attestor.BootstrappersGroup) {
+			return "", false, failf(attestor.ReasonRequesterNotAllowed, "requester %q is not a bootstrap token identity (system:bootstrap:<token-id> in group %s)",
+				spec.Username, attestor.BootstrappersGroup)
+		}
+		return "", false, nil
+	case strings.HasPrefix(spec.Username, attestor.NodeUserPrefix):
+		requesterNode = strings.TrimPrefix(spec.Username, attestor.NodeUserPrefix)
+		if !slices.Contains(spec.Groups, attestor.NodesGroup) {
+			f = failf(attestor.ReasonRequesterNotAllowed, "requester %q is not in group %s", spec.Username, attestor.NodesGroup)
+		}
+		return requesterNode, true, f
+	case k == Client:
+		return "", false, failf(attestor.ReasonRequesterNotAllowed,
+			"requester %q may not ask for a kubelet client certificate: only bootstrap tokens (%s<id>) and nodes renewing their own certificate (%s<name>) may",
+			spec.Username, attestor.BootstrapUserPrefix, attestor.NodeUserPrefix)
+	default:
+		return "", false, failf(attestor.ReasonRequesterNotAllowed,
+			"requester %q may not ask for a kubelet serving certificate: "+
+				"only the node itself (%s<name>, with a client certificate it was issued) may, never a bootstrap identity",
+			spec.Username, attestor.NodeUserPrefix)
+	}
+}
+
+// parseRequest parses spec.request: under the wire contract for an
+// attested signer (the CSR and the evidence), as a plain PKCS#10 request
+// otherwise. x is nil when it does not parse.
+func parseRequest(spec *certificatesv1.CertificateSigningRequestSpec, r Rules) (*x509.CertificateRequest, *attestor.AttestedRequest, *attestor.DenyError) {
+	if !r.Attested {
+		x, err := parsePlain(spec.Request)
+		if err != nil {
+			return nil, nil, failf(attestor.ReasonMalformedRequest, "spec.request: %v", err)
+		}
+		return x, nil, nil
+	}
+	req, err := attestor.ParseRequest(spec.Request)
+	if d, ok := attestor.AsDenial(err); ok {
+		return nil, nil, d // the evidence decoder's own reason
+	}
+	if err != nil {
+		return nil, nil, failf(attestor.ReasonMalformedRequest, "spec.request does not follow the wire contract: %v", err)
+	}
+	if req.Provider != r.Provider {
+		return req.CSR, req, failf(attestor.ReasonProviderMismatch, "the provider block names %q but the signer name %q is for %q", req.Provider, spec.SignerName,
+			r.Provider)
+	}
+	return req.CSR, req, nil
+}
+
+// checkKey allows ECDSA P-256 keys and RSA keys of MinRSABits to
+// MaxRSABits.
+func checkKey(x *x509.CertificateRequest) (isRSA bool, f *attestor.DenyError) {
+	switch k := x.PublicKey.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() {
+			return false, failf(attestor.ReasonKeyNotAllowed, "ECDSA key on curve %s: use P-256", k.Curve.Params().Name)
+		}
+		return false, nil
+	case *rsa.PublicKey:
+		if n := k.N.BitLen(); n < MinRSABits || n > MaxRSABits {
+			return true, failf(attestor.ReasonKeyNotAllowed, "RSA key of %d bits: use ECDSA P-256 (or RSA of %d to %d bits)", n, MinRSABits, MaxRSABits)
+		}
+		return true, nil
+	default:
+		return false, failf(attestor.ReasonKeyNotAllowed, "%s key: use ECDSA P-256", x.PublicKeyAlgorithm)
+	}
+}
+
 func authUsage(k Kind) certificatesv1.KeyUsage {
 	if k == Serving {
 		return certificatesv1.UsageServerAuth
@@ -257,7 +283,7 @@ func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyE
 	for _, u := range usages {
 		seen[u] = true
 	}
-	want := "exactly [" + string(certificatesv1.UsageDigitalSignature) + ", " + string(auth) + "] (plus " + string(certificatesv1.UsageKeyEncipherment) + " for RSA keys)"
+	want := fmt.Sprintf("exactly [%s, %s] (plus %s for RSA keys)", certificatesv1.UsageDigitalSignature, auth, certificatesv1.UsageKeyEncipherment)
 	if !seen[certificatesv1.UsageDigitalSignature] || !seen[auth] || len(seen) != len(usages) {
 		return failf(attestor.ReasonUsagesNotAllowed, "usages %v: request %s, each once", usages, want), false
 	}
@@ -273,7 +299,8 @@ func checkUsages(usages []certificatesv1.KeyUsage, k Kind) (fail *attestor.DenyE
 	}
 	if len(extra) > 0 {
 		slices.Sort(extra)
-		return failf(attestor.ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet %s certificate: request %s", usages, strings.Join(extra, ", "), k, want), false
+		return failf(attestor.ReasonUsagesNotAllowed, "usages %v include %s, not allowed for a kubelet %s certificate: request %s", usages, strings.Join(extra, ", "),
+			k, want), false
 	}
 	return nil, rsaOnly
 }
@@ -301,7 +328,8 @@ func CheckMachineAddresses(x *x509.CertificateRequest, machine string, dnsNames 
 	for i, ip := range ips {
 		shown[i] = ip.String()
 	}
-	return failf(attestor.ReasonSANNotMachineAddress, "subject alternative names %s are not addresses of %s (DNS %q, IP %q); request only the node's own addresses",
+	return failf(attestor.ReasonSANNotMachineAddress,
+		"subject alternative names %s are not addresses of %s (DNS %q, IP %q); request only the node's own addresses",
 		strings.Join(foreign, ", "), machine, dnsNames, shown)
 }
 
@@ -316,7 +344,8 @@ func checkServingSANTypes(x *x509.CertificateRequest) []*attestor.DenyError {
 		bad = append(bad, "URI:"+u.String())
 	}
 	if len(bad) > 0 {
-		out = append(out, failf(attestor.ReasonSANTypeNotAllowed, "subject alternative names %s are not allowed: a kubelet serving certificate carries only DNS and IP SANs", strings.Join(bad, ", ")))
+		out = append(out, failf(attestor.ReasonSANTypeNotAllowed,
+			"subject alternative names %s are not allowed: a kubelet serving certificate carries only DNS and IP SANs", strings.Join(bad, ", ")))
 	}
 	if len(x.DNSNames)+len(x.IPAddresses) == 0 {
 		out = append(out, failf(attestor.ReasonNoSANs, "the request names no DNS or IP address: request the node's addresses as SANs"))
@@ -426,7 +455,8 @@ func checkNoSANs(x *x509.CertificateRequest) *attestor.DenyError {
 	if len(sans) > maxReportedSANsShown {
 		sans = append(sans[:maxReportedSANsShown], "...")
 	}
-	return failf(attestor.ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans, ", "))
+	return failf(attestor.ReasonUnexpectedSAN, "the request has subject alternative names (%s): a kubelet client certificate carries no SANs", strings.Join(sans,
+		", "))
 }
 
 // basicConstraints is RFC 5280's BasicConstraints.
@@ -462,14 +492,16 @@ func checkProviderID(x *x509.CertificateRequest) (string, *attestor.DenyError) {
 		}
 	}
 	if !present {
-		return "", failf(attestor.ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID", attestor.OIDProviderID)
+		return "", failf(attestor.ReasonProviderIDMissing, "the request has no provider ID extension (%s): the node must state its provider ID",
+			attestor.OIDProviderID)
 	}
 	id, err := attestor.ProviderIDFromExtensions(x.Extensions)
 	if err != nil {
 		return "", failf(attestor.ReasonProviderIDMalformed, "%v", err)
 	}
 	if len(id) > maxProviderIDLength {
-		return "", failf(attestor.ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id), maxProviderIDLength)
+		return "", failf(attestor.ReasonProviderIDMalformed, "provider ID is %d bytes, more than the %d a Machine's spec.providerID holds", len(id),
+			maxProviderIDLength)
 	}
 	return id, nil
 }

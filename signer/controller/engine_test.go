@@ -105,7 +105,6 @@ func (machines) ForNode(_ context.Context, nodeName string) (*engine.Machine, er
 
 const pid = "fake:///zone/node-1"
 
-func ptr[T any](v T) *T { return &v }
 func cond(csr *certificatesv1.CertificateSigningRequest) string {
 	for _, c := range csr.Status.Conditions {
 		return string(c.Type) + "/" + c.Reason
@@ -462,7 +461,7 @@ func TestUndecidable(t *testing.T) {
 	})
 	r.file("stuck", signertest.Request{NodeName: "node-1", ProviderID: pid}, challengeEvidence{Version: "v1", ProviderID: pid})
 	r.c.queue.Add(key{signer: r.signer, name: "stuck"})
-	r.sync("stuck") // let the informer catch up; counts as the first try
+	_, _ = r.sync("stuck") // let the informer catch up; counts as the first try
 	r.c.queue.AddRateLimited(key{signer: r.signer, name: "stuck"})
 	deadline := time.Now().Add(10 * time.Second)
 	for cond(r.get("stuck")) == "pending" && time.Now().Before(deadline) {

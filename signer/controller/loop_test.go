@@ -53,7 +53,7 @@ func TestForgetUnread(t *testing.T) {
 					attestor.AnnotationEndorsementKey:    strings.Repeat("e", attestor.MaxAnnotationSize+100),
 				},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "u"}},
-				ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: &metav1.FieldsV1{Raw: bytes.Repeat([]byte("{}"), 1000)}}},
+				ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: metav1.NewFieldsV1(strings.Repeat("{}", 1000))}},
 			},
 			Spec: certificatesv1.CertificateSigningRequestSpec{
 				SignerName: attestor.ClientSignerName("fake"), Username: "system:bootstrap:abcdef", UID: "user-uid",

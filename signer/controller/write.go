@@ -81,7 +81,8 @@ func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateS
 
 // condition writes an Approved, Denied or Failed condition and returns the
 // CSR as written.
-func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType, decision string) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType,
+	decision string) (*certificatesv1.CertificateSigningRequest, error) {
 	written, err := c.addCondition(ctx, csr, certificatesv1.CertificateSigningRequestCondition{
 		Type:           typ,
 		Status:         corev1.ConditionTrue,
@@ -136,7 +137,8 @@ func (c *Controller) consume(ctx context.Context, first *certificatesv1.Certific
 // request (forgetUnread), and an update with it would write away the
 // requester's other metadata (the API server takes metadata from an update
 // of either subresource).
-func (c *Controller) addCondition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, cond certificatesv1.CertificateSigningRequestCondition) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Controller) addCondition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest,
+	cond certificatesv1.CertificateSigningRequestCondition) (*certificatesv1.CertificateSigningRequest, error) {
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": csr.ResourceVersion},
 		"status":   map[string]any{"conditions": append(slices.Clone(csr.Status.Conditions), cond)},
@@ -201,7 +203,8 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 }
 
 // annotate sets annotations on csr and returns the CSR as written.
-func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, set map[string]string) (*certificatesv1.CertificateSigningRequest, error) {
+func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.CertificateSigningRequest,
+	set map[string]string) (*certificatesv1.CertificateSigningRequest, error) {
 	changed := false
 	for k, v := range set {
 		if csr.Annotations[k] != v {

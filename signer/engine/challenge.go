@@ -221,6 +221,7 @@ func (e *Engine) challengeGuard(d *Decision, csr *certificatesv1.CertificateSign
 		return d, true
 	}
 	return deny(d, &attestor.DenyError{Reason: attestor.ReasonChallengeExpired, Message: fmt.Sprintf(
-		"the challenge expired at %s without an answer; the node files a new request (if this repeats, check that it can reach the API server and answer within the challenge's lifetime)",
+		"the challenge expired at %s without an answer; "+
+			"the node files a new request (if this repeats, check that it can reach the API server and answer within the challenge's lifetime)",
 		ch.Expires.Format(time.RFC3339))}), true
 }

@@ -56,36 +56,13 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return e.close(d, approvedByUs, &attestor.DenyError{Reason: attestor.ReasonSignerNotServed, Message: p.Refused})
 	}
 
-	// Structure, requester and authorization, all reported at once.
-	checked, err := checks.Check(csr, p.rules())
-	ds := attestor.Denials(err)
-	if err != nil && len(ds) == 0 {
-		return retry(d, err) // cannot happen; never deny on it
-	}
-	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
-		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
-			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider, e.cfg.Authorized)})
-	}
-	if len(ds) > 0 {
-		return e.close(d, approvedByUs, ds...)
+	checked, dd := e.check(d, p, csr, approvedByUs)
+	if dd != nil {
+		return dd
 	}
 	d.NodeName, d.ProviderID = checked.NodeName, checked.ProviderID
-
 	if approvedByUs {
-		// Approved by this signer, not yet issued (a write failed, or the
-		// process stopped in between): the decision stands unless the
-		// Machine went away. The evidence is not verified again: its
-		// challenge, if any, was consumed by the approval.
-		m, dd := e.machine(ctx, d, p, checked)
-		if dd != nil {
-			if dd.Outcome == Deny {
-				return e.close(dd, true, dd.Denials...)
-			}
-			return dd
-		}
-		d.Machine = m
-		d.Outcome, d.Issue = Sign, issueRequest(checked)
-		return d
+		return e.resume(ctx, d, p, checked)
 	}
 
 	if dd, ok := e.challengeGuard(d, csr); ok {
@@ -97,16 +74,8 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	if dd != nil {
 		return dd
 	}
-
-	if accepted := e.versions(p); p.Verifier != nil && !slices.Contains(accepted, checked.Request.Version) {
-		supported := strings.Join(accepted, ",")
-		d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
-		why := fmt.Sprintf("is not accepted by attestor %q", p.Provider)
-		if slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
-			why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
-		}
-		return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
-			"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why, supported)})
+	if dd := e.versionGate(d, p, checked); dd != nil {
+		return dd
 	}
 
 	m, dd := e.machine(ctx, d, p, checked)
@@ -116,9 +85,9 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 	d.Machine = m
 	if p.JoinOnce && m.Joined && !checked.Renewal {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonNodeAlreadyJoined, Message: fmt.Sprintf(
-			"node %q of %s has joined already; attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)", checked.NodeName, m.Describe(), p.Provider)})
+			"node %q of %s has joined already; attestor %q registers a node once, and the node renews with its own identity (a bootstrap token cannot ask for it again)",
+			checked.NodeName, m.Describe(), p.Provider)})
 	}
-
 	if p.Verifier == nil {
 		d.Outcome = Approve
 		d.Reason = p.ApprovalReason()
@@ -126,28 +95,98 @@ func (e *Engine) Decide(ctx context.Context, csr *certificatesv1.CertificateSign
 		return d
 	}
 
-	res, dd := e.verify(ctx, d, p, csr, checked, m, nil, challengeTTL)
+	res, dd := e.attest(ctx, d, p, csr, checked, m, challengeTTL)
 	if dd != nil {
 		return dd
-	}
-	if res.Answers != "" {
-		round, first, dd := e.answered(d, csr, checked, res.Answers)
-		if dd != nil {
-			return dd
-		}
-		if res, dd = e.verify(ctx, d, p, csr, checked, m, round, 0); dd != nil {
-			return dd
-		}
-		if res.Identity == nil {
-			return retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
-		}
-		d.Consume = first
 	}
 	if res.Challenge != nil {
 		return e.challenge(d, csr, p, res.Challenge, challengeTTL)
 	}
+	return e.accept(ctx, d, p, checked, m, res.Identity)
+}
 
-	id := res.Identity
+// check runs the structural, requester and authorization checks, all
+// reported at once, and the Cluster's list of authorized attestors.
+func (e *Engine) check(d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, approvedByUs bool) (*checks.Checked, *Decision) {
+	checked, err := checks.Check(csr, p.rules())
+	ds := attestor.Denials(err)
+	if err != nil && len(ds) == 0 {
+		return nil, retry(d, err) // cannot happen; never deny on it
+	}
+	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
+		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
+			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider,
+			e.cfg.Authorized)})
+	}
+	if len(ds) > 0 {
+		return nil, e.close(d, approvedByUs, ds...)
+	}
+	return checked, nil
+}
+
+// resume decides a request this signer approved and did not issue (a write
+// failed, or the process stopped in between): the decision stands unless
+// the Machine went away. The evidence is not verified again: its
+// challenge, if any, was consumed by the approval.
+func (e *Engine) resume(ctx context.Context, d *Decision, p *Profile, checked *checks.Checked) *Decision {
+	m, dd := e.machine(ctx, d, p, checked)
+	if dd != nil {
+		if dd.Outcome == Deny {
+			return e.close(dd, true, dd.Denials...)
+		}
+		return dd
+	}
+	d.Machine = m
+	d.Outcome, d.Issue = Sign, issueRequest(checked)
+	return d
+}
+
+// versionGate denies evidence of a version the Cluster does not accept, and
+// names the versions it does (the node re-files with one of them).
+func (e *Engine) versionGate(d *Decision, p *Profile, checked *checks.Checked) *Decision {
+	accepted := e.versions(p)
+	if p.Verifier == nil || slices.Contains(accepted, checked.Request.Version) {
+		return nil
+	}
+	supported := strings.Join(accepted, ",")
+	d.Annotations = map[string]string{attestor.AnnotationSupportedVersions: supported}
+	why := fmt.Sprintf("is not accepted by attestor %q", p.Provider)
+	if slices.Contains(p.Verifier.Versions(), checked.Request.Version) {
+		why = "does not name the workload cluster, and the Cluster requires evidence that does (binding v2)"
+	}
+	return deny(d, &attestor.DenyError{Reason: attestor.ReasonUnsupportedEvidenceVersion, Message: fmt.Sprintf(
+		"evidence version %q %s; file a new request with one of %s (upgrade the node's kubelet-authenticator if it has none of them)", checked.Request.Version, why,
+		supported)})
+}
+
+// attest verifies the request's evidence and, when it answers a challenge,
+// the challenged request and the answer (recording the challenged request
+// in d.Consume). The result carries either a challenge to write or the
+// proven identity.
+func (e *Engine) attest(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, checked *checks.Checked, m *Machine,
+	challengeTTL time.Duration) (*attestor.Result, *Decision) {
+	res, dd := e.verify(ctx, d, p, csr, checked, m, nil, challengeTTL)
+	if dd != nil || res.Answers == "" {
+		return res, dd
+	}
+	round, first, dd := e.answered(d, csr, checked, res.Answers)
+	if dd != nil {
+		return nil, dd
+	}
+	if res, dd = e.verify(ctx, d, p, csr, checked, m, round, 0); dd != nil {
+		return nil, dd
+	}
+	if res.Identity == nil {
+		return nil, retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
+	}
+	d.Consume = first
+	return res, nil
+}
+
+// accept approves a request whose evidence proved id, when id is the
+// Machine's: its provider ID, its pinned identity, or (trust on first use)
+// an identity no other Machine holds.
+func (e *Engine) accept(ctx context.Context, d *Decision, p *Profile, checked *checks.Checked, m *Machine, id *attestor.Identity) *Decision {
 	if got := id.ProviderID; got != checked.ProviderID || got != m.ProviderID {
 		return deny(d, &attestor.DenyError{Reason: attestor.ReasonAttestedProviderIDMismatch, Message: fmt.Sprintf(
 			"attestor %q proves provider ID %q, but the request claims %q and %s has %q", p.Provider, got, checked.ProviderID, m.Describe(), m.ProviderID)})
@@ -228,7 +267,8 @@ func (e *Engine) machine(ctx context.Context, d *Decision, p *Profile, c *checks
 
 // verify calls the profile's verifier, once per request and round: this is
 // the only place the signer calls a verifier.
-func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine, round *attestor.Round, challengeTTL time.Duration) (*attestor.Result, *Decision) {
+func (e *Engine) verify(ctx context.Context, d *Decision, p *Profile, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, m *Machine,
+	round *attestor.Round, challengeTTL time.Duration) (*attestor.Result, *Decision) {
 	start := time.Now()
 	res, err := p.Verifier.Verify(ctx, &attestor.VerifyRequest{
 		Evidence:           c.Request.Evidence,
@@ -320,7 +360,8 @@ func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRe
 // challenged request exists under the same signer name, was filed by the
 // same requester for the same key, node and provider ID, carries a
 // challenge this signer sealed that has not expired, and is undecided.
-func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
+func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round,
+	*certificatesv1.CertificateSigningRequest, *Decision) {
 	denyf := func(reason, format string, args ...any) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
 		return nil, nil, deny(d, &attestor.DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)})
 	}
@@ -329,7 +370,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 	}
 	first, err := e.cfg.CSRs.Get(csr.Spec.SignerName, name)
 	if apierrors.IsNotFound(err) {
-		return denyf(attestor.ReasonChallengeNotFound, "there is no request %q to signer %s (deleted, never filed, or filed to another signer); file a new first-round request", name, csr.Spec.SignerName)
+		return denyf(attestor.ReasonChallengeNotFound,
+			"there is no request %q to signer %s (deleted, never filed, or filed to another signer); file a new first-round request", name, csr.Spec.SignerName)
 	}
 	if err != nil {
 		return nil, nil, retry(d, fmt.Errorf("unable to read the challenged request %s: %w", name, err))
@@ -361,7 +403,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		return denyf(attestor.ReasonChallengeNotIssued, "request %q carries no challenge yet; wait for it before answering", name)
 	}
 	if !e.now().Before(ch.Expires) {
-		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired at %s; file a new first-round request", name, ch.Expires.Format(time.RFC3339))
+		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired at %s; file a new first-round request", name,
+			ch.Expires.Format(time.RFC3339))
 	}
 	req, err := attestor.ParseRequest(first.Spec.Request)
 	if err != nil {
@@ -381,7 +424,8 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		mismatch = append(mismatch, "another provider ID")
 	}
 	if len(mismatch) > 0 {
-		return denyf(attestor.ReasonChallengeMismatch, "the challenged request %q is for %s than this answer; answer only your own challenge", name, strings.Join(mismatch, ", "))
+		return denyf(attestor.ReasonChallengeMismatch, "the challenged request %q is for %s than this answer; answer only your own challenge", name,
+			strings.Join(mismatch, ", "))
 	}
 	return &attestor.Round{
 		Name: first.Name, UID: string(first.UID), CSR: req.CSR,

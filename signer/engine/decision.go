@@ -15,24 +15,24 @@ import (
 type Outcome string
 
 const (
-	// Skip: nothing to do (not ours, decided, approved by someone else).
+	// Skip means: nothing to do (not ours, decided, approved by someone else).
 	Skip Outcome = "skip"
-	// Retry: a transient error (Err); the request is looked at again with
+	// Retry means: a transient error (Err); the request is looked at again with
 	// backoff, never denied for it.
 	Retry Outcome = "retry"
-	// Wait: the request carries an open challenge; look again After.
+	// Wait means: the request carries an open challenge; look again After.
 	Wait Outcome = "wait"
-	// Deny: deny with Reason and Message (every denial, Denials).
+	// Deny means: deny with Reason and Message (every denial, Denials).
 	Deny Outcome = "deny"
-	// Fail: the request was approved by this signer but can no longer be
+	// Fail means: the request was approved by this signer but can no longer be
 	// signed (an approved request cannot be denied).
 	Fail Outcome = "fail"
-	// Challenge: write Annotations (the challenge and its seal).
+	// Challenge means: write Annotations (the challenge and its seal).
 	Challenge Outcome = "challenge"
-	// Approve: close Consume first (when set), then approve with Reason and
+	// Approve means: close Consume first (when set), then approve with Reason and
 	// Message, then sign Issue (when set).
 	Approve Outcome = "approve"
-	// Sign: the request is approved by this signer; sign Issue.
+	// Sign means: the request is approved by this signer; sign Issue.
 	Sign Outcome = "sign"
 )
 

@@ -75,7 +75,9 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 	fp, ok := strings.CutPrefix(pcr.Annotations[podcert.AnnotationCreatorCredential], podcert.CredentialIDPrefix)
 	if !ok || fp == "" {
 		return denyOrRetry(d, attestor.Deny(podcert.ReasonNodeNotAttested,
-			"the request was not created with a client certificate (no %s recorded by the admission policy); only a node's attested client certificate gets pod certificates from this signer", podcert.AnnotationCreatorCredential))
+			"the request was not created with a client certificate (no %s recorded by the admission policy); "+
+				"only a node's attested client certificate gets pod certificates from this signer",
+			podcert.AnnotationCreatorCredential))
 	}
 	s, err := ps.Issued(ctx)
 	if err != nil {

@@ -42,7 +42,10 @@ func Profiles(s ProfileSet) []*Profile {
 		serving := &Profile{SignerName: attestor.ServingSignerName(p), Kind: checks.Serving, Provider: p, Verifier: v, Signer: s.Serving}
 		if slices.Contains(s.ClientOnly, p) {
 			serving = &Profile{SignerName: serving.SignerName, Kind: checks.Serving, Provider: p, Refused: fmt.Sprintf(
-				"attestor %q issues client certificates only: it proves nothing beyond a bootstrap token and the provider ID it claims, so it never vouches for a serving certificate; use a hardware or cloud attestor for serving certificates", p)}
+				"attestor %q issues client certificates only: "+
+					"it proves nothing beyond a bootstrap token and the provider ID it claims, so it never vouches for a serving certificate; "+
+					"use a hardware or cloud attestor for serving certificates",
+				p)}
 		}
 		out = append(out, serving)
 	}

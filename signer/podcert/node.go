@@ -32,7 +32,9 @@ const (
 func NodeCredential(s *revoke.State, node, fingerprint string, now time.Time) (*revoke.Credential, error) {
 	at := slices.IndexFunc(s.Issued, func(c revoke.Credential) bool { return c.SHA256 == fingerprint && c.Node == node })
 	if at < 0 || !now.Before(s.Issued[at].NotAfter) {
-		return nil, attestor.Deny(ReasonNodeNotAttested, "node %s did not ask with a current client certificate this controller issued after attestation; only attested nodes get pod certificates from this signer", node)
+		return nil, attestor.Deny(ReasonNodeNotAttested,
+			"node %s did not ask with a current client certificate this controller issued after attestation; only attested nodes get pod certificates from this signer",
+			node)
 	}
 	found := s.Issued[at]
 	if e := s.Find(node); e != nil && !slices.ContainsFunc(e.Accepted, func(c revoke.Credential) bool { return c.SHA256 == fingerprint }) {
@@ -42,7 +44,9 @@ func NodeCredential(s *revoke.State, node, fingerprint string, now time.Time) (*
 	// appends): one issued for node after this one supersedes it.
 	for _, c := range s.Issued[at+1:] {
 		if c.Node == node && c.SHA256 != fingerprint {
-			return nil, attestor.Deny(ReasonNodeSuperseded, "node %s asked with a client certificate that a newer one (expiring %s) replaced; the node must use its current certificate", node, c.NotAfter.UTC().Format(time.RFC3339))
+			return nil, attestor.Deny(ReasonNodeSuperseded,
+				"node %s asked with a client certificate that a newer one (expiring %s) replaced; the node must use its current certificate", node,
+				c.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
 	return &found, nil

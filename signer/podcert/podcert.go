@@ -96,7 +96,8 @@ func NewPolicy(spec *v1alpha1.PodCertificatePolicy, path *field.Path) (*Policy, 
 	if spec.MaxLifetimeSeconds != nil {
 		d := time.Duration(*spec.MaxLifetimeSeconds) * time.Second
 		if d < MinLifetime || d > MaxLifetime {
-			errs = append(errs, field.Invalid(path.Child("maxLifetimeSeconds"), *spec.MaxLifetimeSeconds, fmt.Sprintf("must be between %d and %d", v1alpha1.MinPodCertificateLifetimeSeconds, v1alpha1.MaxPodCertificateLifetimeSeconds)))
+			errs = append(errs, field.Invalid(path.Child("maxLifetimeSeconds"), *spec.MaxLifetimeSeconds, fmt.Sprintf("must be between %d and %d",
+				v1alpha1.MinPodCertificateLifetimeSeconds, v1alpha1.MaxPodCertificateLifetimeSeconds)))
 		} else {
 			p.MaxLifetime = d
 		}
@@ -117,7 +118,7 @@ func validTrustDomain(td string) bool {
 		return false
 	}
 	for _, r := range td {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+		if ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_'; !ok {
 			return false
 		}
 	}
@@ -155,10 +156,13 @@ func Check(pcr *certificatesv1beta1.PodCertificateRequest, signerName string, p 
 		return nil, attestor.Deny(ReasonPodCertsDisabled, "pod certificates are not enabled for this cluster: set spec.podCertificates of its ClusterAttestation")
 	}
 	if len(validation.IsDNS1123Label(pcr.Namespace)) > 0 || len(validation.IsDNS1123Subdomain(s.ServiceAccountName)) > 0 || s.NodeName == "" {
-		return nil, attestor.Deny(ReasonMalformedRequest, "namespace %q, serviceAccountName %q and nodeName %q must be set and valid", pcr.Namespace, s.ServiceAccountName, s.NodeName)
+		return nil, attestor.Deny(ReasonMalformedRequest, "namespace %q, serviceAccountName %q and nodeName %q must be set and valid", pcr.Namespace,
+			s.ServiceAccountName, s.NodeName)
 	}
 	if !p.allows(pcr.Namespace, s.ServiceAccountName) {
-		return nil, attestor.Deny(ReasonNotAllowed, "ServiceAccount %s/%s may not have pod certificates: add it to spec.podCertificates.allowed of the Cluster's ClusterAttestation", pcr.Namespace, s.ServiceAccountName)
+		return nil, attestor.Deny(ReasonNotAllowed,
+			"ServiceAccount %s/%s may not have pod certificates: add it to spec.podCertificates.allowed of the Cluster's ClusterAttestation", pcr.Namespace,
+			s.ServiceAccountName)
 	}
 	pub, err := publicKey(s)
 	if err != nil {

@@ -253,7 +253,7 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 		err = errors.Join(strict...)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ConfigMap %s/%s %s: %v: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
+		return nil, fmt.Errorf("ConfigMap %s/%s %s: %w: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
 	}
 	if s.Version != stateVersion {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)

@@ -486,8 +486,9 @@ func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 		return false, &Error{Step: StepToken, Err: fmt.Errorf("the token requested for ServiceAccount %s is empty or expired (expiry %s)", id.sa, expiry)}
 	}
 	if life := expiry.Sub(issued); life < MinGrantedLifetime {
-		return false, &Error{Step: StepToken, Err: fmt.Errorf("%w: ServiceAccount %s's token lives %s, less than %s (check the API server's --service-account-max-token-expiration and its clock)",
-			ErrShortLifetime, id.sa, life.Round(time.Second), MinGrantedLifetime)}
+		return false, &Error{Step: StepToken,
+			Err: fmt.Errorf("%w: ServiceAccount %s's token lives %s, less than %s (check the API server's --service-account-max-token-expiration and its clock)",
+				ErrShortLifetime, id.sa, life.Round(time.Second), MinGrantedLifetime)}
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()

@@ -590,7 +590,8 @@ func (r *Ring) Forget(ctx context.Context, key string) error {
 		return nil
 	}
 	uid, rv := l.UID, l.ResourceVersion
-	if err := r.Client.Delete(ctx, &l, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	if err := r.Client.Delete(ctx, &l, client.Preconditions{UID: &uid,
+		ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("unable to delete the claim of %s: %w", key, err)
 	}
 	r.hold(key, false)

@@ -164,7 +164,7 @@ func (s *Store) Bind(ctx context.Context, m *engine.Machine, identity string) er
 	}
 	s.machinesOnce.Do(func() { s.machines = keymutex.NewHashed(bindLocks) })
 	s.machines.LockKey(string(m.UID))
-	defer s.machines.UnlockKey(string(m.UID)) // a hashed key mutex always unlocks
+	defer func() { _ = s.machines.UnlockKey(string(m.UID)) }() // a hashed key mutex always unlocks
 
 	// The identity's record, wherever its Machine is: one device is one
 	// Machine, whichever namespace (tenant) it is in.

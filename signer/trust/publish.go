@@ -188,7 +188,8 @@ func (p *Publisher) resource() (schema.GroupVersionResource, error) {
 		notServed++
 	}
 	if len(errs) == 0 {
-		return schema.GroupVersionResource{}, fmt.Errorf("%w (tried %s in %s; enable the ClusterTrustBundle feature gate and API)", ErrNoAPI, strings.Join(versions(), ", "), group)
+		return schema.GroupVersionResource{}, fmt.Errorf("%w (tried %s in %s; enable the ClusterTrustBundle feature gate and API)", ErrNoAPI, strings.Join(versions(),
+			", "), group)
 	}
 	return schema.GroupVersionResource{}, fmt.Errorf("unable to discover the ClusterTrustBundle API: %w", errors.Join(errs...))
 }

@@ -80,7 +80,8 @@ func (p Policy) Validate() error {
 	if before <= 0 {
 		errs = append(errs, fmt.Errorf("serving CA rotate-before %s must be positive", before))
 	} else if before >= life {
-		errs = append(errs, fmt.Errorf("serving CA rotate-before %s must be shorter than its lifetime %s, or every CA would be replaced as soon as it is made", before, life))
+		errs = append(errs, fmt.Errorf("serving CA rotate-before %s must be shorter than its lifetime %s, or every CA would be replaced as soon as it is made",
+			before, life))
 	}
 	return errors.Join(errs...)
 }

@@ -146,7 +146,7 @@ func TestInstallOnManagementCluster(t *testing.T) {
 	proc := harness.StartProcess(t, "node-attestation-controller", logPath, bin, args...)
 	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
 		if exited, err := proc.Exited(); exited {
-			return false, fmt.Errorf("the controller exited: %v", err)
+			return false, fmt.Errorf("the controller exited: %w", err)
 		}
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
 		if err != nil {

@@ -419,7 +419,7 @@ func runInstalledController(t *testing.T, cp *harness.ControlPlane, bin string, 
 	})
 	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
 		if exited, err := proc.Exited(); exited {
-			return false, fmt.Errorf("the controller exited: %v", err)
+			return false, fmt.Errorf("the controller exited: %w", err)
 		}
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
 		if err != nil {

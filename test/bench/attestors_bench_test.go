@@ -183,7 +183,7 @@ func BenchmarkColdPath(b *testing.B) {
 			// The simulator is linked only into the test build.
 			r := n.Credential(ctx, "--verbose")
 			if r.Err != nil {
-				return 0, fmt.Errorf("%s credential: %v\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 30))
+				return 0, fmt.Errorf("%s credential: %w\n%s\ncontroller log:\n%s", a, r.Err, r.Stderr, harness.LastLines(env.ControllerLog(), 30))
 			}
 			tpmTimeline = fmt.Sprintf("%s(whole process: %.1fms, ended %s)\nthe controller's log of it:\n%s", r.Stderr, ms(r.Took),
 				time.Now().Format("15:04:05.000000"), harness.LastLines(env.ControllerLog(), 5))

@@ -303,7 +303,7 @@ func credential(ctx context.Context, bin string, env *scenario.Env, n *scenario.
 		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
 	if err != nil || len(out) == 0 {
-		return cpu, errOut.String(), fmt.Errorf("credential: %v\n%s", err, harness.LastLines(errOut.String(), 10))
+		return cpu, errOut.String(), fmt.Errorf("credential: %w\n%s", err, harness.LastLines(errOut.String(), 10))
 	}
 	return cpu, errOut.String(), nil
 }

@@ -441,10 +441,10 @@ func (f *fleet) waitGone(t *testing.T, gone []clusterv1.Machine) {
 		f.wait(t, rolloutTimeout, "Machine "+m.Name+" deleted with its Node", func() (bool, error) {
 			err := f.mgmt.Client.Get(ctx, keyOf(m.Namespace, m.Name), &clusterv1.Machine{})
 			if !apierrors.IsNotFound(err) {
-				return false, fmt.Errorf("Machine still there (%v)", err)
+				return false, fmt.Errorf("Machine still there (%w)", err)
 			}
 			if _, err := f.wl.Client.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return false, fmt.Errorf("Node still there (%v)", err)
+				return false, fmt.Errorf("Node still there (%w)", err)
 			}
 			return true, nil
 		})

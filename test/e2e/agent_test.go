@@ -11,12 +11,14 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,8 +258,10 @@ func metricValue(body, name string) float64 {
 	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			var v float64
-			fmt.Sscan(f[1], &v)
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return math.NaN()
+			}
 			return v
 		}
 	}

@@ -174,7 +174,7 @@ func TestBootState(t *testing.T) {
 			text = string(out)
 			failed := strings.Contains(text, "Last renewal:") && strings.Contains(text, "FAILED") && strings.Contains(text, tpm.ReasonKernelNotAllowed)
 			if failed && (exit == nil || exit.ExitCode() != 3) {
-				return false, fmt.Errorf("status exited %v with a failing renewal, want 3", err)
+				return false, fmt.Errorf("status exited %w with a failing renewal, want 3", err)
 			}
 			return failed, nil
 		})

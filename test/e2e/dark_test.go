@@ -112,7 +112,7 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-func rewrite(t *testing.T, path, old, new string) {
+func rewrite(t *testing.T, path, old, replacement string) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -121,7 +121,7 @@ func rewrite(t *testing.T, path, old, new string) {
 	if !strings.Contains(string(b), old) {
 		t.Fatalf("%s does not name %s", path, old)
 	}
-	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), old, new)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), old, replacement)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -134,7 +134,7 @@ func TestEndToEnd(t *testing.T) {
 		if !cert.Equal(cred.Leaf) {
 			t.Fatal("cached call returned a different certificate")
 		}
-		if !ec.Status.ExpirationTimestamp.Time.Before(cert.NotAfter) || !ec.Status.ExpirationTimestamp.Time.After(time.Now()) {
+		if !ec.Status.ExpirationTimestamp.Time.Before(cert.NotAfter) || !ec.Status.ExpirationTimestamp.After(time.Now()) {
 			t.Fatalf("expirationTimestamp %v not inside the certificate's validity (until %v)", ec.Status.ExpirationTimestamp, cert.NotAfter)
 		}
 		if got := len(nodeCSRs(t, env, "node-1")); got != 1 {

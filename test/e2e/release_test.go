@@ -138,7 +138,7 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 	att.SetNamespace(env.Namespace)
 	att.SetName(env.Cluster)
 	att.Object["spec"] = map[string]any{"authorizedAttestors": []any{"tpm", "aws"}, "requireClusterBinding": true}
-	if err := env.Mgmt.Client.Patch(ctx, att, client.Apply, client.FieldOwner("cluster-owner"), client.ForceOwnership); err != nil {
+	if err := env.Mgmt.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(att), client.FieldOwner("cluster-owner"), client.ForceOwnership); err != nil {
 		t.Fatalf("unable to set spec.requireClusterBinding: %v", err)
 	}
 	harness.WaitFor(t, time.Minute, func() (bool, error) {

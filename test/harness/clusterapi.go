@@ -152,7 +152,8 @@ func (m *Management) StartClusterAPI(tb testing.TB, dir string, extraCABPKArgs .
 		}
 	}
 	for _, p := range providers {
-		if err := installWebhooks(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "webhook", "manifests.yaml"), p.name, p.webhookPort, ca.CertPEM); err != nil {
+		if err := installWebhooks(ctx, m.ControlPlane, filepath.Join(dir, "config", p.config, "webhook", "manifests.yaml"), p.name, p.webhookPort,
+			ca.CertPEM); err != nil {
 			tb.Fatalf("%s: %v", p.name, err)
 		}
 	}
@@ -176,7 +177,7 @@ func (m *Management) InstallCRDs(tb testing.TB, dir string) {
 func readCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("no CRDs in %s (%v)", dir, err)
+		return nil, fmt.Errorf("no CRDs in %s (%w)", dir, err)
 	}
 	return readCRDFiles(files)
 }
@@ -284,7 +285,7 @@ func waitReady(ctx context.Context, p *Process, port int) error {
 	hc := &http.Client{Timeout: 5 * time.Second}
 	return poll(ctx, managerReadyTimeout, func() (bool, error) {
 		if exited, err := p.Exited(); exited {
-			return false, &stopPolling{err: fmt.Errorf("exited before it was ready: %v; log:\n%s", err, tailFile(p.LogPath, logTailLines))}
+			return false, &stopPolling{err: fmt.Errorf("exited before it was ready: %w; log:\n%s", err, tailFile(p.LogPath, logTailLines))}
 		}
 		resp, err := hc.Get(url)
 		if err != nil {

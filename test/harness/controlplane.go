@@ -637,9 +637,9 @@ func WhoAmI(ctx context.Context, client kubernetes.Interface) (authenticationv1.
 func randomString(tb testing.TB, n int) string {
 	tb.Helper()
 	b := make([]byte, n)
-	max := big.NewInt(int64(len(bootstrapTokenChars)))
+	alphabet := big.NewInt(int64(len(bootstrapTokenChars)))
 	for i := range b {
-		j, err := rand.Int(rand.Reader, max)
+		j, err := rand.Int(rand.Reader, alphabet)
 		if err != nil {
 			tb.Fatalf("unable to generate random string: %v", err)
 		}

@@ -136,7 +136,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	switch {
 	case req.URL.Path == "/readyz" || req.URL.Path == "/livez":
 		h.count("readyz")
-		io.WriteString(w, "ok")
+		_, _ = io.WriteString(w, "ok")
 	case strings.HasSuffix(req.URL.Path, "/selfsubjectaccessreviews") && req.Method == http.MethodPost:
 		h.count("ssar")
 		const head = `{"apiVersion":"authorization.k8s.io/v1","kind":"SelfSubjectAccessReview","status":{"allowed":false,"reason":"`
@@ -166,7 +166,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				}
 			}
 		}
-		io.WriteString(w, `{"kind":"CertificateSigningRequestList","apiVersion":"certificates.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+		_, _ = io.WriteString(w, `{"kind":"CertificateSigningRequestList","apiVersion":"certificates.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 	case strings.HasSuffix(req.URL.Path, "/certificatesigningrequests") && watch:
 		h.count("watch")
 		signer := "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure"
@@ -183,7 +183,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
 		for i := 0; size > 0; i++ {
-			head := fmt.Sprintf(`{"type":"ADDED","object":{"kind":"CertificateSigningRequest","apiVersion":"certificates.k8s.io/v1","metadata":{"name":"hostile-%d-%d","resourceVersion":"%d","annotations":{"pad":"`,
+			head := fmt.Sprintf(`{"type":"ADDED","object":{"kind":"CertificateSigningRequest","apiVersion":"certificates.k8s.io/v1","metadata":{"name":"hostile-%d-%d","resourceVersion":"%d","annotations":{"pad":"`, //nolint:lll // a watch event, as the API server frames it
 				time.Now().UnixNano(), i, i+2)
 			tail := fmt.Sprintf(`"}},"spec":{"signerName":%q,"usages":["client auth"],"username":"system:bootstrap:abcdef"}}}`+"\n", signer)
 			if h.Mode == HostileHoard {
@@ -191,7 +191,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				// reads (up to attestor.MaxRequestSize) is what the cache
 				// keeps of a pending request, where an annotation it does
 				// not read would be dropped before caching.
-				head = fmt.Sprintf(`{"type":"ADDED","object":{"kind":"CertificateSigningRequest","apiVersion":"certificates.k8s.io/v1","metadata":{"name":"hostile-%d-%d","resourceVersion":"%d"},"spec":{"signerName":%q,"usages":["client auth"],"username":"system:bootstrap:abcdef","request":"`,
+				head = fmt.Sprintf(`{"type":"ADDED","object":{"kind":"CertificateSigningRequest","apiVersion":"certificates.k8s.io/v1","metadata":{"name":"hostile-%d-%d","resourceVersion":"%d"},"spec":{"signerName":%q,"usages":["client auth"],"username":"system:bootstrap:abcdef","request":"`, //nolint:lll // a watch event, as the API server frames it
 					time.Now().UnixNano(), i, i+2, signer)
 				tail = `"}}` + "\n"
 			}
@@ -206,7 +206,7 @@ func (h *HostileAPIServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		h.count("other")
 		w.WriteHeader(http.StatusNotFound)
-		io.WriteString(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not found","reason":"NotFound","code":404}`)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not found","reason":"NotFound","code":404}`)
 	}
 }
 

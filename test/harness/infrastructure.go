@@ -39,7 +39,8 @@ func (m *Management) ServeInfrastructure(tb testing.TB, ns string, names ...stri
 			ObjectMeta: metav1.ObjectMeta{Name: DockerMachines.Resource + "." + DockerMachines.Group},
 			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
 				Group: DockerMachines.Group,
-				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: DockerMachines.Resource, Singular: "dockermachine", Kind: "DockerMachine", ListKind: "DockerMachineList"},
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: DockerMachines.Resource, Singular: "dockermachine", Kind: "DockerMachine",
+					ListKind: "DockerMachineList"},
 				Scope: apiextensionsv1.NamespaceScoped,
 				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
 					Name: DockerMachines.Version, Served: true, Storage: true,

@@ -58,13 +58,13 @@ func PlainBootstrap(tb testing.TB, c kubernetes.Interface, node string, wait tim
 	if err != nil {
 		tb.Fatal(err)
 	}
-	name, uid, err := csr.RequestCertificate(c, der, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil,
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	name, uid, err := csr.RequestCertificateWithContext(ctx, c, der, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil,
 		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
 	_, err = csr.WaitForCertificate(ctx, c, name, uid)
 	return name, err == nil
 }

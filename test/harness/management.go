@@ -158,7 +158,7 @@ func OwnCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		Resources []string `json:"resources"`
 	}
 	if err := yaml.Unmarshal(b, &k); err != nil || len(k.Resources) == 0 {
-		return nil, fmt.Errorf("%s/kustomization.yaml lists no resources (%v)", dir, err)
+		return nil, fmt.Errorf("%s/kustomization.yaml lists no resources (%w)", dir, err)
 	}
 	files := make([]string, len(k.Resources))
 	for i, r := range k.Resources {

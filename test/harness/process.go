@@ -133,7 +133,7 @@ var errAddressInUse = errors.New("address already in use")
 func (p *Process) exitError() error {
 	_, waitErr := p.Exited()
 	b, _ := os.ReadFile(p.LogPath)
-	err := fmt.Errorf("%s exited before it was ready (%v); last lines of %s:\n%s", p.Name, waitErr, p.LogPath, tailFile(p.LogPath, 5))
+	err := fmt.Errorf("%s exited before it was ready (%w); last lines of %s:\n%s", p.Name, waitErr, p.LogPath, tailFile(p.LogPath, 5))
 	if bytes.Contains(b, []byte("address already in use")) {
 		return fmt.Errorf("%w: %w", errAddressInUse, err)
 	}

@@ -23,7 +23,8 @@ func (cp *ControlPlane) RestartAPIServer(tb testing.TB, extra ...string) {
 	}
 	cp.apiServer.Stop(apiServerStopGrace)
 	flags := append(append([]string(nil), cp.apiServerExtra...), extra...)
-	p, err := startProcess("kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), filepath.Join(Binaries(tb), "kube-apiserver"), cp.apiServerArgs(port, flags)...)
+	p, err := startProcess("kube-apiserver", filepath.Join(cp.Dir, "kube-apiserver.log"), filepath.Join(Binaries(tb), "kube-apiserver"), cp.apiServerArgs(port,
+		flags)...)
 	if err != nil {
 		tb.Fatalf("control plane %s: %v", cp.Name, err)
 	}

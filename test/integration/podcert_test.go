@@ -228,7 +228,7 @@ func (e *podEnv) expectIssuedPod(t *testing.T, name string, k *kubelet, key *pod
 	if cert.IsCA || len(cert.ExtKeyUsage) != 2 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth || cert.ExtKeyUsage[1] != x509.ExtKeyUsageServerAuth {
 		t.Errorf("CA %t, usages %v; want a leaf for client and server auth", cert.IsCA, cert.ExtKeyUsage)
 	}
-	if !ed25519.PublicKey(key.pub).Equal(cert.PublicKey) {
+	if !key.pub.Equal(cert.PublicKey) {
 		t.Error("the certificate is not for the request's key")
 	}
 	if cert.NotAfter.After(k.cert.NotAfter) || cert.NotAfter.Sub(cert.NotBefore) > 24*time.Hour+10*time.Minute {

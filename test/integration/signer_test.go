@@ -151,7 +151,7 @@ func (e *signerEnv) expectIssued(t *testing.T, name, node, providerID string, ma
 			t.Errorf("certificate carries the requested extension %s; only the provider ID may be copied", extraOID)
 		}
 	}
-	if life := cert.NotAfter.Sub(time.Now()); life > maxLife || life < maxLife-5*time.Minute {
+	if life := time.Until(cert.NotAfter); life > maxLife || life < maxLife-5*time.Minute {
 		t.Errorf("certificate lives another %s, want about %s", life.Round(time.Second), maxLife)
 	}
 	return cert

@@ -241,7 +241,7 @@ func TestSignerServingCARotation(t *testing.T) {
 	if err := wl.Client.CertificatesV1beta1().ClusterTrustBundles().Delete(ctx, trust.BundleName(servingSigner, ca2), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	stop = signer()
+	signer() // stopped by the test's cleanup
 	expectPublished(ca2, ca1)
 	if now, _ := servingCA(); !now.Equal(ca2) {
 		t.Fatal("the restarted controller made another CA")

@@ -37,7 +37,9 @@ func NodeBinaryAt(tb testing.TB, commit string) string {
 		tb.Fatal(err)
 	}
 	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		tb.Fatalf("commit %s is not in this clone's history (a shallow clone?): fetch the full history (git fetch --unshallow) to build the node binary of that release", commit)
+		tb.Fatalf("commit %s is not in this clone's history (a shallow clone?): "+
+			"fetch the full history (git fetch --unshallow) to build the node binary of that release",
+			commit)
 	}
 	archive, err := exec.Command("git", "-C", root, "archive", "--format=tar", commit).Output()
 	if err != nil {

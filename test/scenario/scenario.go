@@ -250,7 +250,7 @@ func (n *Node) CredentialWith(ctx context.Context, binary string, env []string, 
 	if binary == "" {
 		binary = filepath.Join(n.env.BinDir, nodeBinaryName)
 	}
-	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`,
+	info := fmt.Sprintf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,"cluster":{"server":%q,"certificate-authority-data":%q}}}`, //nolint:lll // KUBERNETES_EXEC_INFO as kubectl sets it
 		n.env.Workload.URL, base64.StdEncoding.EncodeToString(n.env.Workload.CACertPEM))
 	return run(ctx, append([]string{"KUBERNETES_EXEC_INFO=" + info}, env...), binary,
 		append([]string{"credential", "--config=" + n.ConfigPath}, extra...)...)

@@ -63,7 +63,7 @@ func provision(t transport.TPM, ca *tpmtest.ManufacturerCA, nvSize int, persist 
 	if err != nil {
 		return nil, fmt.Errorf("unable to create the EK: %w", err)
 	}
-	defer tpm2.FlushContext{FlushHandle: ek.ObjectHandle}.Execute(t)
+	defer func() { _, _ = tpm2.FlushContext{FlushHandle: ek.ObjectHandle}.Execute(t) }()
 	if persist {
 		if _, err := (tpm2.EvictControl{
 			Auth:             tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},

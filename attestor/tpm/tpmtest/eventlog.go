@@ -21,7 +21,7 @@ func GoTPMToolsDir() (string, error) {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/google/go-tpm-tools").Output()
 	dir := strings.TrimSpace(string(out))
 	if err != nil || dir == "" {
-		return "", fmt.Errorf("unable to locate go-tpm-tools in the module cache (go list: %v): the real event logs must be present", err)
+		return "", fmt.Errorf("unable to locate go-tpm-tools in the module cache (go list: %w): the real event logs must be present", err)
 	}
 	return dir, nil
 }

@@ -113,9 +113,10 @@ func New(t testing.TB, inst Instance) *Emulator {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{Country: []string{"US"}, Province: []string{"Washington State"}, Locality: []string{"Seattle"}, Organization: []string{"Amazon Web Services LLC"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(100 * 365 * 24 * time.Hour),
+		Subject: pkix.Name{Country: []string{"US"}, Province: []string{"Washington State"}, Locality: []string{"Seattle"},
+			Organization: []string{"Amazon Web Services LLC"}},
+		NotBefore: time.Now().Add(-time.Hour),
+		NotAfter:  time.Now().Add(100 * 365 * 24 * time.Hour),
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -279,7 +280,7 @@ func (e *Emulator) serveIMDS(w http.ResponseWriter, r *http.Request) {
 func stsFail(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "text/xml")
 	w.WriteHeader(status)
-	fmt.Fprintf(w, `<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>%s</Code><Message>%s</Message></Error><RequestId>%s</RequestId></ErrorResponse>`, code, msg, randHex(8))
+	fmt.Fprintf(w, `<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>%s</Code><Message>%s</Message></Error><RequestId>%s</RequestId></ErrorResponse>`, code, msg, randHex(8)) //nolint:lll // STS's error document, as AWS sends it
 }
 
 // serveSTS answers a SigV4 query-presigned GetCallerIdentity.

@@ -157,7 +157,8 @@ func (e *Emulator) ServeIssuer(t testing.TB) (host string, fetches func() int) {
 		_, _ = w.Write(e.Issuing.Cert.Raw)
 	}))
 	t.Cleanup(srv.Close)
-	signer := NewCAWithIssuerURL(t, e.Issuing, "metadata.azure.com", []string{e.VM.Region + ".metadata.azure.com", "metadata.azure.com"}, srv.URL+"/pkiops/certs/issuing.crt")
+	signer := NewCAWithIssuerURL(t, e.Issuing, "metadata.azure.com", []string{e.VM.Region + ".metadata.azure.com", "metadata.azure.com"},
+		srv.URL+"/pkiops/certs/issuing.crt")
 	e.mu.Lock()
 	e.Signer = signer
 	e.mu.Unlock()
