@@ -55,7 +55,8 @@ func NodeCredential(s *revoke.State, node, fingerprint string, now time.Time) (*
 // ErrAttestationNotRecorded is returned for a node credential recorded
 // before the controller kept what it attested: the request is retried,
 // and issued once the node has renewed its client certificate.
-var ErrAttestationNotRecorded = errors.New("the node's client certificate was recorded before the controller kept what it attested; the request is issued once the node renews it")
+var ErrAttestationNotRecorded = errors.New("the node's client certificate was recorded before the controller kept what it attested; " +
+	"the request is issued once the node renews it")
 
 // NodeAttestation returns what the pod certificates of a node that asked
 // with cred carry in their attestation extension; providerID is its
