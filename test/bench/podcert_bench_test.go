@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -409,10 +410,13 @@ type podBenchSigner struct {
 	latencies        []time.Duration
 	wall, signerCPU  time.Duration
 	shared           sharedCPU
+	// requests counts the API servers' requests during the batches, by
+	// cluster, verb and resource.
+	requests map[string]float64
 }
 
 func (s *podBenchSigner) reset() {
-	s.latencies, s.wall, s.signerCPU, s.shared = nil, 0, 0, sharedCPU{}
+	s.latencies, s.wall, s.signerCPU, s.shared, s.requests = nil, 0, 0, sharedCPU{}, map[string]float64{}
 }
 
 // batch requests a certificate of s for each of pods, podBenchInFlight at
@@ -420,7 +424,7 @@ func (s *podBenchSigner) reset() {
 func (s *podBenchSigner) batch(b *testing.B, env *scenario.Env, w *podBenchWatcher, pods []podBenchPod) {
 	b.Helper()
 	var mu sync.Mutex
-	cpu0, shared0 := procCPU(b, s.proc.PID()), readSharedCPU(b, env)
+	cpu0, shared0, req0 := procCPU(b, s.proc.PID()), readSharedCPU(b, env), podBenchRequestCounts(b, env)
 	start := time.Now()
 	work := make(chan podBenchPod)
 	errs := make(chan error, podBenchInFlight)
@@ -455,6 +459,9 @@ func (s *podBenchSigner) batch(b *testing.B, env *scenario.Env, w *podBenchWatch
 	s.wall += took
 	s.signerCPU += procCPU(b, s.proc.PID()) - cpu0
 	s.shared.add(shared0, readSharedCPU(b, env))
+	for k, v := range podBenchRequestCounts(b, env) {
+		s.requests[k] += v - req0[k]
+	}
 	b.Logf("%s: %d certificates in %s", s.name, len(pods), took.Round(time.Millisecond))
 }
 
@@ -478,4 +485,50 @@ func (s *podBenchSigner) report(b *testing.B) {
 	fmt.Printf("%s (%s): %d pod certificates, %.1f/s, p50 %s, p99 %s; CPU per certificate: signer %.2f ms, API servers and etcd %.2f ms; machine %.0f%% busy\n",
 		s.name, s.signerName, len(s.latencies), s.rate(), s.quantile(0.50).Round(100*time.Microsecond), s.quantile(0.99).Round(100*time.Microsecond),
 		ms(s.signerCPU)/n, ms(s.shared.api)/n, 100*s.shared.busyShare())
+	var per []string
+	for _, k := range slices.Sorted(maps.Keys(s.requests)) {
+		if v := s.requests[k] / n; v >= 0.05 {
+			per = append(per, fmt.Sprintf("%s %.2f", k, v))
+		}
+	}
+	fmt.Printf("%s: API requests per certificate: %s\n", s.name, strings.Join(per, ", "))
+}
+
+// podBenchRequestCounts reads apiserver_request_total of both clusters'
+// API servers, summed by cluster, verb and resource (with subresource).
+func podBenchRequestCounts(b *testing.B, env *scenario.Env) map[string]float64 {
+	b.Helper()
+	out := map[string]float64{}
+	for _, cp := range []*harness.ControlPlane{env.Workload, env.Mgmt.ControlPlane} {
+		raw, err := cp.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+		if err != nil {
+			b.Fatalf("%s: unable to read the API server's metrics: %v", cp.Name, err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			rest, ok := strings.CutPrefix(line, "apiserver_request_total{")
+			if !ok {
+				continue
+			}
+			labels, value, ok := strings.Cut(rest, "} ")
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				b.Fatalf("%s: apiserver_request_total: %v", cp.Name, err)
+			}
+			l := map[string]string{}
+			for _, kv := range strings.Split(labels, ",") {
+				if k, val, ok := strings.Cut(kv, "="); ok {
+					l[k] = strings.Trim(val, `"`)
+				}
+			}
+			res := l["resource"]
+			if l["subresource"] != "" {
+				res += "/" + l["subresource"]
+			}
+			out[cp.Name+" "+l["verb"]+" "+res] += v
+		}
+	}
+	return out
 }
