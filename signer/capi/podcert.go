@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	certinformers "k8s.io/client-go/informers/certificates/v1beta1"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	certlisters "k8s.io/client-go/listers/certificates/v1beta1"
 	"k8s.io/client-go/rest"
@@ -76,6 +78,17 @@ type podSigner struct {
 	lister  certlisters.PodCertificateRequestLister
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	logger  klog.Logger
+
+	// record watches revocation's record of the issued client
+	// certificates; decoded is its last version decoded.
+	record  cache.SharedIndexInformer
+	decoded atomic.Pointer[decodedRecord]
+}
+
+// decodedRecord is revocation's record at one resourceVersion.
+type decodedRecord struct {
+	resourceVersion string
+	state           *revoke.State
 }
 
 // keepPodCertificates serves pod certificates for cluster until ctx is
@@ -116,6 +129,12 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 		return
 	}
 	s.lister = certlisters.NewPodCertificateRequestLister(inf.GetIndexer())
+	// The record is read from a watch, not once per decision; a decision
+	// it cannot serve reads the ConfigMap itself (issued).
+	s.record = coreinformers.NewFilteredConfigMapInformer(cs, revoke.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", revoke.ConfigMapName).String()
+	})
+	go s.record.Run(ctx.Done())
 	go inf.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return
@@ -196,13 +215,43 @@ func (s *podSigner) enqueue(obj any) {
 	}
 }
 
-// issued reads revocation's record of the client certificates issued.
-func (s *podSigner) issued(ctx context.Context) (*revoke.State, error) {
+// issued returns revocation's record of the client certificates issued:
+// the watched copy when it holds the certificate the request was made
+// with, else the ConfigMap read now (a node that just joined may be ahead
+// of the watch; the watch may not be allowed or synced yet).
+func (s *podSigner) issued(ctx context.Context, node, fingerprint string) (*revoke.State, error) {
+	if st := s.watchedRecord(); st != nil && slices.ContainsFunc(st.Issued, func(c revoke.Credential) bool {
+		return c.SHA256 == fingerprint && c.Node == node
+	}) {
+		return st, nil
+	}
 	cm, err := s.cs.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("unable to read the issued client certificates: %w", err)
 	}
 	return revoke.Decode(cm)
+}
+
+// watchedRecord returns the watched record, decoded once per version, or
+// nil when there is none.
+func (s *podSigner) watchedRecord() *revoke.State {
+	if s.record == nil {
+		return nil
+	}
+	obj, ok, err := s.record.GetStore().GetByKey(revoke.Namespace + "/" + revoke.ConfigMapName)
+	cm, isCM := obj.(*corev1.ConfigMap)
+	if err != nil || !ok || !isCM {
+		return nil
+	}
+	if d := s.decoded.Load(); d != nil && d.resourceVersion == cm.ResourceVersion {
+		return d.state
+	}
+	st, err := revoke.Decode(cm)
+	if err != nil {
+		return nil // read again, and reported, by issued
+	}
+	s.decoded.Store(&decodedRecord{resourceVersion: cm.ResourceVersion, state: st})
+	return st
 }
 
 // next decides and writes one request; false once the queue is shut down.

@@ -30,9 +30,12 @@ type PodSigner struct {
 	// before is denied, its stamp possibly the creator's own.
 	StampedSince time.Time
 	// Issued reads the client certificates the controller issued after
-	// attestation (revocation's record, package revoke); an error is
-	// transient.
-	Issued func(ctx context.Context) (*revoke.State, error)
+	// attestation (revocation's record, package revoke) when the request
+	// was made with the certificate of node with fingerprint; an error is
+	// transient. A cached record that does not hold that certificate must
+	// be read again: a record is never older than the certificate asked
+	// with, so a node that just joined is not denied.
+	Issued func(ctx context.Context, node, fingerprint string) (*revoke.State, error)
 }
 
 // PodDecided reports whether a pod certificate request carries a final
@@ -79,7 +82,7 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 				"only a node's attested client certificate gets pod certificates from this signer",
 			podcert.AnnotationCreatorCredential))
 	}
-	s, err := ps.Issued(ctx)
+	s, err := ps.Issued(ctx, c.NodeName, fp)
 	if err != nil {
 		return retry(d, err)
 	}
