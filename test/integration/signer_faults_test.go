@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
@@ -27,8 +29,9 @@ import (
 // TestSignerFaults joins a fleet (three workload clusters, nodes joining
 // several at a time) through three sharded replicas while, in turn, the
 // replica serving a Cluster is killed (twice, a fresh replica started
-// after the first), the management kube-apiserver is restarted, and a
-// workload kube-apiserver is restarted. Each fault hits a wave of joins in
+// after the first), the management kube-apiserver is restarted, a
+// workload kube-apiserver is restarted, and a workload cluster is cut off
+// from the replicas (a proxy dropping every connection), then restored. Each fault hits a wave of joins in
 // flight. What happened is read from the workload API servers' audit logs,
 // not from the controller: every node with a Machine gets a certificate,
 // approved once and issued once (no request is signed twice, not even a
@@ -68,6 +71,14 @@ func TestSignerFaults(t *testing.T) {
 		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 	}
 	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
+	// The replicas reach c1 through a proxy that can cut it off.
+	c1, err := url.Parse(envs["c1"].wl.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := harness.StartTCPProxy(t, c1.Host)
+	certPEM, keyPEM := envs["c1"].wl.IssueClientCert(t, "proxied-admin", "system:masters")
+	setKubeconfig(t, mgmt, ns, "c1", envs["c1"].wl.KubeconfigFor("https://"+proxy.Addr(), clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}))
 
 	replicas := map[string]*replica{}
 	live := []string{}
@@ -114,7 +125,7 @@ func TestSignerFaults(t *testing.T) {
 		return out
 	}
 	waves := map[string][]*node{}
-	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl"} {
+	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
 		waves[w] = newNodes(w, w == "kill1")
 	}
 
@@ -221,6 +232,16 @@ func TestSignerFaults(t *testing.T) {
 
 	fault("wl", lease, restartRecovery, restart(envs["c2"].wl))
 
+	// c1 cut off from the replicas: every connection to its API server
+	// dropped, and every new one, for twice the Lease duration.
+	fault("cut", 0, restartRecovery, func() time.Time {
+		time.Sleep(100 * time.Millisecond) // its joins are in flight
+		proxy.Cut()
+		time.Sleep(2 * lease)
+		proxy.Restore()
+		return time.Now()
+	})
+
 	// After the faults: each Cluster served by exactly one live replica,
 	// which its claim names too.
 	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
@@ -247,23 +268,27 @@ func TestSignerFaults(t *testing.T) {
 			}
 			if n.impostor {
 				// Denied (joinOne saw it): never approved nor issued.
-				if len(w.denied) > 1 || w.approved != 0 || len(w.certificates) != 0 {
-					t.Errorf("impostor %s: %d denials, %d approvals, %d certificates written; want at most 1, 0, 0: %v", n.name, len(w.denied), w.approved, len(w.certificates), w.log)
+				if w.denied > 1 || w.approvals != 0 || len(w.certificates) != 0 {
+					t.Errorf("impostor %s: %d denials stored, %d approvals and %d certificates sent; want at most 1, 0, 0: %v", n.name, w.denied, w.approvals, len(w.certificates), w.log)
 				}
 				if d := condition(envs[c].get(t, n.name), certificatesv1.CertificateDenied); d == nil || d.Reason != attestor.ReasonMachineNotFound || d.Message == "" {
 					t.Errorf("impostor %s: denied %+v, want reason %s and a message", n.name, d, attestor.ReasonMachineNotFound)
 				}
 				continue
 			}
-			if w.approved != 1 || len(w.denied) != 0 {
-				t.Errorf("%s: approved %d times, denied %d times; want 1 and 0: %v", n.name, w.approved, len(w.denied), w.log)
+			// Approved once: a write whose answer was lost and another
+			// stored after it, conditional on the version read, cannot
+			// both have been stored.
+			if w.approved != 1 || len(w.denials) != 0 {
+				t.Errorf("%s: approval stored %d times, denial sent %d times; want 1 and 0: %v", n.name, w.approved, len(w.denials), w.log)
 			}
-			if len(w.certificates) != 1 || w.stored != 1 {
-				t.Errorf("%s: %d certificates sent to the API server, %d stored; want exactly 1: a request is signed once: %v", n.name, len(w.certificates), w.stored, w.log)
+			// Signed once: one certificate ever sent, the one it holds.
+			if len(w.certificates) != 1 || w.stored > 1 || !w.certificates[string(envs[c].get(t, n.name).Status.Certificate)] {
+				t.Errorf("%s: %d certificates sent to the API server, %d stored; want exactly 1, the one it holds: a request is signed once: %v", n.name, len(w.certificates), w.stored, w.log)
 			}
 		}
 		for name, w := range writes {
-			for _, d := range w.denied {
+			for _, d := range w.denials {
 				if d.Reason == "" || d.Message == "" {
 					t.Errorf("%s: CSR %s denied without a reason or message: %+v", c, name, d)
 				}
@@ -350,15 +375,16 @@ func joinOne(e *signerEnv, csr *certificatesv1.CertificateSigningRequest, denied
 }
 
 // csrWrites is what a workload API server's audit log says was written to
-// one CSR. A write the API server refused (409: written since; 422:
-// invalid) changed nothing; any other answer, even an error, may come
-// after the write was stored (a writer that went away mid-request), so
-// it counts.
+// one CSR. A write answered 2xx was stored; one refused (409: written
+// since; 422: invalid) was not; any other answer (a writer gone
+// mid-request, a timeout) may come after the write was stored or not.
 type csrWrites struct {
-	approved     int                                                 // writes of an Approved condition
-	denied       []certificatesv1.CertificateSigningRequestCondition // Denied conditions written
+	approved     int                                                 // Approved conditions stored
+	approvals    int                                                 // Approved conditions perhaps stored
+	denied       int                                                 // Denied conditions stored
+	denials      []certificatesv1.CertificateSigningRequestCondition // Denied conditions perhaps stored
 	certificates map[string]bool                                     // every certificate sent, refused or not
-	stored       int                                                 // writes of a certificate
+	stored       int                                                 // certificates stored
 	log          []string                                            // every write: subresource, condition, answer
 }
 
@@ -396,7 +422,7 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 			w = &csrWrites{certificates: map[string]bool{}}
 			out[r.Name] = w
 		}
-		stored := !refused(e.Code())
+		stored, perhaps := e.Code() >= 200 && e.Code() < 300, !refused(e.Code())
 		switch r.Subresource {
 		case "approval":
 			// The write carries every condition: the last is the one added.
@@ -407,11 +433,17 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 			c := body.Status.Conditions[n-1]
 			w.log = append(w.log, fmt.Sprintf("%s %s: %d", e.Verb, c.Type, e.Code()))
 			switch {
-			case !stored:
+			case !perhaps:
 			case c.Type == certificatesv1.CertificateApproved:
-				w.approved++
+				w.approvals++
+				if stored {
+					w.approved++
+				}
 			case c.Type == certificatesv1.CertificateDenied:
-				w.denied = append(w.denied, c)
+				w.denials = append(w.denials, c)
+				if stored {
+					w.denied++
+				}
 			}
 		case "status":
 			if len(body.Status.Certificate) == 0 {
