@@ -149,7 +149,11 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		cancel(nil)
 		return nil, cause(ctx, err)
 	}
-	if !isWatch(req) {
+	// A watch the API server refuses (an error, while it starts, ...) is
+	// answered with one Status, not a stream of events: bounded as any
+	// answer, and never read as frames (a protobuf Status starts with
+	// "k8s\x00", no frame length).
+	if !isWatch(req) || resp.StatusCode != http.StatusOK {
 		if resp.ContentLength > t.limits.MaxResponseBytes {
 			deadline.Stop()
 			resp.Body.Close()

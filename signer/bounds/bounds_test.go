@@ -65,6 +65,19 @@ func TestBounds(t *testing.T) {
 			_, _ = w.Write(h[:])
 			drip(w, 1, 0, chunk)
 		}, limit: LimitEventSize},
+		// A watch the API server refuses (while it starts, before its
+		// authorizer has its policy) is answered with one Status, not a
+		// stream: in protobuf, its "k8s\x00" magic is no frame length.
+		{name: "watch refused in protobuf", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, "k8s\x00\n\x0c\n\x02v1\x12\x06Status")
+		}},
+		{name: "watch refused too large", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+			w.WriteHeader(http.StatusInternalServerError)
+			drip(w, 1536, 0, chunk)
+		}, limit: LimitResponseSize},
 		{name: "protobuf frames within bounds", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf;stream=watch")
 			for range 10 {

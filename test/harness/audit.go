@@ -10,16 +10,24 @@ import (
 )
 
 // auditPolicy records every request at level Metadata (who, what, which
-// object, the response code; never a body), once it is answered.
+// object, the response code), once it is answered; writes to
+// CertificateSigningRequests also at level Request (their body: the
+// request, conditions and certificate, all public), so that tests can tell
+// from the API server's own record what was approved and issued.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+- level: Request
+  verbs: ["create", "update", "patch"]
+  resources:
+  - group: certificates.k8s.io
+    resources: ["certificatesigningrequests", "certificatesigningrequests/approval", "certificatesigningrequests/status"]
 - level: Metadata
 `
 
 // WithAuditLog makes kube-apiserver write an audit log of every request
-// (level Metadata) into the control plane's directory; AuditEvents reads it.
+// (level Metadata; CSR writes at level Request) into the control plane's directory; AuditEvents reads it.
 func WithAuditLog() Option {
 	return func(o *options) { o.audit = true }
 }
@@ -58,7 +66,10 @@ type AuditEvent struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
-	RequestReceivedTimestamp time.Time `json:"requestReceivedTimestamp"`
+	// RequestObject is the body of a write to a CertificateSigningRequest
+	// (JSON), nil for other requests.
+	RequestObject            json.RawMessage `json:"requestObject,omitempty"`
+	RequestReceivedTimestamp time.Time       `json:"requestReceivedTimestamp"`
 }
 
 // Code is the response's status code (0 when unknown).

@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -86,15 +84,7 @@ func TestSignerManyClusters(t *testing.T) {
 	// (generation 2), disconnected, CSRs wait.
 	rotate := func(kubeconfig []byte) {
 		t.Helper()
-		var s corev1.Secret
-		key := types.NamespacedName{Namespace: ns, Name: "c1" + capi.KubeconfigSecretSuffix}
-		if err := mgmt.Client.Get(context.Background(), key, &s); err != nil {
-			t.Fatal(err)
-		}
-		s.Data[capi.KubeconfigSecretKey] = kubeconfig
-		if err := mgmt.Client.Update(context.Background(), &s); err != nil {
-			t.Fatal(err)
-		}
+		setKubeconfig(t, mgmt, ns, "c1", kubeconfig)
 	}
 	c1 := envs["c1"].wl
 	rotate(c1.KubeconfigFor(fmt.Sprintf("https://127.0.0.1:%d", harness.FreePort(t)), clientcmdapi.AuthInfo{Token: "nobody"}))

@@ -9,11 +9,14 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -125,5 +128,20 @@ func parseCerts(t *testing.T, data []byte) []*x509.Certificate {
 			t.Fatal(err)
 		}
 		out = append(out, c)
+	}
+}
+
+// setKubeconfig replaces the kubeconfig in the Secret Cluster API keeps
+// for Cluster ns/name.
+func setKubeconfig(t *testing.T, mgmt *harness.Management, ns, name string, kubeconfig []byte) {
+	t.Helper()
+	var s corev1.Secret
+	key := types.NamespacedName{Namespace: ns, Name: name + capi.KubeconfigSecretSuffix}
+	if err := mgmt.Client.Get(context.Background(), key, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Data[capi.KubeconfigSecretKey] = kubeconfig
+	if err := mgmt.Client.Update(context.Background(), &s); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,116 +2,19 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2/ktesting"
-	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
-	"sigs.k8s.io/kubelet-authenticator/signer/shard"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
-
-// replica is one controller replica run in-process; its connection to the
-// management API server can be cut: requests hang, as they do across a
-// partition, until they time out or the replica is killed.
-type replica struct {
-	id     string
-	cut    atomic.Bool
-	killed chan struct{}
-	cancel context.CancelFunc
-	done   chan error
-}
-
-// errCut is what a cut replica's requests to the management cluster get.
-var errCut = errors.New("connection cut by the test")
-
-type cutTransport struct {
-	r    *replica
-	next http.RoundTripper
-}
-
-func (c cutTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if c.r.cut.Load() {
-		select {
-		case <-req.Context().Done():
-		case <-c.r.killed:
-		}
-		return nil, errCut
-	}
-	return c.next.RoundTrip(req)
-}
-
-// startReplica runs a sharded controller replica named id.
-func startReplica(t *testing.T, mgmt *harness.Management, id string, adjust func(*app.Options)) *replica {
-	t.Helper()
-	r := &replica{id: id, killed: make(chan struct{}), done: make(chan error, 1)}
-	o := app.NewOptions()
-	o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
-	o.RESTConfig.Wrap(func(rt http.RoundTripper) http.RoundTripper { return cutTransport{r: r, next: rt} })
-	o.LeaderElectionNamespace = metav1.NamespaceSystem
-	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
-	o.SkipControllerNameValidation = true
-	o.ClusterRecheckPeriod = 10 * time.Second
-	o.Sharding, o.ShardIdentity = true, id
-	if adjust != nil {
-		adjust(o)
-	}
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	_, tctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(tctx)
-	r.cancel = cancel
-	go func() { r.done <- o.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-// stop stops the replica as SIGTERM does: it releases its Clusters.
-func (r *replica) stop(t *testing.T) {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil && !r.cut.Load() {
-			t.Errorf("replica %s: %v", r.id, err)
-		}
-		r.done <- err // stopped: later calls return at once
-	case <-time.After(30 * time.Second):
-		t.Errorf("replica %s did not stop within 30s", r.id)
-	}
-}
-
-// kill stops the replica as a crash does: nothing it writes reaches the
-// management cluster any more, so its Leases are left to expire.
-func (r *replica) kill(t *testing.T) {
-	t.Helper()
-	r.cut.Store(true)
-	close(r.killed)
-	r.stop(t)
-}
 
 // TestSignerShards runs three replicas sharing three labelled Clusters:
 // each Cluster is served by exactly one replica, which its status names
@@ -170,38 +73,10 @@ func TestSignerShards(t *testing.T) {
 		envs[cluster].expectIssued(t, node, node, pid, 24*time.Hour)
 		return node
 	}
-	// servedBy waits until every labelled Cluster is served by one of
-	// live, its status and its claim naming the same replica, and
-	// returns who serves each.
+	// servedBy waits until every labelled Cluster is served by one of live.
 	servedBy := func(t *testing.T, live []string, within time.Duration) map[string]string {
 		t.Helper()
-		var got map[string]string
-		var lacking string
-		if err := pollFor(within, func() bool {
-			got, lacking = map[string]string{}, ""
-			for _, n := range names {
-				st, ok := attestationIn(t, mgmt, ns, n)
-				holder := claimHolder(t, mgmt, n)
-				switch {
-				case !ok:
-					lacking = n + ": no ClusterAttestation"
-				case !slices.Contains(live, st.ServedBy):
-					lacking = fmt.Sprintf("%s: servedBy %q", n, st.ServedBy)
-				case holder != st.ServedBy:
-					lacking = fmt.Sprintf("%s: servedBy %q, claim held by %q", n, st.ServedBy, holder)
-				case !ready(st):
-					lacking = n + ": not Ready"
-				}
-				if lacking != "" {
-					return false
-				}
-				got[n] = st.ServedBy
-			}
-			return true
-		}); err != nil {
-			t.Fatalf("Clusters not served by %v within %s: %s", live, within, lacking)
-		}
-		return got
+		return waitServed(t, mgmt, ns, names, live, within)
 	}
 	// Every replica runs the controllers of exactly the Clusters it
 	// claims, no more: the per-replica gauges add up.
@@ -238,7 +113,7 @@ func TestSignerShards(t *testing.T) {
 	if _, ok := attestationIn(t, mgmt, ns, "unlabelled"); ok {
 		t.Error("the Cluster without the --watch-filter label has a ClusterAttestation: a replica serves it")
 	}
-	if h := claimHolder(t, mgmt, "unlabelled"); h != "" {
+	if h := claimHolder(t, mgmt, ns, "unlabelled"); h != "" {
 		t.Errorf("the Cluster without the --watch-filter label is claimed by %s", h)
 	}
 
@@ -248,7 +123,7 @@ func TestSignerShards(t *testing.T) {
 		t.Helper()
 		if err := pollFor(within, func() bool {
 			for _, n := range names {
-				if !slices.Contains(live, claimHolder(t, mgmt, n)) {
+				if !slices.Contains(live, claimHolder(t, mgmt, ns, n)) {
 					return false
 				}
 			}
@@ -322,71 +197,4 @@ func TestSignerShards(t *testing.T) {
 	for _, n := range names {
 		join(t, n)
 	}
-}
-
-// label sets the --watch-filter label on Cluster ns/name.
-func label(t *testing.T, mgmt *harness.Management, ns, name, value string) {
-	t.Helper()
-	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, capi.LabelWatchFilter, value))
-	if err := mgmt.Client.Patch(context.Background(), c, patch); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// attestationIn reads the status of ClusterAttestation ns/name.
-func attestationIn(t *testing.T, mgmt *harness.Management, ns, name string) (v1alpha1.ClusterAttestationStatus, bool) {
-	t.Helper()
-	var st v1alpha1.ClusterAttestationStatus
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(v1alpha1.ClusterAttestationGVK)
-	if err := mgmt.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, obj); err != nil {
-		return st, false
-	}
-	if m, ok := obj.Object["status"].(map[string]any); ok {
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return st, true
-}
-
-func ready(st v1alpha1.ClusterAttestationStatus) bool {
-	return slices.ContainsFunc(st.Conditions, func(c metav1.Condition) bool {
-		return c.Type == capi.ConditionReady && c.Status == metav1.ConditionTrue
-	})
-}
-
-// claimHolder is who holds the claim of Cluster shards/name, "" when none.
-func claimHolder(t *testing.T, mgmt *harness.Management, name string) string {
-	t.Helper()
-	var l coordinationv1.Lease
-	key := client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: shard.ClaimName(app.DefaultLeaderElectionID, "shards/"+name)}
-	if err := mgmt.Client.Get(context.Background(), key, &l); err != nil {
-		return ""
-	}
-	return ptr.Deref(l.Spec.HolderIdentity, "")
-}
-
-// replicaGauge is the value of metric name with label replica=id.
-func replicaGauge(t *testing.T, name, id string) (float64, bool) {
-	t.Helper()
-	mfs, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelValue(m, "replica") == id {
-				if g := m.GetGauge(); g != nil {
-					return g.GetValue(), true
-				}
-				return m.GetCounter().GetValue(), true
-			}
-		}
-	}
-	return 0, false
 }

@@ -1,0 +1,460 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/app"
+	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
+	"sigs.k8s.io/kubelet-authenticator/test/harness"
+)
+
+// TestSignerFaults joins a fleet (three workload clusters, nodes joining
+// several at a time) through three sharded replicas while, in turn, the
+// replica serving a Cluster is killed (twice, a fresh replica started
+// after the first), the management kube-apiserver is restarted, a
+// workload kube-apiserver is restarted, and a workload cluster is cut off
+// from the replicas (a proxy dropping every connection), then restored. Each fault hits a wave of joins in
+// flight. What happened is read from the workload API servers' audit logs,
+// not from the controller: every node with a Machine gets a certificate,
+// approved once and issued once (no request is signed twice, not even a
+// certificate the API server rejected); every impostor is denied, with a
+// reason and a message; and once the faults stop each Cluster is served by
+// exactly one live replica. The time each fault takes to recover from
+// (until every join of its wave is decided) is bounded and logged;
+// docs/performance.md quotes it.
+//
+// A killed replica reaches the management cluster no more (its Leases
+// expire), while a write to a workload cluster it had already sent may
+// still land, as after SIGKILL.
+func TestSignerFaults(t *testing.T) {
+	harness.Binaries(t)
+	start := time.Now()
+	mgmt := harness.StartManagement(t)
+	const (
+		ns    = "faults"
+		lease = 3 * time.Second
+		wave  = 2 // nodes per Cluster joining during each fault
+		// A killed replica's Clusters move once its claims expire and
+		// are taken (TestSignerShards), then its joins are decided.
+		killRecovery = 2*lease + 3*time.Second
+		// Once an API server answers again, the replicas reconnect and
+		// reclaim well before a Cluster's backoff after a bound exceeded
+		// (30s), which a restart must not be taken for.
+		restartRecovery = 15 * time.Second
+	)
+	names := []string{"c0", "c1", "c2"}
+	envs := map[string]*signerEnv{}
+	for _, n := range names {
+		wl := harness.StartControlPlane(t, n, harness.WithAuditLog())
+		mgmt.AddWorkloadCluster(t, ns, n, wl, map[string]string{
+			capi.AnnotationEnabled:             "true",
+			capi.AnnotationAuthorizedAttestors: "insecure",
+		})
+		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
+	}
+	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
+	// The replicas reach c1 through a proxy that can cut it off.
+	c1, err := url.Parse(envs["c1"].wl.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := harness.StartTCPProxy(t, c1.Host)
+	certPEM, keyPEM := envs["c1"].wl.IssueClientCert(t, "proxied-admin", "system:masters")
+	setKubeconfig(t, mgmt, ns, "c1", envs["c1"].wl.KubeconfigFor("https://"+proxy.Addr(), clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}))
+
+	replicas := map[string]*replica{}
+	live := []string{}
+	startOne := func(id string) {
+		replicas[id] = startReplica(t, mgmt, id, func(o *app.Options) {
+			o.ShardLeaseDuration = lease
+			o.ProbePeriod = time.Second
+			o.MaxClientCertificateLifetime = 24 * time.Hour
+		})
+		live = append(live, id)
+	}
+	for _, id := range []string{"replica-a", "replica-b", "replica-c"} {
+		startOne(id)
+	}
+	owners := waitServed(t, mgmt, ns, names, live, 60*time.Second)
+	t.Logf("Clusters served by %v, %s after start", owners, time.Since(start).Round(time.Millisecond))
+
+	// Every node's Machine exists before the faults start, as Cluster API
+	// creates it before the machine boots; the CSRs are built now too.
+	type node struct {
+		cluster, name, providerID string
+		csr                       *certificatesv1.CertificateSigningRequest
+		impostor                  bool // no Machine: must be denied
+	}
+	var nodes []*node
+	newNodes := func(label string, impostors bool) []*node {
+		var out []*node
+		for _, c := range names {
+			for i := range wave {
+				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-%d", c, label, i), providerID: fmt.Sprintf("test:///%s/%s/%d", c, label, i)}
+				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
+				out = append(out, n)
+			}
+			if impostors {
+				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
+			}
+		}
+		for _, n := range out {
+			b, _ := signertest.Request{NodeName: n.name, ProviderID: n.providerID}.Build(t)
+			n.csr = signertest.CSR(n.name, b)
+			n.csr.Spec.Username, n.csr.Spec.Groups = "", nil
+		}
+		nodes = append(nodes, out...)
+		return out
+	}
+	waves := map[string][]*node{}
+	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
+		waves[w] = newNodes(w, w == "kill1")
+	}
+
+	// join files every CSR of ns at once (retrying, as kubelet does, while
+	// the API server is away) and waits until all are decided; it returns
+	// the time the last was decided, and what went wrong.
+	join := func(ns []*node, within time.Duration) (time.Time, []error) {
+		var mu sync.Mutex
+		var errs []error
+		last := time.Time{}
+		var wg sync.WaitGroup
+		for _, n := range ns {
+			wg.Go(func() {
+				decided, err := joinOne(envs[n.cluster], n.csr, n.impostor, within)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
+				}
+				if decided.After(last) {
+					last = decided
+				}
+			})
+		}
+		wg.Wait()
+		return last, errs
+	}
+	joined := func(w string, errs []error) {
+		t.Helper()
+		for _, err := range errs {
+			t.Errorf("wave %s: %v", w, err)
+		}
+		if len(errs) > 0 {
+			t.FailNow()
+		}
+	}
+	recovery := map[string]time.Duration{}
+	// fault injects a fault, which returns when it was over (at once for
+	// a kill, once the API server answered again for a restart); the joins
+	// of wave w start after delay, so that they are filed while it lasts.
+	// It records how long after the fault was over the last of them was
+	// decided.
+	fault := func(w string, delay, within time.Duration, inject func() time.Time) {
+		t.Helper()
+		type result struct {
+			last time.Time
+			errs []error
+		}
+		done := make(chan result, 1)
+		go func() {
+			time.Sleep(delay)
+			last, errs := join(waves[w], 90*time.Second)
+			done <- result{last, errs}
+		}()
+		at := time.Now()
+		over := inject()
+		r := <-done
+		joined(w, r.errs)
+		recovery[w] = r.last.Sub(over)
+		t.Logf("%s: fault over after %s, every join of its wave decided %s after it was over", w, over.Sub(at).Round(time.Millisecond), recovery[w].Round(time.Millisecond))
+		if recovery[w] > within {
+			t.Errorf("%s: joins recovered %s after the fault was over, want under %s", w, recovery[w].Round(time.Millisecond), within)
+		}
+	}
+
+	calm := time.Now()
+	last, errs := join(waves["calm"], 30*time.Second)
+	joined("calm", errs)
+	recovery["calm"] = last.Sub(calm)
+	t.Logf("calm: a wave of %d joins decided in %s", len(waves["calm"]), recovery["calm"].Round(time.Millisecond))
+
+	// kill stops the replica serving cluster abruptly: its Leases are left
+	// to expire, as after SIGKILL.
+	kill := func(cluster string) func() time.Time {
+		return func() time.Time {
+			time.Sleep(100 * time.Millisecond) // its joins are in flight
+			at := time.Now()
+			victim := replicas[owners[cluster]]
+			victim.kill(t)
+			live = slices.DeleteFunc(live, func(id string) bool { return id == victim.id })
+			t.Logf("killed %s, which served %s", victim.id, cluster)
+			return at
+		}
+	}
+	fault("kill1", 0, killRecovery, kill("c0"))
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+	startOne("replica-d")
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+	t.Logf("Clusters served by %v", owners)
+	fault("kill2", 0, killRecovery, kill("c1"))
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+
+	// restart restarts cp's kube-apiserver; the fault is over when it
+	// answers again (not yet ready: the harness waits for that).
+	restart := func(cp *harness.ControlPlane) func() time.Time {
+		return func() time.Time {
+			back := answersAgain(cp)
+			cp.RestartAPIServer(t)
+			return <-back
+		}
+	}
+	fault("mgmt", lease, restartRecovery, restart(mgmt.ControlPlane))
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+
+	fault("wl", lease, restartRecovery, restart(envs["c2"].wl))
+
+	// c1 cut off from the replicas: every connection to its API server
+	// dropped, and every new one, for twice the Lease duration.
+	fault("cut", 0, restartRecovery, func() time.Time {
+		time.Sleep(100 * time.Millisecond) // its joins are in flight
+		proxy.Cut()
+		time.Sleep(2 * lease)
+		proxy.Restore()
+		return time.Now()
+	})
+
+	// After the faults: each Cluster served by exactly one live replica,
+	// which its claim names too.
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+	t.Logf("after the faults, Clusters served by %v", owners)
+
+	// Every node with a Machine has its certificate, checked in full.
+	for _, n := range nodes {
+		if !n.impostor {
+			envs[n.cluster].expectIssued(t, n.name, n.name, n.providerID, 24*time.Hour)
+		}
+	}
+	// The API servers' records: each request approved once and issued
+	// once, each impostor denied once with a reason.
+	for _, c := range names {
+		writes := csrWritesOf(t, envs[c].wl)
+		for _, n := range nodes {
+			if n.cluster != c {
+				continue
+			}
+			w := writes[n.name]
+			if w == nil {
+				t.Errorf("%s: no write to CSR %s in the audit log", c, n.name)
+				continue
+			}
+			if n.impostor {
+				// Denied (joinOne saw it): never approved nor issued.
+				if w.denied > 1 || w.approvals != 0 || len(w.certificates) != 0 {
+					t.Errorf("impostor %s: %d denials stored, %d approvals and %d certificates sent; want at most 1, 0, 0: %v", n.name, w.denied, w.approvals, len(w.certificates), w.log)
+				}
+				if d := condition(envs[c].get(t, n.name), certificatesv1.CertificateDenied); d == nil || d.Reason != attestor.ReasonMachineNotFound || d.Message == "" {
+					t.Errorf("impostor %s: denied %+v, want reason %s and a message", n.name, d, attestor.ReasonMachineNotFound)
+				}
+				continue
+			}
+			// Approved once: a write whose answer was lost and another
+			// stored after it, conditional on the version read, cannot
+			// both have been stored.
+			if w.approved != 1 || len(w.denials) != 0 {
+				t.Errorf("%s: approval stored %d times, denial sent %d times; want 1 and 0: %v", n.name, w.approved, len(w.denials), w.log)
+			}
+			// Signed once: one certificate ever sent, the one it holds.
+			if len(w.certificates) != 1 || w.stored > 1 || !w.certificates[string(envs[c].get(t, n.name).Status.Certificate)] {
+				t.Errorf("%s: %d certificates sent to the API server, %d stored; want exactly 1, the one it holds: a request is signed once: %v", n.name, len(w.certificates), w.stored, w.log)
+			}
+		}
+		for name, w := range writes {
+			for _, d := range w.denials {
+				if d.Reason == "" || d.Message == "" {
+					t.Errorf("%s: CSR %s denied without a reason or message: %+v", c, name, d)
+				}
+			}
+		}
+	}
+
+	keys := make([]string, 0, len(recovery))
+	for k := range recovery {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sum []string
+	for _, k := range keys {
+		sum = append(sum, fmt.Sprintf("%s=%s", k, recovery[k].Round(100*time.Millisecond)))
+	}
+	t.Logf("recovery (last join of the wave decided, after the fault): %s; %d nodes, %s in all", strings.Join(sum, " "), len(nodes), time.Since(start).Round(time.Second))
+}
+
+// answersAgain returns when cp's API server, about to be stopped, answers
+// HTTP again after it stopped answering (ready or not).
+func answersAgain(cp *harness.ControlPlane) <-chan time.Time {
+	out := make(chan time.Time, 1)
+	go func() {
+		answers := func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			code := 0
+			cp.Client.Discovery().RESTClient().Get().AbsPath("/livez").Do(ctx).StatusCode(&code)
+			return code != 0 // any HTTP answer, even "not ready"
+		}
+		for answers() {
+			time.Sleep(50 * time.Millisecond)
+		}
+		for !answers() {
+			time.Sleep(50 * time.Millisecond)
+		}
+		out <- time.Now()
+	}()
+	return out
+}
+
+// joinOne files csr with the bootstrap token, retrying while the API
+// server is away, and waits until it is issued (denied, when denied is
+// true), returning when it was.
+func joinOne(e *signerEnv, csr *certificatesv1.CertificateSigningRequest, denied bool, within time.Duration) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	api := e.bootstrap.CertificatesV1().CertificateSigningRequests()
+	for {
+		_, err := api.Create(ctx, csr.DeepCopy(), metav1.CreateOptions{})
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("not filed within %s: %w", within, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	for {
+		got, err := e.wl.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, csr.Name, metav1.GetOptions{})
+		if err == nil {
+			d := condition(got, certificatesv1.CertificateDenied)
+			switch {
+			case d != nil && denied:
+				return time.Now(), nil
+			case d != nil:
+				return time.Time{}, fmt.Errorf("denied: %s: %s", d.Reason, d.Message)
+			case condition(got, certificatesv1.CertificateFailed) != nil:
+				return time.Time{}, errors.New("failed")
+			case len(got.Status.Certificate) > 0 && denied:
+				return time.Time{}, errors.New("an impostor was issued a certificate")
+			case len(got.Status.Certificate) > 0:
+				return time.Now(), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("not decided within %s", within)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// csrWrites is what a workload API server's audit log says was written to
+// one CSR. A write answered 2xx was stored; one refused (409: written
+// since; 422: invalid) was not; any other answer (a writer gone
+// mid-request, a timeout) may come after the write was stored or not.
+type csrWrites struct {
+	approved     int                                                 // Approved conditions stored
+	approvals    int                                                 // Approved conditions perhaps stored
+	denied       int                                                 // Denied conditions stored
+	denials      []certificatesv1.CertificateSigningRequestCondition // Denied conditions perhaps stored
+	certificates map[string]bool                                     // every certificate sent, refused or not
+	stored       int                                                 // certificates stored
+	log          []string                                            // every write: subresource, condition, answer
+}
+
+// refused reports whether the API server answered a write with code
+// without storing it.
+func refused(code int) bool {
+	return code == http.StatusConflict || code == http.StatusUnprocessableEntity
+}
+
+// csrWritesOf reads the audit log of cp (started WithAuditLog): the writes
+// of conditions and certificates to each CSR, and the answers to them.
+func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
+	t.Helper()
+	out := map[string]*csrWrites{}
+	for _, e := range cp.AuditEvents(t) {
+		r := e.ObjectRef
+		if r == nil || r.APIGroup != "certificates.k8s.io" || r.Resource != "certificatesigningrequests" || len(e.RequestObject) == 0 {
+			continue
+		}
+		if e.Verb != "update" && e.Verb != "patch" {
+			continue
+		}
+		var body struct {
+			Status struct {
+				Conditions  []certificatesv1.CertificateSigningRequestCondition `json:"conditions"`
+				Certificate []byte                                              `json:"certificate"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal(e.RequestObject, &body); err != nil {
+			t.Errorf("audit event %s: unreadable request body: %v", e.AuditID, err)
+			continue
+		}
+		w := out[r.Name]
+		if w == nil {
+			w = &csrWrites{certificates: map[string]bool{}}
+			out[r.Name] = w
+		}
+		stored, perhaps := e.Code() >= 200 && e.Code() < 300, !refused(e.Code())
+		switch r.Subresource {
+		case "approval":
+			// The write carries every condition: the last is the one added.
+			n := len(body.Status.Conditions)
+			if n == 0 {
+				continue
+			}
+			c := body.Status.Conditions[n-1]
+			w.log = append(w.log, fmt.Sprintf("%s %s: %d", e.Verb, c.Type, e.Code()))
+			switch {
+			case !perhaps:
+			case c.Type == certificatesv1.CertificateApproved:
+				w.approvals++
+				if stored {
+					w.approved++
+				}
+			case c.Type == certificatesv1.CertificateDenied:
+				w.denials = append(w.denials, c)
+				if stored {
+					w.denied++
+				}
+			}
+		case "status":
+			if len(body.Status.Certificate) == 0 {
+				continue
+			}
+			w.log = append(w.log, fmt.Sprintf("%s certificate: %d", e.Verb, e.Code()))
+			w.certificates[string(body.Status.Certificate)] = true
+			if stored {
+				w.stored++
+			}
+		}
+	}
+	return out
+}
