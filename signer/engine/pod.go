@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"time"
 
@@ -103,6 +104,14 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 	att, err := podcert.NodeAttestation(cred, m.ProviderID)
 	if err != nil {
 		return retry(d, err)
+	}
+	// The node's attestation must pass the Cluster's policy as it is now:
+	// a node that attested under another boot policy gets pod
+	// certificates once it renews under this one (never, when its boot
+	// state fails it: that renewal is denied).
+	if want := e.PolicySHA256(cred.Attested.Provider); want != "" && want != cred.Attested.PolicySHA256 {
+		return retry(d, fmt.Errorf("node %s attested under another %s policy than the Cluster's current one; "+
+			"its pod certificates are issued once it renews its client certificate under the current policy", c.NodeName, cred.Attested.Provider))
 	}
 	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now)
 	if err != nil {

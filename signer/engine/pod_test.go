@@ -1,0 +1,149 @@
+package engine
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
+	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
+)
+
+// TestDecidePod: the pod certificate decision for each kind of request
+// and record, as a value: who asked (the credential the admission policy
+// stamped), whether that credential is the node's current attested one,
+// its Machine, and the boot policy it was attested under.
+func TestDecidePod(t *testing.T) {
+	const fp, newer = "aa", "bb"
+	bootPolicy := []byte("pcrs: [0, 7]\n")
+	sum := sha256.Sum256(bootPolicy)
+	policyDigest := hex.EncodeToString(sum[:])
+	oldDigest := strings.Repeat("0", 64)
+	machine := &Machine{Namespace: "ns", Name: testNode, UID: "m-uid", ProviderID: testPID}
+	cred := func(sha string, att *revoke.Attestation) revoke.Credential {
+		return revoke.Credential{SHA256: sha, Node: testNode, Machine: revoke.Machine{Namespace: "ns", Name: testNode, UID: "m-uid"},
+			NotAfter: testNow.Add(24 * time.Hour), Attested: att}
+	}
+	tpmUnder := func(digest string) *revoke.Attestation {
+		return &revoke.Attestation{Provider: "tpm", PolicySHA256: digest, At: testNow.Add(-time.Hour)}
+	}
+
+	cases := []struct {
+		name       string
+		stamp      string // the credential the admission policy recorded
+		issued     []revoke.Credential
+		policies   map[string][]byte
+		machine    *Machine
+		want       Outcome
+		wantReason string
+	}{
+		{name: "current attested certificate", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))}, want: Approve, wantReason: podcert.ReasonIssued},
+		{name: "attested under today's boot policy", stamp: fp, policies: map[string][]byte{"tpm": bootPolicy},
+			issued: []revoke.Credential{cred(fp, tpmUnder(policyDigest))}, want: Approve, wantReason: podcert.ReasonIssued},
+		{name: "attested under another boot policy", stamp: fp, policies: map[string][]byte{"tpm": bootPolicy},
+			issued: []revoke.Credential{cred(fp, tpmUnder(oldDigest))}, want: Retry},
+		{name: "attested before the boot policy existed", stamp: fp, policies: map[string][]byte{"tpm": bootPolicy},
+			issued: []revoke.Credential{cred(fp, tpmUnder(""))}, want: Retry},
+		{name: "boot policy dropped since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(oldDigest))}, want: Approve, wantReason: podcert.ReasonIssued},
+		{name: "never attested", stamp: fp, issued: []revoke.Credential{cred(newer, tpmUnder(""))}, want: Deny, wantReason: podcert.ReasonNodeNotAttested},
+		{name: "superseded certificate", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder("")), cred(newer, tpmUnder(""))},
+			want: Deny, wantReason: podcert.ReasonNodeSuperseded},
+		{name: "not created with a certificate", stamp: "", issued: []revoke.Credential{cred(fp, tpmUnder(""))}, want: Deny,
+			wantReason: podcert.ReasonNodeNotAttested},
+		{name: "another Machine has the node name now", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			machine: &Machine{Namespace: "ns", Name: testNode, UID: "other-uid", ProviderID: testPID}, want: Deny, wantReason: podcert.ReasonNodeNotAttested},
+		{name: "recorded before attestations were kept", stamp: fp, issued: []revoke.Credential{cred(fp, nil)}, want: Retry},
+	}
+	ca := podCA(t)
+	pol, errs := podcert.NewPolicy(&v1alpha1.PodCertificatePolicy{TrustDomain: "wl.example",
+		Allowed: []v1alpha1.PodCertificateServiceAccounts{{Namespace: "payments", ServiceAccounts: []string{"api"}}}}, field.NewPath("spec"))
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := c.machine
+			if m == nil {
+				m = machine
+			}
+			profiles := Profiles(ProfileSet{Verifiers: map[string]attestor.Verifier{"fake": &scripted{}}, Client: noSigner{}, Serving: noSigner{}})
+			e, err := New(Config{Cluster: "ns/c", Profiles: profiles, Authorized: []string{"fake"}, Machines: oneMachine{m: m}, CSRs: noCSRs{},
+				Policies: c.policies, Clock: clocktesting.NewFakePassiveClock(testNow)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			state := &revoke.State{Issued: c.issued}
+			d := e.DecidePod(context.Background(), podRequest(t, c.stamp), &PodSigner{
+				SignerName: podcert.DefaultSignerName, Policy: pol, CA: ca, StampedSince: testNow.Add(-2 * time.Hour),
+				Issued: func(context.Context, string, string) (*revoke.State, error) { return state, nil },
+			})
+			if d.Outcome != c.want {
+				t.Fatalf("outcome %s (%s: %s; err %v), want %s", d.Outcome, d.Reason, d.Message, d.Err, c.want)
+			}
+			if c.wantReason != "" && d.Reason != c.wantReason {
+				t.Errorf("reason %s (%s), want %s", d.Reason, d.Message, c.wantReason)
+			}
+			if c.want == Approve && d.PodCertificate == nil {
+				t.Error("approved without a certificate")
+			}
+		})
+	}
+}
+
+// podCA returns a pod CA valid around testNow.
+func podCA(t *testing.T) *issue.CA {
+	t.Helper()
+	certPEM, keyPEM, err := issue.NewCA("pod CA", testNow.Add(-24*time.Hour), 365*24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := issue.LoadCA(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// podRequest is a request of ServiceAccount payments/api on testNode as
+// kubelet 1.36 files it, created with the credential stamp (none when
+// empty).
+func podRequest(t *testing.T, stamp string) *certificatesv1beta1.PodCertificateRequest {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcr := &certificatesv1beta1.PodCertificateRequest{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "payments", Name: "req-1", CreationTimestamp: metav1.NewTime(testNow.Add(-time.Minute))},
+		Spec: certificatesv1beta1.PodCertificateRequestSpec{
+			SignerName: podcert.DefaultSignerName, PodName: "p", PodUID: "p-uid", ServiceAccountName: "api", ServiceAccountUID: "sa-uid",
+			NodeName: types.NodeName(testNode), NodeUID: "n-uid", MaxExpirationSeconds: ptr.To(int32(86400)), StubPKCS10Request: stub,
+		},
+	}
+	if stamp != "" {
+		pcr.Annotations = map[string]string{podcert.AnnotationCreatorCredential: podcert.CredentialIDPrefix + stamp}
+	}
+	return pcr
+}
