@@ -71,7 +71,7 @@ func TestBounds(t *testing.T) {
 		{name: "watch refused in protobuf", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
 			w.WriteHeader(http.StatusForbidden)
-			io.WriteString(w, "k8s\x00\n\x0c\n\x02v1\x12\x06Status")
+			_, _ = io.WriteString(w, "k8s\x00\n\x0c\n\x02v1\x12\x06Status")
 		}},
 		{name: "watch refused too large", path: "/api?watch=true", handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
