@@ -761,6 +761,48 @@ func TestChartValues(t *testing.T) {
 		}
 	})
 
+	t.Run("sharding", func(t *testing.T) {
+		argsOf := func(objs objects) []string {
+			var d deploymentSpec
+			objs.get(t, "Deployment", deployment, &d)
+			return d.Spec.Template.Spec.Containers[0].Args
+		}
+		_, objs := chart(t, tl, ns)
+		if args := argsOf(objs); slices.ContainsFunc(args, func(a string) bool {
+			return strings.HasPrefix(a, "--sharding") || strings.HasPrefix(a, "--watch-filter")
+		}) {
+			t.Errorf("the default chart passes %v; want one leader, every Cluster", args)
+		}
+		if objs.find("Role", "node-attestation-controller-shards") != nil {
+			t.Error("the default chart grants the shard Leases")
+		}
+
+		_, objs = chart(t, tl, ns, "--set", "sharding.enabled=true,sharding.leaseDuration=20s,watchFilter=fleet-a")
+		args := argsOf(objs)
+		for _, want := range []string{"--sharding=true", "--shard-lease-duration=20s", "--watch-filter=fleet-a", "--leader-elect=true"} {
+			if !slices.Contains(args, want) {
+				t.Errorf("sharded chart: args %v lack %s", args, want)
+			}
+		}
+		// The Leases sharding needs, as the kustomize example grants them.
+		raw, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "examples", "sharding", "shard-rbac.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		example := decode(t, "deploy/examples/sharding/shard-rbac.yaml", raw)
+		for _, kind := range []string{"Role", "RoleBinding"} {
+			want, got := example.find(kind, "node-attestation-controller-shards"), objs.find(kind, "node-attestation-controller-shards")
+			if want == nil || got == nil {
+				t.Fatalf("%s node-attestation-controller-shards: example %v, chart %v", kind, want != nil, got != nil)
+			}
+			for _, field := range []string{"rules", "roleRef"} {
+				if !reflect.DeepEqual(want.Object[field], got.Object[field]) {
+					t.Errorf("%s %s: chart %v, example %v", kind, field, got.Object[field], want.Object[field])
+				}
+			}
+		}
+	})
+
 	t.Run("combinations that cannot work", func(t *testing.T) {
 		for _, c := range []struct {
 			name  string
@@ -778,6 +820,8 @@ func TestChartValues(t *testing.T) {
 			{"lockdown in Cluster API mode", []string{"--set", "standalone.lockdown=true"}, "apply only with mode: standalone"},
 			{"a policy in Cluster API mode", []string{"--set", "standalone.attestorPolicies.tpm=x"}, "apply only with mode: standalone"},
 			{"a policy of an attestor not authorized", []string{"--set", "mode=standalone,standalone.attestorPolicies.aws=x"}, "standalone.attestorPolicies.aws"},
+			{"sharding in standalone mode", []string{"--set", "mode=standalone,sharding.enabled=true"}, "apply only with mode: capi"},
+			{"a watch filter that is no label value", []string{"--set", "watchFilter=a/b"}, "/watchFilter"},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				args := append([]string{"template", "kubelet-authenticator", filepath.Join(repoRoot(t), "deploy", "helm", "kubelet-authenticator"), "--namespace", ns}, c.flags...)

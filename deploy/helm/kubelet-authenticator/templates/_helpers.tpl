@@ -59,6 +59,9 @@ change (values.schema.json checks each value on its own).
 {{- fail (printf "standalone.authorizedAttestors names %s, which has no configuration: set attestorConfig.%s (or existingAttestorConfigMap)" . .) }}
 {{- end }}
 {{- end }}
+{{- if or .Values.sharding.enabled .Values.watchFilter }}
+{{- fail "sharding.enabled and watchFilter apply only with mode: capi: standalone mode serves the one cluster it runs in" }}
+{{- end }}
 {{- else }}
 {{- if or $s.lockdown $s.approveKubeletServing $s.revocationPeriod $s.attestorPolicies }}
 {{- fail "standalone.lockdown, standalone.approveKubeletServing, standalone.revocationPeriod and standalone.attestorPolicies apply only with mode: standalone; Cluster API mode takes lockdown, approveKubeletServing and policies from each Cluster's ClusterAttestation spec (docs/install.md) and revokes a node when its Machine is deleted" }}
