@@ -8,9 +8,11 @@ import (
 	"strings"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
+	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
 	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
@@ -113,6 +115,14 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return retry(d, fmt.Errorf("node %s attested under another %s policy than the Cluster's current one; "+
 			"its pod certificates are issued once it renews its client certificate under the current policy", c.NodeName, cred.Attested.Provider))
 	}
+	denied, err := e.renewalDenied(c.NodeName, cred.Attested.At)
+	if err != nil {
+		return retry(d, err)
+	}
+	if denied != nil {
+		return retry(d, fmt.Errorf("node %s was denied the renewal of its client certificate (%s: %s) after its current one was issued; "+
+			"its pod certificates are issued once a renewal is approved", c.NodeName, denied.Name, FindCondition(denied, certificatesv1.CertificateDenied).Reason))
+	}
 	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now)
 	if err != nil {
 		return retry(d, err)
@@ -144,4 +154,28 @@ func (e *Engine) PolicySHA256(provider string) string {
 	}
 	sum := sha256.Sum256(doc)
 	return hex.EncodeToString(sum[:])
+}
+
+// renewalDenied returns a client certificate request of node, filed with
+// its own credential, that this signer denied after at (a renewal that
+// failed the Cluster's policy, its boot state among it): until a renewal
+// is approved, the node's attestation is not current. The CSRs come from
+// the controller's cache; a denied request stays there until the
+// workload cluster deletes it (kube-controller-manager after an hour),
+// and kubelet files a new renewal meanwhile.
+func (e *Engine) renewalDenied(node string, at time.Time) (*certificatesv1.CertificateSigningRequest, error) {
+	csrs, err := e.cfg.CSRs.ByRequester(attestor.NodeUserPrefix+node, node)
+	if err != nil {
+		return nil, fmt.Errorf("unable to read the renewals of node %s: %w", node, err)
+	}
+	for _, csr := range csrs {
+		p, ok := e.profiles[csr.Spec.SignerName]
+		if !ok || p.Kind != checks.Client {
+			continue
+		}
+		if c := FindCondition(csr, certificatesv1.CertificateDenied); c != nil && c.LastUpdateTime.After(at) {
+			return csr, nil
+		}
+	}
+	return nil, nil
 }

@@ -15,7 +15,9 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -52,6 +54,7 @@ func TestDecidePod(t *testing.T) {
 		issued     []revoke.Credential
 		policies   map[string][]byte
 		machine    *Machine
+		csrs       []*certificatesv1.CertificateSigningRequest // the node's own requests
 		want       Outcome
 		wantReason string
 	}{
@@ -71,6 +74,14 @@ func TestDecidePod(t *testing.T) {
 		{name: "another Machine has the node name now", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
 			machine: &Machine{Namespace: "ns", Name: testNode, UID: "other-uid", ProviderID: testPID}, want: Deny, wantReason: podcert.ReasonNodeNotAttested},
 		{name: "recorded before attestations were kept", stamp: fp, issued: []revoke.Credential{cred(fp, nil)}, want: Retry},
+		{name: "renewal denied since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ClientSignerName("fake"), testNow.Add(-time.Minute))}, want: Retry},
+		{name: "renewal denied before the current certificate", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ClientSignerName("fake"), testNow.Add(-2*time.Hour))}, want: Approve,
+			wantReason: podcert.ReasonIssued},
+		{name: "serving certificate denied since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ServingSignerName("fake"), testNow.Add(-time.Minute))}, want: Approve,
+			wantReason: podcert.ReasonIssued},
 	}
 	ca := podCA(t)
 	pol, errs := podcert.NewPolicy(&v1alpha1.PodCertificatePolicy{TrustDomain: "wl.example",
@@ -85,7 +96,7 @@ func TestDecidePod(t *testing.T) {
 				m = machine
 			}
 			profiles := Profiles(ProfileSet{Verifiers: map[string]attestor.Verifier{"fake": &scripted{}}, Client: noSigner{}, Serving: noSigner{}})
-			e, err := New(Config{Cluster: "ns/c", Profiles: profiles, Authorized: []string{"fake"}, Machines: oneMachine{m: m}, CSRs: noCSRs{},
+			e, err := New(Config{Cluster: "ns/c", Profiles: profiles, Authorized: []string{"fake"}, Machines: oneMachine{m: m}, CSRs: nodeCSRs(c.csrs),
 				Policies: c.policies, Clock: clocktesting.NewFakePassiveClock(testNow)})
 			if err != nil {
 				t.Fatal(err)
@@ -146,4 +157,24 @@ func podRequest(t *testing.T, stamp string) *certificatesv1beta1.PodCertificateR
 		pcr.Annotations = map[string]string{podcert.AnnotationCreatorCredential: podcert.CredentialIDPrefix + stamp}
 	}
 	return pcr
+}
+
+// nodeCSRs is a lister that holds the given requests of the node.
+type nodeCSRs []*certificatesv1.CertificateSigningRequest
+
+func (n nodeCSRs) Get(signer, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	return noCSRs{}.Get(signer, name)
+}
+func (n nodeCSRs) ByRequester(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return n, nil
+}
+func (nodeCSRs) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) { return nil, nil }
+
+// renewal is a request of testNode to signer that this signer denied at.
+func renewal(signer string, at time.Time) *certificatesv1.CertificateSigningRequest {
+	csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "renewal"}}
+	csr.Spec.SignerName, csr.Spec.Username = signer, attestor.NodeUserPrefix+testNode
+	csr.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue,
+		Reason: "SecureBootDisabled", LastUpdateTime: metav1.NewTime(at)}}
+	return csr
 }
