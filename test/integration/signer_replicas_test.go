@@ -94,7 +94,10 @@ func (r *replica) stop(t *testing.T) {
 	r.cancel()
 	select {
 	case err := <-r.done:
-		if err != nil && !r.cut.Load() {
+		// controller-runtime's manager may end with "leader election
+		// lost" when its context ends while it leads: it released the
+		// Lease because it was told to stop, which is what stop asks.
+		if err != nil && !r.cut.Load() && err.Error() != "leader election lost" {
 			t.Errorf("replica %s: %v", r.id, err)
 		}
 		r.done <- err // stopped: later calls return at once
