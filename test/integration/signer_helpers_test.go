@@ -73,6 +73,13 @@ func runOptions(t *testing.T, o interface {
 // the controller-runtime registry, and whether it is there.
 func gauge(t *testing.T, name, cluster string) (float64, bool) {
 	t.Helper()
+	return labelledValue(t, name, "cluster", cluster)
+}
+
+// labelledValue returns the value of the gauge or counter name with label
+// label=value in the controller-runtime registry, and whether it is there.
+func labelledValue(t *testing.T, name, label, value string) (float64, bool) {
+	t.Helper()
 	mfs, err := ctrlmetrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +89,7 @@ func gauge(t *testing.T, name, cluster string) (float64, bool) {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if labelValue(m, "cluster") == cluster {
+			if labelValue(m, label) == value {
 				if g := m.GetGauge(); g != nil {
 					return g.GetValue(), true
 				}

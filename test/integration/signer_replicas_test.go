@@ -20,7 +20,6 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
@@ -162,24 +161,7 @@ func claimHolder(t *testing.T, mgmt *harness.Management, ns, name string) string
 // replicaGauge is the value of metric name with label replica=id.
 func replicaGauge(t *testing.T, name, id string) (float64, bool) {
 	t.Helper()
-	mfs, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelValue(m, "replica") == id {
-				if g := m.GetGauge(); g != nil {
-					return g.GetValue(), true
-				}
-				return m.GetCounter().GetValue(), true
-			}
-		}
-	}
-	return 0, false
+	return labelledValue(t, name, "replica", id)
 }
 
 // waitServed waits until every Cluster ns/name of names is served by one of
