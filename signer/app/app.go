@@ -166,6 +166,7 @@ func (o *Options) newManager(scheme *runtime.Scheme) (ctrl.Manager, error) {
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       o.metricsServer(), // diagnostics.go
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		PprofBindAddress:              o.ProfilerAddress,
 		// Secrets are read one by one from the API server, never listed,
 		// watched or cached: the controller may get the Secrets it needs,
 		// not list every Secret of the management cluster.

@@ -32,6 +32,10 @@ type diagnosticsOptions struct {
 	// key (tls.crt, tls.key; reloaded when they change). Empty: a
 	// self-signed certificate made at start.
 	MetricsCertDir string
+	// ProfilerAddress serves net/http/pprof there (host:port, plain HTTP,
+	// no authentication: bind it to localhost); empty, the default,
+	// serves nothing. Cluster API's managers call it the same.
+	ProfilerAddress string
 
 	// logging is the logging configuration the flags fill; nil until
 	// addFlags (callers that build Options in code keep klog's defaults).
@@ -49,6 +53,9 @@ func (o *diagnosticsOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir,
 		"Directory holding the metrics endpoint's serving certificate and key, tls.crt and tls.key (reloaded when they change). Empty: "+
 			"a self-signed certificate made at start.")
+	fs.StringVar(&o.ProfilerAddress, "profiler-address", o.ProfilerAddress,
+		"Serve Go's profiles (net/http/pprof) at this host:port, over plain HTTP without authentication: bind it to localhost (e.g. "+
+			"localhost:6060) and reach it with kubectl port-forward. Empty: not served.")
 }
 
 func (o *diagnosticsOptions) validate() []error {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 )
@@ -20,6 +21,11 @@ type fleetOptions struct {
 	ProbePeriod time.Duration
 	// LockdownPeriod is how often lockdown is enforced again.
 	LockdownPeriod time.Duration
+	// UnauthorizedListPeriod is how often the requests to signer names no
+	// request can be signed through (attestors a Cluster does not
+	// authorize, refused ones) are listed to be denied; they are not
+	// watched.
+	UnauthorizedListPeriod time.Duration
 	// ServingCALifetime and ServingCARotateBefore are the lifetime of a
 	// serving CA and how long before its expiry the next one is made
 	// (package trust; 0 means its defaults).
@@ -45,6 +51,12 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 		"How often each workload cluster's API server is probed (kubelet_authenticator_signer_workload_cluster_connected).")
 	fs.DurationVar(&o.LockdownPeriod, "lockdown-period", o.LockdownPeriod,
 		"How often, in Clusters annotated "+capi.AnnotationLockdown+"=true, kubeadm's CSR auto-approve bindings are removed again.")
+	if o.UnauthorizedListPeriod == 0 {
+		o.UnauthorizedListPeriod = controller.DefaultSweepPeriod
+	}
+	fs.DurationVar(&o.UnauthorizedListPeriod, "unauthorized-list-period", o.UnauthorizedListPeriod,
+		"How often each workload cluster's requests to attestors its Cluster does not authorize are listed, to be denied: they are not watched, "+
+			"so that a Cluster costs a watch per signer name it can be signed through, not one per signer name served.")
 	if o.ServingCALifetime == 0 {
 		o.ServingCALifetime = trust.DefaultLifetime
 	}
@@ -74,7 +86,7 @@ func (o *fleetOptions) addFlags(fs *pflag.FlagSet) {
 // configure applies the options to r and registers the serving CA rotation
 // counter with reg.
 func (o *fleetOptions) configure(r *capi.ClusterReconciler, reg prometheus.Registerer) error {
-	r.ProbePeriod, r.LockdownPeriod = o.ProbePeriod, o.LockdownPeriod
+	r.ProbePeriod, r.LockdownPeriod, r.UnauthorizedListPeriod = o.ProbePeriod, o.LockdownPeriod, o.UnauthorizedListPeriod
 	r.ServingCA = trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}
 	r.Clock = o.Clock
 	r.TokenLifetime, r.TokenRenewBefore = o.TokenLifetime, o.TokenRenewBefore
@@ -98,6 +110,9 @@ func (o *fleetOptions) validate() []error {
 	}
 	if o.LockdownPeriod != 0 && o.LockdownPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--lockdown-period %s must be at least 1s", o.LockdownPeriod))
+	}
+	if o.UnauthorizedListPeriod != 0 && o.UnauthorizedListPeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--unauthorized-list-period %s must be at least 1s", o.UnauthorizedListPeriod))
 	}
 	if err := (trust.Policy{Lifetime: o.ServingCALifetime, RotateBefore: o.ServingCARotateBefore}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("--serving-ca-lifetime, --serving-ca-rotate-before: %w", err))

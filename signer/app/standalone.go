@@ -253,6 +253,7 @@ func (r *standaloneRun) newManager(context.Context) error {
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       r.o.metricsServer(), // diagnostics.go
 		HealthProbeBindAddress:        r.o.HealthProbeBindAddress,
+		PprofBindAddress:              r.o.ProfilerAddress,
 	})
 	if err != nil {
 		return fmt.Errorf("unable to create the manager: %w", err)
@@ -410,9 +411,10 @@ func (r *standaloneRun) serve(ctx context.Context, ca *issue.CA, servingCAs *tru
 			Identities:    r.identities,
 			ChallengeKeys: r.challengeKeys,
 		},
-		Metrics: r.metrics,
-		Workers: r.o.WorkersPerCluster,
-		Issuing: revocations,
+		Metrics:     r.metrics,
+		Workers:     r.o.WorkersPerCluster,
+		SweepPeriod: r.o.UnauthorizedListPeriod,
+		Issuing:     revocations,
 	})
 	if err != nil {
 		return err
@@ -441,7 +443,7 @@ func (r *standaloneRun) keepLockdown(ctx context.Context) {
 	logger := r.logger.WithValues("cluster", StandaloneCluster)
 	if r.o.Lockdown {
 		r.update(func(s *capi.ClusterStatus) { s.Lockdown = true })
-		lockdown.Run(ctx, r.cs, r.o.LockdownPeriod, func(disarmed []string, err error) {
+		<-lockdown.Run(ctx, r.cs, r.o.LockdownPeriod, func(disarmed []string, err error) {
 			r.update(func(s *capi.ClusterStatus) {
 				s.LockdownRemoved += len(disarmed)
 				s.LockdownEnforced, s.LockdownError = err == nil, ""

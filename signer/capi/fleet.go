@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
+	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 )
 
 // Defaults of the per-cluster loops.
@@ -159,14 +159,14 @@ func (r *ClusterReconciler) Statuses() []ClusterStatus {
 }
 
 // probe asks the workload API server for /readyz every period and records
-// the outcome, until ctx is done.
+// the outcome, until ctx is done, on a timer (it returns at once).
 func probe(ctx context.Context, cs kubernetes.Interface, st *state, period time.Duration) {
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
+	periodic.Every(ctx, period, func(ctx context.Context) bool {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
 		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		st.update(func(s *ClusterStatus) {
 			s.Connected = err == nil
@@ -176,5 +176,6 @@ func probe(ctx context.Context, cs kubernetes.Interface, st *state, period time.
 				s.LastError = err.Error()
 			}
 		})
-	}, period)
+		return true
+	})
 }

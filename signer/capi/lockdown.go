@@ -4,14 +4,15 @@ import (
 	"cmp"
 	"context"
 
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
+	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 )
 
-// lockdown enforces lockdown in one workload cluster until ctx is done.
+// lockdown enforces lockdown in one workload cluster until ctx is done,
+// on a timer (it returns at once).
 func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {
 	lockdown.Run(ctx, cs, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod), func(removed []string, err error) {
 		if ctx.Err() != nil {
@@ -35,12 +36,13 @@ func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs
 }
 
 // unlock restores, once, what lockdown disarmed in a Cluster that no
-// longer asks for it, retrying until it succeeds or ctx is done.
+// longer asks for it, retrying until it succeeds or ctx is done, on a
+// timer (it returns at once).
 func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
+	periodic.Every(ctx, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod), func(ctx context.Context) bool {
 		restored, err := lockdown.Restore(ctx, cs)
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		if len(restored) > 0 {
 			logger.Info("Lockdown lifted: restored CSR auto-approve bindings", "clusterRoleBindings", restored)
@@ -48,9 +50,9 @@ func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs k
 		if err != nil {
 			st.update(func(s *ClusterStatus) { s.LockdownError = err.Error() })
 			logger.Info("Lockdown not lifted yet, will retry", "err", err.Error())
-			return
+			return true
 		}
 		st.update(func(s *ClusterStatus) { s.LockdownEnforced, s.LockdownError = false, "" })
-		<-ctx.Done() // done: nothing more until the controller restarts
-	}, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod))
+		return false // done: nothing more until the controller restarts
+	})
 }

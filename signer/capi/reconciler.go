@@ -101,6 +101,10 @@ type ClusterReconciler struct {
 	Identities engine.IdentityBinder
 	// Workers per workload cluster; 0 means 2.
 	Workers int
+	// UnauthorizedListPeriod is how often the requests to signer names a
+	// Cluster cannot be signed through are listed (controller.Config
+	// SweepPeriod); 0 means controller.DefaultSweepPeriod.
+	UnauthorizedListPeriod time.Duration
 	// ClientQPS and ClientBurst rate-limit each workload cluster's client;
 	// 0 means DefaultClientQPS and DefaultClientBurst. Every signed CSR
 	// costs two writes (approval, certificate).
@@ -593,6 +597,7 @@ func (r *ClusterReconciler) newWorkload(s *clusterScope, servingCAs *trust.Autho
 		Metrics:           r.Metrics,
 		Events:            r.decisionEvents(s.cluster, st),
 		Workers:           cmp.Or(max(r.Workers, 0), 2),
+		SweepPeriod:       r.UnauthorizedListPeriod,
 		MinRetry:          r.MinRetry,
 		MaxRetry:          r.MaxRetry,
 		Issuing:           &acceptor{r: r, rv: revocation.rv, cluster: clusterRef, st: st},
@@ -627,7 +632,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 	run := w.run
 	run.over.running(w)
 	background := klog.FromContext(wctx).WithValues("cluster", s.nn)
-	go probe(wctx, run.cs, w.state, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
+	probe(wctx, run.cs, w.state, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	go func() {
 		defer close(w.done)
 		if !r.connect(wctx, s.logger, s.cluster, run.id, run.obs) {
@@ -637,9 +642,9 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 		go r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
 		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, run.cs, w.ctrl.Engine())
 		if s.policy.Lockdown {
-			go r.lockdown(wctx, background, run.cs, w.state)
+			r.lockdown(wctx, background, run.cs, w.state)
 		} else {
-			go r.unlock(wctx, background, run.cs, w.state)
+			r.unlock(wctx, background, run.cs, w.state)
 		}
 		published := make(chan struct{})
 		go keepPublished(wctx, run.pub, run.trusted, w.state, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)

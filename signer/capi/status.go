@@ -71,7 +71,7 @@ const (
 func servedSignerNames(profiles []*engine.Profile, authorized []string) []string {
 	var out []string
 	for _, p := range profiles {
-		if p.Refused == "" && (p.Provider == "" || slices.Contains(authorized, p.Provider)) {
+		if p.Serves(authorized) {
 			out = append(out, p.SignerName)
 		}
 	}

@@ -4,10 +4,9 @@ import (
 	"sync"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
-// budget counts the CSRs the informers cache, and their bytes as cached
+// budget counts the CSRs the stores cache, and their bytes as cached
 // (after the transform), and says once when either reaches its bound: a
 // workload cluster's requests are tenant input, and the controller stops
 // serving a cluster rather than grow without bound for it.
@@ -20,18 +19,6 @@ type budget struct {
 	objects  int
 	bytes    int64
 	exceeded bool
-}
-
-// size is what a cached CSR weighs: its protobuf size, close to what it
-// holds in memory.
-func size(obj any) (int64, bool) {
-	switch o := obj.(type) {
-	case *certificatesv1.CertificateSigningRequest:
-		return int64(o.Size()), true
-	case cache.DeletedFinalStateUnknown:
-		return size(o.Obj)
-	}
-	return 0, false
 }
 
 func (b *budget) add(objects int, bytes int64) {
@@ -57,24 +44,19 @@ func (c *Controller) Cached() (objects int, bytes int64) {
 	return c.budget.objects, c.budget.bytes
 }
 
-func (b *budget) handler() cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if n, ok := size(obj); ok {
-				b.add(1, n)
-			}
-		},
-		UpdateFunc: func(old, obj any) {
-			o, ok1 := size(old)
-			n, ok2 := size(obj)
-			if ok1 && ok2 {
-				b.add(0, n-o)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if n, ok := size(obj); ok {
-				b.add(-1, -n)
-			}
-		},
+// changed counts a change to a store (csrStore): old is nil when obj is
+// new, obj nil when old was deleted. A CSR weighs its protobuf size as
+// cached, close to what it holds in memory.
+func (b *budget) changed(old, obj *certificatesv1.CertificateSigningRequest) {
+	var objects int
+	var n int64
+	if old != nil {
+		objects--
+		n -= int64(old.Size())
 	}
+	if obj != nil {
+		objects++
+		n += int64(obj.Size())
+	}
+	b.add(objects, n)
 }

@@ -156,6 +156,8 @@ func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 		},
 		MinRetry: time.Millisecond,
 		MaxRetry: time.Millisecond,
+		// Requests to attestors not authorized are listed, not watched.
+		SweepPeriod: 20 * time.Millisecond,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -166,7 +168,7 @@ func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	t.Cleanup(c.startInformers(ctx))
+	t.Cleanup(c.startCaches(ctx))
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		t.Fatal("caches did not sync")
 	}
@@ -469,7 +471,8 @@ func TestUndecidable(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		r.c.processNext(r.ctx)
+		k, _ := r.c.queue.Get()
+		r.c.process(r.ctx, k)
 	}
 	if got := cond(r.get("stuck")); got != "Denied/"+attestor.ReasonUndecidable {
 		t.Fatalf("stuck request: %s, want Denied/%s", got, attestor.ReasonUndecidable)

@@ -16,8 +16,8 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -25,9 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	certlisters "k8s.io/client-go/listers/certificates/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -46,6 +44,11 @@ const (
 	DecisionChallenged = "challenged"
 	DecisionRetried    = "retried"
 )
+
+// DefaultSweepPeriod is Config.SweepPeriod's default: a request to an
+// attestor the Cluster does not authorize is denied within about that
+// long.
+const DefaultSweepPeriod = time.Minute
 
 // DefaultMaxTries is how many times a request is retried on transient
 // errors before it is denied Undecidable (with the default backoff of
@@ -69,8 +72,14 @@ type Config struct {
 	Events Recorder
 	// Workers is the number of concurrent workers; 0 means 1.
 	Workers int
-	// ResyncPeriod re-lists pending CSRs that often; 0 means 10 minutes.
+	// ResyncPeriod queues every pending CSR again that often; 0 means 10
+	// minutes.
 	ResyncPeriod time.Duration
+	// SweepPeriod is how often the CSRs of signer names no request can be
+	// signed through (attestors the Cluster does not authorize, refused
+	// ones) are listed, to be denied: they are not watched (sweep.go). 0
+	// means DefaultSweepPeriod.
+	SweepPeriod time.Duration
 	// MinRetry and MaxRetry bound the backoff of retried CSRs; 0 means
 	// 500ms and 1m.
 	MinRetry, MaxRetry time.Duration
@@ -99,18 +108,21 @@ type IssueHook interface {
 	Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate, att revoke.Attestation) error
 }
 
-// key names a CSR in the queue: its signer name tells which informer holds
+// key names a CSR in the queue: its signer name tells which store holds
 // it.
 type key struct{ signer, name string }
 
 // Controller signs one workload cluster's requests.
 type Controller struct {
-	cfg       Config
-	engine    *engine.Engine
-	informers map[string]cache.SharedIndexInformer
-	listers   map[string]certlisters.CertificateSigningRequestLister
-	queue     workqueue.TypedRateLimitingInterface[key]
-	budget    *budget
+	cfg    Config
+	engine *engine.Engine
+	// stores hold the CSRs of each signer name; watched are filled by a
+	// watch each, the others by a list every SweepPeriod (sweep.go).
+	stores  map[string]*csrStore
+	watched []string
+	swept   []string
+	queue   workqueue.TypedRateLimitingInterface[key]
+	budget  *budget
 }
 
 // New returns a Controller; call Run to start it.
@@ -124,6 +136,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.ResyncPeriod <= 0 {
 		cfg.ResyncPeriod = 10 * time.Minute
 	}
+	if cfg.SweepPeriod <= 0 {
+		cfg.SweepPeriod = DefaultSweepPeriod
+	}
 	if cfg.MinRetry <= 0 {
 		cfg.MinRetry = 500 * time.Millisecond
 	}
@@ -134,10 +149,9 @@ func New(cfg Config) (*Controller, error) {
 		cfg.MaxTries = DefaultMaxTries
 	}
 	c := &Controller{
-		cfg:       cfg,
-		informers: map[string]cache.SharedIndexInformer{},
-		listers:   map[string]certlisters.CertificateSigningRequestLister{},
-		budget:    &budget{maxObjects: cfg.MaxCachedCSRs, maxBytes: cfg.MaxCachedCSRBytes, over: cfg.OverBudget},
+		cfg:    cfg,
+		stores: map[string]*csrStore{},
+		budget: &budget{maxObjects: cfg.MaxCachedCSRs, maxBytes: cfg.MaxCachedCSRBytes, over: cfg.OverBudget},
 	}
 	ecfg := cfg.Engine
 	ecfg.Cluster = cfg.Cluster
@@ -151,35 +165,31 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[key](cfg.MinRetry, cfg.MaxRetry),
 		&workqueue.TypedBucketRateLimiter[key]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
 	))
-	// One informer per signer name, each listing and watching only the
-	// CSRs of its signer name: other signers' CSRs are never sent to (or
-	// held by) this controller.
-	for _, signer := range e.SignerNames() {
-		inf := newInformer(cfg.Client, signer, cfg.ListPageSize, cfg.ResyncPeriod)
-		if err := inf.SetTransform(forgetUnread); err != nil {
-			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
+	// A store per signer name, each filled with only the CSRs of its
+	// signer name: other signers' CSRs are never sent to (or held by) this
+	// controller.
+	for _, p := range e.Profiles() {
+		c.stores[p.SignerName] = newCSRStore(c.changed)
+		if e.Served(p) {
+			c.watched = append(c.watched, p.SignerName)
+		} else {
+			c.swept = append(c.swept, p.SignerName)
 		}
-		if err := inf.AddIndexers(cache.Indexers{byRequester: requesterKeys, waiting: waitingKeys}); err != nil {
-			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(obj any) {
-				if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && c.engine.Pending(csr) {
-					c.seen(csr.Spec.SignerName)
-				}
-				c.enqueue(obj)
-			},
-			UpdateFunc: func(_, obj any) { c.enqueue(obj) },
-		}); err != nil {
-			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
-		}
-		if _, err := inf.AddEventHandler(c.budget.handler()); err != nil {
-			return nil, fmt.Errorf("unable to watch certificate signing requests: %w", err)
-		}
-		c.informers[signer] = inf
-		c.listers[signer] = certlisters.NewCertificateSigningRequestLister(inf.GetIndexer())
 	}
 	return c, nil
+}
+
+// changed is told of every change to a store: the cache budget counts
+// what is cached, and pending requests are queued.
+func (c *Controller) changed(old, obj *certificatesv1.CertificateSigningRequest) {
+	c.budget.changed(old, obj)
+	if obj == nil {
+		return
+	}
+	if old == nil && c.engine.Pending(obj) {
+		c.seen(obj.Spec.SignerName)
+	}
+	c.enqueue(obj)
 }
 
 // forgetUnread drops what the controller never reads before a request is
@@ -247,17 +257,16 @@ func readAnnotations(in map[string]string) map[string]string {
 	return out
 }
 
-// Get implements engine.CSRs from the informers' caches.
+// Get implements engine.CSRs from the stores.
 func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSigningRequest, error) {
-	l, ok := c.listers[signerName]
-	if !ok {
+	var csr *certificatesv1.CertificateSigningRequest
+	if s, ok := c.stores[signerName]; ok {
+		csr = s.cached(name)
+	}
+	if csr == nil || csr.Spec.SignerName != signerName {
 		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
 	}
-	csr, err := l.Get(name)
-	if err == nil && csr.Spec.SignerName != signerName {
-		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
-	}
-	return csr, err
+	return csr, nil
 }
 
 // byRequester indexes CSRs by requester, and by requester and the node name
@@ -287,11 +296,11 @@ func requesterKey(username, nodeName string) string {
 	return username + "\x00" + nodeName
 }
 
-// ByRequester implements engine.CSRs from the informers' indexes.
+// ByRequester implements engine.CSRs from the stores' indexes.
 func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
-	for signer, inf := range c.informers {
-		objs, err := inf.GetIndexer().ByIndex(byRequester, requesterKey(username, nodeName))
+	for signer, s := range c.stores {
+		objs, err := s.ByIndex(byRequester, requesterKey(username, nodeName))
 		if err != nil {
 			return nil, err
 		}
@@ -314,11 +323,11 @@ func waitingKeys(obj any) ([]string, error) {
 	return nil, nil
 }
 
-// Waiting implements engine.CSRs from the informers' indexes.
+// Waiting implements engine.CSRs from the stores' indexes.
 func (c *Controller) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
-	for signer, inf := range c.informers {
-		objs, err := inf.GetIndexer().ByIndex(waiting, waiting)
+	for signer, s := range c.stores {
+		objs, err := s.ByIndex(waiting, waiting)
 		if err != nil {
 			return nil, err
 		}
@@ -342,8 +351,8 @@ func (c *Controller) enqueue(obj any) {
 // Resync queues every pending CSR again, for when something the decision
 // depends on changed (a Machine became ready).
 func (c *Controller) Resync() {
-	for _, inf := range c.informers {
-		for _, obj := range inf.GetStore().List() {
+	for _, s := range c.stores {
+		for _, obj := range s.List() {
 			c.enqueue(obj)
 		}
 	}
@@ -353,46 +362,60 @@ func (c *Controller) Resync() {
 func (c *Controller) QueueLen() int { return c.queue.Len() }
 
 // HasSynced reports whether the controller has listed the workload
-// cluster's CSRs.
+// cluster's CSRs of the signer names it watches.
 func (c *Controller) HasSynced() bool {
-	for _, inf := range c.informers {
-		if !inf.HasSynced() {
+	for _, signer := range c.watched {
+		if !c.stores[signer].HasSynced() {
 			return false
 		}
 	}
 	return true
 }
 
-// Run watches CSRs and decides them until ctx is done.
+// Run watches CSRs and decides them until ctx is done. Workers run only
+// while there are requests to decide: an idle workload cluster costs the
+// goroutine running Run, its watches' and its queue's.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("cluster", c.cfg.Cluster)
 	ctx = klog.NewContext(ctx, logger)
 	defer utilruntime.HandleCrash()
 	defer c.queue.ShutDown()
 
-	defer c.startInformers(ctx)()
+	defer c.startCaches(ctx)()
 	logger.Info("Waiting for the workload cluster's certificate signing requests")
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return ctx.Err()
 	}
-	logger.Info("Deciding certificate signing requests", "signers", c.engine.SignerNames(), "authorizedAttestors", c.cfg.Engine.Authorized)
-	for range c.cfg.Workers {
-		go wait.UntilWithContext(ctx, c.worker, time.Second)
-	}
-	<-ctx.Done()
+	logger.Info("Deciding certificate signing requests", "watched", c.watched, "listedEvery", c.cfg.SweepPeriod.String(), "listed", c.swept,
+		"authorizedAttestors", c.cfg.Engine.Authorized)
+	stop := context.AfterFunc(ctx, c.queue.ShutDown)
+	defer stop()
+	c.dispatch(ctx)
 	return nil
 }
 
-func (c *Controller) worker(ctx context.Context) {
-	for c.processNext(ctx) {
+// dispatch hands each queued request to a worker of its own, at most
+// Workers at a time, until the queue is shut down.
+func (c *Controller) dispatch(ctx context.Context) {
+	slots := make(chan struct{}, c.cfg.Workers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		slots <- struct{}{}
+		k, quit := c.queue.Get()
+		if quit {
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			defer utilruntime.HandleCrash()
+			c.process(ctx, k)
+		})
 	}
 }
 
-func (c *Controller) processNext(ctx context.Context) bool {
-	k, quit := c.queue.Get()
-	if quit {
-		return false
-	}
+// process decides the request k and queues it again as the decision asks.
+func (c *Controller) process(ctx context.Context, k key) {
 	defer c.queue.Done(k)
 	logger := klog.FromContext(ctx).WithValues("csr", k.name)
 	after, err := c.sync(klog.NewContext(ctx, logger), k)
@@ -411,24 +434,17 @@ func (c *Controller) processNext(ctx context.Context) bool {
 			c.queue.AddAfter(k, after)
 		}
 	}
-	return true
 }
 
 // sync decides one CSR and applies the decision. A returned error means
 // "retry"; after > 0 means "look again then".
 func (c *Controller) sync(ctx context.Context, k key) (after time.Duration, err error) {
-	l, ok := c.listers[k.signer]
+	s, ok := c.stores[k.signer]
 	if !ok {
 		return 0, nil
 	}
-	csr, err := l.Get(k.name)
-	if apierrors.IsNotFound(err) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	if !c.engine.Pending(csr) {
+	csr := s.cached(k.name)
+	if csr == nil || !c.engine.Pending(csr) {
 		return 0, nil
 	}
 	d := c.engine.Decide(ctx, csr)

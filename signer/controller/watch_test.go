@@ -77,8 +77,8 @@ func TestWatchesOnlyItsSignerNames(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		cached := map[string]int{}
-		for _, inf := range r.c.informers {
-			for _, obj := range inf.GetStore().List() {
+		for _, store := range r.c.stores {
+			for _, obj := range store.List() {
 				csr := obj.(*certificatesv1.CertificateSigningRequest)
 				cached[csr.Name] = len(csr.Spec.Request)
 			}
@@ -136,7 +136,7 @@ func TestCachedMetadataBound(t *testing.T) {
 	// one more costs, not the controller's set-up or its watch's buffers
 	// (which grow once to the largest event).
 	r := newRig(t, false, func(c *Config) { c.Client = cp.Client })
-	store := r.c.informers[signer].GetStore()
+	store := r.c.stores[signer]
 	filed := 0
 	file := func(from, to int) {
 		t.Helper()
@@ -231,7 +231,7 @@ func TestRelistAfterWatchRefused(t *testing.T) {
 		file(fmt.Sprintf("before-%d", i))
 	}
 	r := newRig(t, false, func(c *Config) { c.Client = cs; c.ListPageSize = 2 })
-	store := r.c.informers[signer].GetStore()
+	store := r.c.stores[signer]
 	cached := func(name string) bool {
 		_, ok, _ := store.GetByKey(name)
 		return ok

@@ -113,7 +113,7 @@ func (e *Engine) check(d *Decision, p *Profile, csr *certificatesv1.CertificateS
 	if err != nil && len(ds) == 0 {
 		return nil, retry(d, err) // cannot happen; never deny on it
 	}
-	if p.Provider != "" && !slices.Contains(e.cfg.Authorized, p.Provider) {
+	if !p.Authorizes(e.cfg.Authorized) {
 		ds = append(ds, &attestor.DenyError{Reason: attestor.ReasonAttestorNotAuthorized, Message: fmt.Sprintf(
 			"the Cluster does not authorize attestor %q (authorized: %q); add it to its authorized attestors or attest with an authorized one", p.Provider,
 			e.cfg.Authorized)})

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -315,7 +316,14 @@ func (e *Engine) Profile(signerName string) (*Profile, bool) {
 	return p, ok
 }
 
-// SignerNames returns the signer names served.
+// Profiles returns the profiles of the signer names the engine decides.
+func (e *Engine) Profiles() []*Profile { return slices.Clone(e.cfg.Profiles) }
+
+// Served reports whether a request to p's signer name can be signed or
+// approved under the Cluster's authorized attestors (Profile.Serves).
+func (e *Engine) Served(p *Profile) bool { return p.Serves(e.cfg.Authorized) }
+
+// SignerNames returns the signer names of the engine's profiles.
 func (e *Engine) SignerNames() []string {
 	out := make([]string, 0, len(e.profiles))
 	for _, p := range e.cfg.Profiles {

@@ -54,3 +54,17 @@ func Profiles(s ProfileSet) []*Profile {
 	}
 	return out
 }
+
+// Authorizes reports whether a Cluster authorizing the providers
+// authorized lets requests to p's signer name through to its checks:
+// kubelet's own signer names belong to no provider.
+func (p *Profile) Authorizes(authorized []string) bool {
+	return p.Provider == "" || slices.Contains(authorized, p.Provider)
+}
+
+// Serves reports whether a request to p's signer name can be signed or
+// approved, given the authorized providers: refused signer names and those
+// of providers not authorized are denied whatever the request holds.
+func (p *Profile) Serves(authorized []string) bool {
+	return p.Refused == "" && p.Authorizes(authorized)
+}

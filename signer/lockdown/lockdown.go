@@ -34,8 +34,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 )
@@ -154,12 +155,15 @@ func Restore(ctx context.Context, client kubernetes.Interface) ([]string, error)
 }
 
 // Run calls Enforce every period until ctx is done, and reports each
-// result to report (which may be nil).
-func Run(ctx context.Context, client kubernetes.Interface, period time.Duration, report func(disarmed []string, err error)) {
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
+// result to report (which may be nil). It returns at once, with a channel
+// closed once the last call returned; between calls nothing runs
+// (package periodic).
+func Run(ctx context.Context, client kubernetes.Interface, period time.Duration, report func(disarmed []string, err error)) <-chan struct{} {
+	return periodic.Every(ctx, period, func(ctx context.Context) bool {
 		disarmed, err := Enforce(ctx, client)
 		if report != nil {
 			report(disarmed, err)
 		}
-	}, period)
+		return true
+	})
 }

@@ -501,6 +501,11 @@ func signerDeleteCSRs(b *testing.B, c kubernetes.Interface) {
 // gives the controller (go test ... -args -signer-clusters=N).
 var signerClusters = flag.Int("signer-clusters", 500, "BenchmarkSignerClusters: opted-in Clusters")
 
+// signerProfiles, when set, is where BenchmarkSignerClusters keeps the
+// controller's goroutine and heap profiles (--profiler-address) once
+// every Cluster is synced: go tool pprof reads them.
+var signerProfiles = flag.String("signer-profile-dir", "", "BenchmarkSignerClusters: keep the controller's goroutine (debug=1 text) and heap profiles here")
+
 // BenchmarkSignerClusters measures what each opted-in workload cluster
 // costs the controller: it starts the controller binary (default flags)
 // with one opted-in Cluster, then with -signer-clusters (500), and reads,
@@ -552,8 +557,14 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 	b.Helper()
 	port := harness.FreePort(b)
 	t0 := time.Now()
+	args := signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port))
+	profiler := ""
+	if *signerProfiles != "" {
+		profiler = fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
+		args = append(args, "--profiler-address="+profiler)
+	}
 	p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(b.TempDir(), "controller.log"),
-		filepath.Join(bin, "node-attestation-controller"), signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port))...)
+		filepath.Join(bin, "node-attestation-controller"), args...)
 	defer p.Stop(10 * time.Second)
 	metrics := func() string {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
@@ -585,6 +596,9 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 			c.goroutines = int(f)
 		}
 	}
+	if profiler != "" {
+		signerSaveProfiles(b, profiler, fmt.Sprintf("clusters-%d", n))
+	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.PID()))
 	if err != nil {
 		b.Fatal(err)
@@ -596,4 +610,28 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 	}
 	b.Logf("controller with %d Clusters ready in %s: VmRSS %d KiB, %d goroutines, %d sockets", n, c.ready.Round(time.Millisecond), c.rss, c.goroutines, c.sockets)
 	return c
+}
+
+// signerSaveProfiles keeps the goroutine and heap profiles the controller
+// serves at addr in -signer-profile-dir, named after what was measured.
+func signerSaveProfiles(b *testing.B, addr, name string) {
+	b.Helper()
+	if err := os.MkdirAll(*signerProfiles, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for file, path := range map[string]string{name + "-goroutines.txt": "goroutine?debug=1", name + "-heap.pb.gz": "heap?gc=1"} {
+		resp, err := http.Get("http://" + addr + "/debug/pprof/" + path)
+		if err != nil {
+			b.Fatalf("profile %s: %v", path, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("profile %s: %s %v", path, resp.Status, err)
+		}
+		if err := os.WriteFile(filepath.Join(*signerProfiles, file), body, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("profiles of %s kept in %s", name, *signerProfiles)
 }

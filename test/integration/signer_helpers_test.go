@@ -22,9 +22,16 @@ import (
 
 // runSigner runs the controller in-process against mgmt until the test
 // ends; adjust changes its options first.
+// unauthorizedListPeriod is how often the controllers the tests run list
+// the requests to signer names they do not watch (attestors not
+// authorized, refused ones), so that their denials come within a test's
+// wait.
+const unauthorizedListPeriod = 2 * time.Second
+
 func runSigner(t *testing.T, mgmt *harness.Management, adjust func(*app.Options)) {
 	t.Helper()
 	o := app.NewOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = mgmt.AdminConfig
 	o.LeaderElectionNamespace = metav1.NamespaceSystem
 	o.MetricsBindAddress = "0"

@@ -63,6 +63,7 @@ func startReplica(t *testing.T, mgmt *harness.Management, id string, adjust func
 	t.Helper()
 	r := &replica{id: id, killed: make(chan struct{}), done: make(chan error, 1)}
 	o := app.NewOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = rest.CopyConfig(mgmt.AdminConfig)
 	o.RESTConfig.Wrap(func(rt http.RoundTripper) http.RoundTripper { return cutTransport{r: r, next: rt} })
 	o.LeaderElectionNamespace = metav1.NamespaceSystem

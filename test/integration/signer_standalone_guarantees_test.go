@@ -51,6 +51,7 @@ func TestSignerStandaloneGuarantees(t *testing.T) {
   providerID: test:///b
 `)
 	o := app.NewStandaloneOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = wl.AdminConfig
 	o.LeaderElectionNamespace = ns
 	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"

@@ -49,6 +49,7 @@ func TestSignerStandaloneLockdown(t *testing.T) {
 	}
 	options := func(lock bool) *app.StandaloneOptions {
 		o := app.NewStandaloneOptions()
+		o.UnauthorizedListPeriod = unauthorizedListPeriod
 		o.RESTConfig = wl.AdminConfig
 		o.LeaderElectionNamespace = ns
 		o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"

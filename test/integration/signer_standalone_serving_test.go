@@ -57,6 +57,7 @@ func TestSignerStandaloneServing(t *testing.T) {
 	}
 	wl.StartControllerManager(t, "csrsigning")
 	o := app.NewStandaloneOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = wl.AdminConfig
 	o.LeaderElectionNamespace = ns
 	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"

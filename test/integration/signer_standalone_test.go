@@ -46,6 +46,7 @@ func TestSignerStandalone(t *testing.T) {
 	}
 
 	o := app.NewStandaloneOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = wl.AdminConfig
 	o.LeaderElectionNamespace = ns
 	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"

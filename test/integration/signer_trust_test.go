@@ -282,6 +282,7 @@ func TestSignerServingCARotation(t *testing.T) {
 func startStoppableSigner(t *testing.T, mgmt *harness.Management, adjust func(*app.Options)) (stop func()) {
 	t.Helper()
 	o := app.NewOptions()
+	o.UnauthorizedListPeriod = unauthorizedListPeriod
 	o.RESTConfig = mgmt.AdminConfig
 	o.LeaderElectionNamespace = metav1.NamespaceSystem
 	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
