@@ -120,17 +120,21 @@ bench: ## Benchmarks: exec plugin cached path against the floor; the limiter beh
 FLEET_TPM_NODES   ?= 32
 FLEET_NODES       ?= 1000
 FLEET_CONCURRENCY ?= 50
+# Opted-in Clusters two --sharding replicas share in make bench-signer (documented: 5,000).
+SHARD_CLUSTERS ?= 5000
 # Pod certificates each pod signer issues in make bench-signer (documented: 1,000).
 POD_BENCH_REQUESTS ?= 1000
 
 .PHONY: bench-signer
-bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEET_CONCURRENCY at a time) against tuned and default kube-controller-manager, with an SVG plot in bin/; FLEET_TPM_NODES TPM nodes on swtpm at once, first join and rejoin; controller CSRs/s on 500 pending CSRs; its memory with 0 and 10,000 Machines; its peak memory and a healthy cluster's join rate while four tenants' API servers attack it; its peak memory under a flood of CSRs with huge metadata, beside its idle figure, with the join rate during it; POD_BENCH_REQUESTS pod certificates from our pod signer and the upstream hermetic test signer, interleaved
+bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEET_CONCURRENCY at a time) against tuned and default kube-controller-manager, with an SVG plot in bin/; FLEET_TPM_NODES TPM nodes on swtpm at once, first join and rejoin; controller CSRs/s on 500 pending CSRs; its memory with 0 and 10,000 Machines; its peak memory and a healthy cluster's join rate while four tenants' API servers attack it; its peak memory under a flood of CSRs with huge metadata, beside its idle figure, with the join rate during it; what an opted-in Cluster costs (1 and 500 Clusters), and SHARD_CLUSTERS Clusters on two --sharding replicas; POD_BENCH_REQUESTS pod certificates from our pod signer and the upstream hermetic test signer, interleaved
 	@bin_dir="$(k8s_only_bin)"; \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkFleetJoin$$' -benchtime 1x -count=1 -timeout 60m ./test/bench/ \
 	  -args -fleet-nodes=$(FLEET_NODES) -fleet-concurrency=$(FLEET_CONCURRENCY) -fleet-plot=$(abspath $(BIN))/fleet-join.svg && \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkFleetJoinTPM$$' -benchtime 2x -count=1 -timeout 30m ./test/bench/ \
 	  -args -fleet-tpm-nodes=$(FLEET_TPM_NODES) && \
-	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory|Hostile|MetadataFlood)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/ && \
+	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSigner(Throughput|Memory|Hostile|MetadataFlood|Clusters)$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/ && \
+	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSignerShardedClusters$$' -benchtime 1x -count=1 -timeout 60m ./test/bench/ \
+	  -args -shard-clusters=$(SHARD_CLUSTERS) && \
 	test/tools/install-hermetic-pod-signer.sh >/dev/null && \
 	KA_K8S_BIN="$$bin_dir" POD_BENCH_REQUESTS=$(POD_BENCH_REQUESTS) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkPodCertificates$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
 

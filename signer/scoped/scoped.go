@@ -174,9 +174,7 @@ type Observer interface {
 type Identity struct {
 	cfg     Config
 	sa      types.NamespacedName
-	objects *workload.Manifests
-	admin   kubernetes.Interface
-	dyn     dynamic.Interface
+	objects *workload.Manifests // shared, never written (manifestsFor)
 	clock   clock.WithTicker
 	reset   chan struct{}
 
@@ -196,20 +194,17 @@ func New(cfg Config) (*Identity, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m, err := workload.Load()
+	m, err := manifestsFor(cfg.Providers)
 	if err != nil {
 		return nil, err
 	}
-	extendSignerRules(m, cfg.Providers)
-	cs, err := kubernetes.NewForConfig(cfg.Admin)
-	if err != nil {
+	// The admin clients are checked here and built when used (a renewal
+	// every tens of minutes): an Identity holds no client of its own
+	// between renewals.
+	if _, err := kubernetes.NewForConfig(cfg.Admin); err != nil {
 		return nil, fmt.Errorf("unable to build the admin client: %w", err)
 	}
-	dyn, err := dynamic.NewForConfig(cfg.Admin)
-	if err != nil {
-		return nil, fmt.Errorf("unable to build the admin client: %w", err)
-	}
-	id := &Identity{cfg: cfg, sa: m.ServiceAccount, objects: m, admin: cs, dyn: dyn, clock: cfg.Clock, reset: make(chan struct{}, 1)}
+	id := &Identity{cfg: cfg, sa: m.ServiceAccount, objects: m, clock: cfg.Clock, reset: make(chan struct{}, 1)}
 	if id.clock == nil {
 		id.clock = clock.RealClock{}
 	}
@@ -449,7 +444,11 @@ func RenewAt(issued, expiry time.Time, renewBefore time.Duration) time.Time {
 func (id *Identity) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	r, err := id.admin.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+	admin, err := kubernetes.NewForConfig(id.cfg.Admin)
+	if err != nil {
+		return &Error{Step: StepCheck, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+	}
+	r, err := admin.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
 			Namespace: id.sa.Namespace, Verb: "create", Resource: "serviceaccounts", Subresource: "token", Name: id.sa.Name,
 		}},
@@ -473,9 +472,13 @@ func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 	if err != nil {
 		return false, &Error{Step: StepInstall, Err: err}
 	}
+	admin, err := kubernetes.NewForConfig(id.cfg.Admin)
+	if err != nil {
+		return false, &Error{Step: StepToken, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+	}
 	secs := int64(cmp.Or(id.cfg.TokenLifetime, DefaultTokenLifetime) / time.Second)
 	issued := id.clock.Now()
-	tr, err := id.admin.CoreV1().ServiceAccounts(id.sa.Namespace).CreateToken(ctx, id.sa.Name, &authenticationv1.TokenRequest{
+	tr, err := admin.CoreV1().ServiceAccounts(id.sa.Namespace).CreateToken(ctx, id.sa.Name, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -502,12 +505,16 @@ func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 // forced: the controller owns these objects) and returns the
 // ServiceAccount's UID.
 func (id *Identity) install(ctx context.Context) (types.UID, error) {
+	dyn, err := dynamic.NewForConfig(id.cfg.Admin)
+	if err != nil {
+		return "", fmt.Errorf("unable to build the admin client: %w", err)
+	}
 	var uid types.UID
 	for _, o := range id.objects.Objects {
 		gvr, _ := workload.Resource(o.GroupVersionKind()) // Load checked it
-		var ri dynamic.ResourceInterface = id.dyn.Resource(gvr)
+		var ri dynamic.ResourceInterface = dyn.Resource(gvr)
 		if ns := o.GetNamespace(); ns != "" {
-			ri = id.dyn.Resource(gvr).Namespace(ns)
+			ri = dyn.Resource(gvr).Namespace(ns)
 		}
 		got, err := ri.Apply(ctx, o.GetName(), o, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 		if err != nil {
@@ -518,6 +525,27 @@ func (id *Identity) install(ctx context.Context) (types.UID, error) {
 		}
 	}
 	return uid, nil
+}
+
+// manifests are deploy/workload as installed for each set of providers,
+// loaded once per process: every Identity of the same providers shares
+// them, and none writes them (apply sends a copy).
+var manifests sync.Map // strings.Join(providers, ",") -> *workload.Manifests
+
+// manifestsFor returns deploy/workload with its signer rules extended to
+// providers.
+func manifestsFor(providers []string) (*workload.Manifests, error) {
+	key := strings.Join(providers, ",")
+	if m, ok := manifests.Load(key); ok {
+		return m.(*workload.Manifests), nil
+	}
+	m, err := workload.Load()
+	if err != nil {
+		return nil, err
+	}
+	extendSignerRules(m, providers)
+	got, _ := manifests.LoadOrStore(key, m)
+	return got.(*workload.Manifests), nil
 }
 
 // extendSignerRules makes every ClusterRole rule on signers that names a
