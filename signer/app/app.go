@@ -122,6 +122,8 @@ func (o *Options) Run(ctx context.Context) error {
 		RESTConfig:    o.WorkloadRESTConfig,
 		Namespace:     o.namespace(),
 	}
+	// The test-only pod certificate timing, in test builds (testattestors_*.go).
+	o.testAttestorOptions.configure(r)
 	if err := o.fleetOptions.configure(r, ctrlmetrics.Registry); err != nil { // fleet.go
 		return err
 	}

@@ -170,8 +170,8 @@ type Options struct {
 	boundsOptions
 	// cloudOptions: --attestor-config, the cloud attestors (cloud.go).
 	cloudOptions
-	// testAttestorOptions: --null-versions, in test builds only
-	// (testattestors_*.go).
+	// testAttestorOptions: --null-versions and --test-pod-certificate-*,
+	// in test builds only (testattestors_*.go).
 	testAttestorOptions
 	// diagnosticsOptions: logging flags, how /metrics is secured
 	// (diagnostics.go).

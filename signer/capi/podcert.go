@@ -73,6 +73,7 @@ type podSigner struct {
 	cs      kubernetes.Interface
 	engine  *engine.Engine
 	policy  *podcert.Policy
+	timing  podcert.Timing
 	ca      atomic.Pointer[issue.CA]
 	since   atomic.Pointer[time.Time]
 	lister  certlisters.PodCertificateRequestLister
@@ -106,7 +107,7 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 		return
 	}
 	pub.Label = LabelPodCA
-	s := &podSigner{cluster: cluster, events: r.Events, cs: cs, engine: eng, policy: policy, logger: logger,
+	s := &podSigner{cluster: cluster, events: r.Events, cs: cs, engine: eng, policy: policy, timing: r.PodCertificateTiming, logger: logger,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](
 			cmp.Or(r.MinRetry, time.Second), cmp.Or(r.MaxRetry, 5*time.Minute)))}
 	s.metrics, _ = r.Metrics.(PodMetrics)
@@ -273,7 +274,7 @@ func (s *podSigner) next(ctx context.Context) bool {
 	dctx, cancel := context.WithTimeout(ctx, trust.PublishTimeout)
 	defer cancel()
 	d := s.engine.DecidePod(dctx, pcr, &engine.PodSigner{SignerName: podcert.DefaultSignerName, Policy: s.policy, CA: s.ca.Load(),
-		StampedSince: *s.since.Load(), Issued: s.issued})
+		StampedSince: *s.since.Load(), Issued: s.issued, Timing: s.timing})
 	logger := s.logger.WithValues("podCertificateRequest", klog.KObj(pcr), "node", pcr.Spec.NodeName)
 	switch d.Outcome {
 	case engine.Skip:

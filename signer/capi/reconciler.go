@@ -44,6 +44,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/controller"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/issue"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 	"sigs.k8s.io/kubelet-authenticator/signer/scoped"
 	"sigs.k8s.io/kubelet-authenticator/signer/shard"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
@@ -135,6 +136,10 @@ type ClusterReconciler struct {
 	// Clock decides serving CA rotation and serving certificates' validity;
 	// nil means the real clock.
 	Clock clock.PassiveClock
+	// PodCertificateTiming places pod certificates' notBefore and
+	// beginRefreshAt; the zero value is the signer's (set in test builds
+	// only, podcert.Timing).
+	PodCertificateTiming podcert.Timing
 	// TokenLifetime and TokenRenewBefore are the lifetime of the tokens of
 	// the controller's identity in each workload cluster and how long
 	// before expiry they are renewed (package scoped; 0 means its defaults).

@@ -39,6 +39,9 @@ type PodSigner struct {
 	// be read again: a record is never older than the certificate asked
 	// with, so a node that just joined is not denied.
 	Issued func(ctx context.Context, node, fingerprint string) (*revoke.State, error)
+	// Timing places the certificates' notBefore and beginRefreshAt; the
+	// zero Timing is the signer's (podcert.Timing).
+	Timing podcert.Timing
 }
 
 // PodDecided reports whether a pod certificate request carries a final
@@ -123,7 +126,7 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return retry(d, fmt.Errorf("node %s was denied the renewal of its client certificate (%s: %s) after its current one was issued; "+
 			"its pod certificates are issued once a renewal is approved", c.NodeName, denied.Name, FindCondition(denied, certificatesv1.CertificateDenied).Reason))
 	}
-	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now)
+	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now, ps.Timing)
 	if err != nil {
 		return retry(d, err)
 	}

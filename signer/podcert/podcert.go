@@ -8,6 +8,7 @@
 package podcert
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -250,6 +251,42 @@ func supportedKey(pub crypto.PublicKey) error {
 // kube-apiserver refuses a notBefore more than five minutes from its time.
 const Backdate = time.Minute
 
+// What kube-apiserver accepts of a pod certificate's times: notBefore less
+// than MaxBackdate from its time, beginRefreshAt at least RefreshMargin
+// after notBefore and before notAfter.
+const (
+	MaxBackdate   = 5 * time.Minute
+	RefreshMargin = 10 * time.Minute
+)
+
+// Timing places a pod certificate's notBefore and beginRefreshAt. The zero
+// Timing is the signer's: notBefore Backdate before now, beginRefreshAt
+// half-way through the lifetime. Another Timing only moves both to the
+// earliest kube-apiserver accepts, so that a test sees kubelet refresh a
+// certificate within minutes (the controller's --test-pod-certificate-*
+// flags, in test builds only); what is certified is the same.
+type Timing struct {
+	// Backdate is how far before now notBefore is, under MaxBackdate; 0
+	// means Backdate.
+	Backdate time.Duration
+	// RefreshAfter is how long after notBefore beginRefreshAt is, at least
+	// RefreshMargin and at most the lifetime less RefreshMargin; 0 means
+	// half the lifetime.
+	RefreshAfter time.Duration
+}
+
+// Validate reports a Timing kube-apiserver would refuse the certificates of.
+func (t Timing) Validate() error {
+	var errs []error
+	if t.Backdate < 0 || t.Backdate >= MaxBackdate {
+		errs = append(errs, fmt.Errorf("backdate %s is not in [0, %s)", t.Backdate, MaxBackdate))
+	}
+	if t.RefreshAfter != 0 && (t.RefreshAfter < RefreshMargin || t.RefreshAfter > MinLifetime-RefreshMargin) {
+		errs = append(errs, fmt.Errorf("refresh after %s is neither 0 nor in [%s, %s]", t.RefreshAfter, RefreshMargin, MinLifetime-RefreshMargin))
+	}
+	return errors.Join(errs...)
+}
+
 // Issued is a signed pod certificate and the times the status carries.
 type Issued struct {
 	CertificateChain                    string
@@ -264,14 +301,18 @@ var ErrNodeCertExpiring = errors.New("the node's client certificate expires with
 // Sign issues the certificate for c with ca: one URI SAN (the SPIFFE ID),
 // client and server auth, not a CA, the attestation extension saying what
 // was attested about the node (node), never valid past nodeNotAfter (the
-// node's own client certificate) nor past the CA. beginRefreshAt is at half
-// the lifetime.
-func Sign(ca *issue.CA, c *Checked, node *podattest.Attestation, nodeNotAfter, now time.Time) (*Issued, error) {
+// node's own client certificate) nor past the CA. notBefore and
+// beginRefreshAt are placed by t (the zero Timing: beginRefreshAt at half
+// the lifetime).
+func Sign(ca *issue.CA, c *Checked, node *podattest.Attestation, nodeNotAfter, now time.Time, t Timing) (*Issued, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
 	ext, err := node.Extension()
 	if err != nil {
 		return nil, err
 	}
-	notBefore := now.Add(-Backdate)
+	notBefore := now.Add(-cmp.Or(t.Backdate, Backdate))
 	if notBefore.Before(ca.Cert.NotBefore) {
 		notBefore = ca.Cert.NotBefore
 	}
@@ -313,10 +354,14 @@ func Sign(ca *issue.CA, c *Checked, node *podattest.Attestation, nodeNotAfter, n
 		return nil, fmt.Errorf("unable to sign certificate: %w", err)
 	}
 	chain := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	refresh := notAfter.Sub(notBefore) / 2
+	if t.RefreshAfter != 0 {
+		refresh = t.RefreshAfter
+	}
 	return &Issued{
 		CertificateChain: string(chain),
 		NotBefore:        notBefore,
-		BeginRefreshAt:   notBefore.Add(notAfter.Sub(notBefore) / 2),
+		BeginRefreshAt:   notBefore.Add(refresh),
 		NotAfter:         notAfter,
 	}, nil
 }

@@ -213,7 +213,7 @@ func TestSign(t *testing.T) {
 	nodeEnd := now.Add(4 * time.Hour).Truncate(time.Second)
 	att := &podattest.Attestation{Attestor: "tpm", ProviderID: "aws:///zone/i-1", MachineNamespace: "team", MachineName: "m-1",
 		NodeName: "node-1", AttestedAt: now.Add(-time.Hour).UTC().Truncate(time.Second), BootPolicySHA256: make([]byte, 32)}
-	got, err := Sign(ca, c, att, nodeEnd, now)
+	got, err := Sign(ca, c, att, nodeEnd, now, Timing{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,16 +256,37 @@ func TestSign(t *testing.T) {
 	}
 
 	// Lifetime from maxExpirationSeconds when the node certificate lasts.
-	got, err = Sign(ca, c, att, now.Add(30*24*time.Hour), now)
+	got, err = Sign(ca, c, att, now.Add(30*24*time.Hour), now, Timing{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := got.NotAfter.Sub(got.NotBefore); d != 6*time.Hour {
 		t.Errorf("lifetime %s, want maxExpirationSeconds 6h", d)
 	}
+	// The signer's timing: backdated a minute, refreshed half-way.
+	if !got.NotBefore.Equal(now.Add(-Backdate)) || !got.BeginRefreshAt.Equal(got.NotBefore.Add(3*time.Hour)) {
+		t.Errorf("notBefore %s, beginRefreshAt %s; want now-%s and half-way", got.NotBefore, got.BeginRefreshAt, Backdate)
+	}
+
+	// Another timing moves notBefore and beginRefreshAt, within what
+	// kube-apiserver accepts, and nothing else.
+	got, err = Sign(ca, c, att, now.Add(30*24*time.Hour), now, Timing{Backdate: 4 * time.Minute, RefreshAfter: RefreshMargin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.NotBefore.Equal(now.Add(-4*time.Minute)) || !got.BeginRefreshAt.Equal(got.NotBefore.Add(RefreshMargin)) ||
+		got.NotAfter.Sub(got.NotBefore) != 6*time.Hour {
+		t.Errorf("notBefore %s, beginRefreshAt %s, notAfter %s; want now-4m, notBefore+10m, notBefore+6h", got.NotBefore, got.BeginRefreshAt, got.NotAfter)
+	}
+	for _, bad := range []Timing{{Backdate: MaxBackdate}, {Backdate: -time.Second}, {RefreshAfter: RefreshMargin - time.Second},
+		{RefreshAfter: MinLifetime - RefreshMargin + time.Second}} {
+		if _, err := Sign(ca, c, att, now.Add(30*24*time.Hour), now, bad); err == nil {
+			t.Errorf("timing %+v: signed; kube-apiserver refuses such certificates", bad)
+		}
+	}
 
 	// A node certificate about to end: retry (not a denial).
-	if _, err := Sign(ca, c, att, now.Add(10*time.Minute), now); !errors.Is(err, ErrNodeCertExpiring) {
+	if _, err := Sign(ca, c, att, now.Add(10*time.Minute), now, Timing{}); !errors.Is(err, ErrNodeCertExpiring) {
 		t.Errorf("node certificate ending: got %v", err)
 	} else if _, ok := attestor.AsDenial(err); ok {
 		t.Error("node certificate ending is a denial")

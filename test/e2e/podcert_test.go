@@ -5,9 +5,11 @@ import (
 	"crypto"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -35,11 +38,25 @@ import (
 // asks the controller's pod signer for its certificate and projects the
 // pod CA bundle: the pod reaches Running once the controller issued the
 // certificate, and the key, the certificate and the bundle are on disk
-// in the pod's volume as the request's status says.
+// in the pod's volume as the request's status says. Then kubelet refreshes
+// it: once the beginRefreshAt the signer set has passed, kubelet asks again
+// with a new key, the signer decides that request through every check
+// again, and the new certificate replaces the old one in the pod's volume
+// before the old one expires.
+//
+// kube-apiserver accepts no beginRefreshAt earlier than ten minutes after
+// notBefore, nor a notBefore more than five minutes before its time, and
+// kubelet adds up to five minutes of jitter and refreshes on a pass every
+// one to two minutes: the controller runs with the test-only timing
+// (podcert.Timing, test builds only) that puts notBefore 4m30s back and
+// beginRefreshAt ten minutes after it, and the refresh comes 5 to 13
+// minutes after the first certificate was issued.
 func TestPodCertificateVolume(t *testing.T) {
 	hollow := hollowKubeletTLS(t)
-	env := scenario.Start(t, scenario.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	timing := podcert.Timing{Backdate: 4*time.Minute + 30*time.Second, RefreshAfter: podcert.RefreshMargin}
+	env := scenario.Start(t, scenario.Options{ControllerArgs: []string{
+		"--test-pod-certificate-backdate=" + timing.Backdate.String(), "--test-pod-certificate-refresh-after=" + timing.RefreshAfter.String()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	env.Workload.RestartAPIServer(t, "--feature-gates=PodCertificateRequest=true",
 		"--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true")
@@ -133,71 +150,26 @@ func TestPodCertificateVolume(t *testing.T) {
 	t.Logf("pod %s/%s Running %s after it was created", ns, pod.Name, time.Since(start).Round(time.Millisecond))
 
 	// kubelet asked the controller's signer, which issued.
-	list, err := wl.CertificatesV1beta1().PodCertificateRequests(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	pcrs := podRequests(ctx, t, wl, pod)
+	if len(pcrs) != 1 {
+		t.Fatalf("%d PodCertificateRequests for pod %s, want 1", len(pcrs), pod.UID)
 	}
-	var pcr *certificatesv1beta1.PodCertificateRequest
-	for i := range list.Items {
-		if list.Items[i].Spec.PodUID == pod.UID {
-			pcr = &list.Items[i]
-		}
+	pcr := &pcrs[0]
+	cert := issuedBy(t, pcr, n, env.Namespace)
+	// The test timing, as kube-apiserver accepted it.
+	if nb := pcr.Status.NotBefore.Time; !pcr.Status.BeginRefreshAt.Time.Equal(nb.Add(timing.RefreshAfter)) || nb.After(time.Now().Add(-timing.Backdate)) {
+		t.Fatalf("request %s: notBefore %s, beginRefreshAt %s; want %s back and beginRefreshAt %s after it", pcr.Name,
+			nb, pcr.Status.BeginRefreshAt, timing.Backdate, timing.RefreshAfter)
 	}
-	if pcr == nil {
-		t.Fatalf("no PodCertificateRequest for pod %s among %d", pod.UID, len(list.Items))
-	}
-	if pcr.Spec.SignerName != podcert.DefaultSignerName || string(pcr.Spec.NodeName) != n.Name ||
-		len(pcr.Status.Conditions) != 1 || pcr.Status.Conditions[0].Type != certificatesv1beta1.PodCertificateRequestConditionTypeIssued ||
-		pcr.Status.Conditions[0].Reason != podcert.ReasonIssued {
-		t.Fatalf("request %s: signer %s node %s conditions %+v; want Issued by %s for node %s", pcr.Name, pcr.Spec.SignerName, pcr.Spec.NodeName,
-			pcr.Status.Conditions, podcert.DefaultSignerName, n.Name)
-	}
-	blk, _ := pem.Decode([]byte(pcr.Status.CertificateChain))
-	if blk == nil {
-		t.Fatal("no certificate in the request's status")
-	}
-	cert, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := podattest.FromCertificate(cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.NodeName != n.Name || a.MachineName != "machine-"+n.Name || a.MachineNamespace != env.Namespace || a.Attestor != "insecure" || a.ProviderID != n.ProviderID {
-		t.Errorf("attestation extension %+v; want node %s, Machine %s/machine-%s, attestor insecure", a, n.Name, env.Namespace, n.Name)
-	}
-	t.Logf("request %s issued %s for node %s, refresh at %s", pcr.Name, cert.URIs[0], a.NodeName, pcr.Status.BeginRefreshAt.Format(time.RFC3339))
+	t.Logf("request %s issued %s for node %s, refresh at %s", pcr.Name, cert.URIs[0], n.Name, pcr.Status.BeginRefreshAt.Format(time.RFC3339))
 
 	// On disk, in the pod's volume: the private key of the certificate
 	// and the certificate as issued, and the pod CA bundle that verifies
 	// it.
 	vol := filepath.Join(rootDir, "pods", string(pod.UID), "volumes", "kubernetes.io~projected", "identity")
-	bundle, err := os.ReadFile(filepath.Join(vol, "credentialbundle.pem"))
+	key, onDisk, err := readCredentialBundle(filepath.Join(vol, "credentialbundle.pem"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	var key crypto.Signer
-	var onDisk *x509.Certificate
-	for rest := bundle; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		switch b.Type {
-		case "PRIVATE KEY":
-			k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key = k.(crypto.Signer)
-		case "CERTIFICATE":
-			if onDisk == nil {
-				if onDisk, err = x509.ParseCertificate(b.Bytes); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
 	}
 	if key == nil || onDisk == nil || !onDisk.Equal(cert) {
 		t.Fatalf("%s: key %t, certificate the issued one %t", filepath.Join(vol, "credentialbundle.pem"), key != nil, onDisk != nil && onDisk.Equal(cert))
@@ -216,4 +188,131 @@ func TestPodCertificateVolume(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 		t.Fatalf("the pod's certificate does not verify with its projected bundle: %v", err)
 	}
+
+	// The refresh: a new key and a new certificate in the pod's volume,
+	// long before the first one's notAfter.
+	issued := pcr.Status.NotBefore.Add(timing.Backdate)
+	var newKey crypto.Signer
+	var refreshed *x509.Certificate
+	harness.WaitFor(t, 16*time.Minute, func() (bool, error) {
+		var err error
+		newKey, refreshed, err = readCredentialBundle(filepath.Join(vol, "credentialbundle.pem"))
+		return err == nil && newKey != nil && refreshed != nil && !refreshed.Equal(cert), err
+	})
+	onDiskAt := time.Now()
+	if !onDiskAt.Before(cert.NotAfter) {
+		t.Fatalf("refreshed at %s, after the first certificate's notAfter %s", onDiskAt, cert.NotAfter)
+	}
+	if refreshed.SerialNumber.Cmp(cert.SerialNumber) == 0 || !refreshed.NotBefore.After(cert.NotBefore) {
+		t.Errorf("refreshed certificate serial %s notBefore %s; first serial %s notBefore %s", refreshed.SerialNumber, refreshed.NotBefore,
+			cert.SerialNumber, cert.NotBefore)
+	}
+	if pub, ok := newKey.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(refreshed.PublicKey) || pub.Equal(cert.PublicKey) {
+		t.Error("the key on disk after the refresh is not the refreshed certificate's, or is the first one's")
+	}
+	if _, err := refreshed.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("the refreshed certificate does not verify with the projected bundle: %v", err)
+	}
+	// kubelet filed a second request once beginRefreshAt had passed, and
+	// the controller's signer issued it after its checks, with the
+	// attestation extension.
+	pcrs = podRequests(ctx, t, wl, pod)
+	if len(pcrs) != 2 {
+		t.Fatalf("%d PodCertificateRequests for pod %s after the refresh, want 2", len(pcrs), pod.UID)
+	}
+	second := &pcrs[0]
+	if second.Name == pcr.Name {
+		second = &pcrs[1]
+	}
+	if second.CreationTimestamp.Before(&metav1.Time{Time: pcr.Status.BeginRefreshAt.Truncate(time.Second)}) {
+		t.Errorf("refresh request %s created %s, before the first certificate's beginRefreshAt %s", second.Name, second.CreationTimestamp,
+			pcr.Status.BeginRefreshAt)
+	}
+	if c := issuedBy(t, second, n, env.Namespace); !c.Equal(refreshed) {
+		t.Errorf("the certificate on disk is not the one request %s issued", second.Name)
+	}
+	t.Logf("refresh request %s created %s after the first certificate was issued (%s after its beginRefreshAt); new certificate on disk %s after it, %s before the first one's notAfter",
+		second.Name, second.CreationTimestamp.Sub(issued).Round(time.Second), second.CreationTimestamp.Sub(pcr.Status.BeginRefreshAt.Time).Round(time.Second),
+		onDiskAt.Sub(issued).Round(time.Second), cert.NotAfter.Sub(onDiskAt).Round(time.Minute))
+}
+
+// podRequests returns the PodCertificateRequests of pod.
+func podRequests(ctx context.Context, t *testing.T, wl kubernetes.Interface, pod *corev1.Pod) []certificatesv1beta1.PodCertificateRequest {
+	t.Helper()
+	list, err := wl.CertificatesV1beta1().PodCertificateRequests(pod.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []certificatesv1beta1.PodCertificateRequest
+	for _, r := range list.Items {
+		if r.Spec.PodUID == pod.UID {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// issuedBy returns the certificate pcr was issued, after checking that the
+// controller's pod signer issued it for node n, with the attestation
+// extension of n's Machine in namespace ns, to the creator the admission
+// policy stamped.
+func issuedBy(t *testing.T, pcr *certificatesv1beta1.PodCertificateRequest, n *scenario.Node, ns string) *x509.Certificate {
+	t.Helper()
+	if pcr.Spec.SignerName != podcert.DefaultSignerName || string(pcr.Spec.NodeName) != n.Name ||
+		len(pcr.Status.Conditions) != 1 || pcr.Status.Conditions[0].Type != certificatesv1beta1.PodCertificateRequestConditionTypeIssued ||
+		pcr.Status.Conditions[0].Reason != podcert.ReasonIssued {
+		t.Fatalf("request %s: signer %s node %s conditions %+v; want Issued by %s for node %s", pcr.Name, pcr.Spec.SignerName, pcr.Spec.NodeName,
+			pcr.Status.Conditions, podcert.DefaultSignerName, n.Name)
+	}
+	if !strings.HasPrefix(pcr.Annotations[podcert.AnnotationCreatorCredential], podcert.CredentialIDPrefix) {
+		t.Errorf("request %s: creator %q, want the node's client certificate", pcr.Name, pcr.Annotations[podcert.AnnotationCreatorCredential])
+	}
+	blk, _ := pem.Decode([]byte(pcr.Status.CertificateChain))
+	if blk == nil {
+		t.Fatalf("no certificate in the status of request %s", pcr.Name)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := podattest.FromCertificate(cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.NodeName != n.Name || a.MachineName != "machine-"+n.Name || a.MachineNamespace != ns || a.Attestor != "insecure" || a.ProviderID != n.ProviderID {
+		t.Errorf("request %s: attestation extension %+v; want node %s, Machine %s/machine-%s, attestor insecure", pcr.Name, a, n.Name, ns, n.Name)
+	}
+	return cert
+}
+
+// readCredentialBundle reads the private key and the first certificate of
+// a pod's credential bundle; nil for what is not there.
+func readCredentialBundle(path string) (crypto.Signer, *x509.Certificate, error) {
+	bundle, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var key crypto.Signer
+	var cert *x509.Certificate
+	for rest := bundle; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		switch b.Type {
+		case "PRIVATE KEY":
+			k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", path, err)
+			}
+			key, _ = k.(crypto.Signer)
+		case "CERTIFICATE":
+			if cert == nil {
+				if cert, err = x509.ParseCertificate(b.Bytes); err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", path, err)
+				}
+			}
+		}
+	}
+	return key, cert, nil
 }
