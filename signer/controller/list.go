@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -88,8 +89,11 @@ func (c *Controller) startCaches(ctx context.Context) (stop func()) {
 		r := newReflector(c.cfg.Client, signer, c.cfg.ListPageSize, c.stores[signer])
 		wg.Go(func() { r.RunWithContext(ctx) })
 	}
+	// Each controller lists at its own phase: the controllers of a fleet
+	// started together do not list at the same moments.
+	sweepEvery := c.cfg.SweepPeriod + rand.N(c.cfg.SweepPeriod/4+1)
 	loops := []<-chan struct{}{
-		periodic.Every(ctx, c.cfg.SweepPeriod, c.sweep),
+		periodic.Every(ctx, sweepEvery, c.sweep),
 		periodic.Every(ctx, c.cfg.ResyncPeriod, func(context.Context) bool { c.Resync(); return true }),
 	}
 	return func() {
