@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"html"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +37,8 @@ var (
 	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
+	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller, taken during its side's join (-fleet-profile-seconds), to this file")
+	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
 )
 
 // fleetJoin is one node's join in a fleet run.
@@ -143,7 +147,13 @@ func BenchmarkFleetJoin(b *testing.B) {
 	}
 	env.Mgmt.ServeInfrastructure(b, env.Namespace, names...)
 	// scenario's -v=2 overridden: the default.
-	controller := env.StartController(b, append([]string{"-v=0"}, strings.Fields(*fleetController)...)...)
+	controllerFlags := append([]string{"-v=0"}, strings.Fields(*fleetController)...)
+	profiler := ""
+	if *fleetProfile != "" {
+		profiler = fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
+		controllerFlags = append(controllerFlags, "--profiler-address="+profiler)
+	}
+	controller := env.StartController(b, controllerFlags...)
 	// The node binary as released (no simulator, no test attestors).
 	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
 	autoApprove(b, env.Workload)
@@ -165,7 +175,9 @@ func BenchmarkFleetJoin(b *testing.B) {
 	for b.Loop() {
 		runKCMSide(b, env, bootCfg, tuned, n, c, name, kcmTunedArgs...)
 		clearCSRs(b, env)
+		profiled := fleetStartProfile(b, profiler)
 		runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
+		profiled()
 		clearCSRs(b, env)
 		if *fleetKCMDefault {
 			runKCMSide(b, env, bootCfg, dflt, n, c, name)
@@ -576,4 +588,38 @@ func niceStep(span float64) float64 {
 		}
 	}
 	return p * 10
+}
+
+// fleetStartProfile starts a CPU profile of the controller serving
+// net/http/pprof at addr (none when addr is empty), written to
+// -fleet-profile; the returned function waits for it.
+func fleetStartProfile(b *testing.B, addr string) (wait func()) {
+	b.Helper()
+	if addr == "" {
+		return func() {}
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, *fleetProfileSecs))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s", resp.Status)
+		}
+		if err == nil {
+			err = os.WriteFile(*fleetProfile, body, 0o644)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.Errorf("CPU profile: %v", err)
+			return
+		}
+		b.Logf("CPU profile of the controller's side (%d s) in %s", *fleetProfileSecs, *fleetProfile)
+	}
 }
