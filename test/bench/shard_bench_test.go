@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,7 +42,7 @@ func BenchmarkSignerShardedClusters(b *testing.B) {
 		idle.waitSynced(b, 0, time.Minute)
 		time.Sleep(10 * time.Second)
 		idleRSS, _ := signerProcStatus(b, idle.p.PID())
-		idleGoroutines := idle.goroutines(b)
+		idleGoroutines, idleGo := idle.memory(b)
 		idle.p.Stop(10 * time.Second)
 
 		start := time.Now()
@@ -74,21 +73,24 @@ func BenchmarkSignerShardedClusters(b *testing.B) {
 		ready := time.Since(t0)
 		time.Sleep(10 * time.Second) // let the first GC cycles after the lists run
 		b.ReportMetric(ready.Seconds(), "s/ready-all-clusters")
-		var perCluster, perClusterGoroutines float64
+		var perCluster, perClusterGo, perClusterGoroutines float64
 		for i, r := range replicas {
 			served := r.synced()
 			rss, _ := signerProcStatus(b, r.p.PID())
-			g := r.goroutines(b)
+			g, goMem := r.memory(b)
 			b.ReportMetric(float64(rss)/1024, fmt.Sprintf("MiB/rss-replica-%d", i))
-			fmt.Printf("replica %d: %d Clusters, VmRSS %.1f MiB, %d goroutines (idle replica: %.1f MiB, %d goroutines)\n",
-				i, served, float64(rss)/1024, g, float64(idleRSS)/1024, idleGoroutines)
-			perCluster += float64(rss-idleRSS) / float64(max(served, 1)) / float64(len(replicas))
-			perClusterGoroutines += float64(g-idleGoroutines) / float64(max(served, 1)) / float64(len(replicas))
+			fmt.Printf("replica %d: %d Clusters, VmRSS %.1f MiB, Go heap and stacks %.1f MiB, %d goroutines (idle replica: %.1f MiB, %.1f MiB, %d goroutines)\n",
+				i, served, float64(rss)/1024, float64(goMem)/1024, g, float64(idleRSS)/1024, float64(idleGo)/1024, idleGoroutines)
+			share := float64(max(served, 1)) * float64(len(replicas))
+			perCluster += float64(rss-idleRSS) / share
+			perClusterGo += float64(goMem-idleGo) / share
+			perClusterGoroutines += float64(g-idleGoroutines) / share
 		}
 		b.ReportMetric(perCluster, "KiB/cluster")
+		b.ReportMetric(perClusterGo, "KiB-go/cluster")
 		b.ReportMetric(perClusterGoroutines, "goroutines/cluster")
-		fmt.Printf("%d Clusters on %d workload API servers, %d replicas: all synced %s after start; per Cluster %.1f KiB, %.1f goroutines\n",
-			*shardClusters, len(servers), len(replicas), ready.Round(time.Millisecond), perCluster, perClusterGoroutines)
+		fmt.Printf("%d Clusters on %d workload API servers, %d replicas: all synced %s after start; per Cluster %.1f KiB RSS, %.1f KiB Go heap and stacks, %.1f goroutines\n",
+			*shardClusters, len(servers), len(replicas), ready.Round(time.Millisecond), perCluster, perClusterGo, perClusterGoroutines)
 		for _, r := range replicas {
 			r.p.Stop(10 * time.Second)
 		}
@@ -96,15 +98,18 @@ func BenchmarkSignerShardedClusters(b *testing.B) {
 }
 
 type shardReplica struct {
-	p    *harness.Process
-	port int
+	p        *harness.Process
+	port     int
+	profiler string
 }
 
 // shardStart starts a replica with --sharding, named id.
 func shardStart(b *testing.B, mgmt *harness.Management, bin, id string) *shardReplica {
 	b.Helper()
 	r := &shardReplica{port: harness.FreePort(b)}
-	args := append(signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", r.port)), "--sharding", "--shard-lease-duration=30s")
+	r.profiler = fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
+	args := append(signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", r.port)), "--sharding", "--shard-lease-duration=30s",
+		"--profiler-address="+r.profiler)
 	r.p = harness.StartProcess(b, id, filepath.Join(b.TempDir(), id+".log"), filepath.Join(bin, "node-attestation-controller"), args...)
 	return r
 }
@@ -139,17 +144,9 @@ func (r *shardReplica) waitSynced(b *testing.B, n int, timeout time.Duration) {
 	})
 }
 
-func (r *shardReplica) goroutines(b *testing.B) int {
+// memory returns the replica's goroutines and the KiB its Go heap and
+// stacks hold after a collection (signerGoMemory).
+func (r *shardReplica) memory(b *testing.B) (goroutines int, kib int64) {
 	b.Helper()
-	for _, l := range strings.Split(r.metrics(), "\n") {
-		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatalf("go_goroutines %q: %v", v, err)
-			}
-			return int(f)
-		}
-	}
-	b.Fatal("no go_goroutines in the metrics")
-	return 0
+	return signerGoMemory(b, r.profiler, r.metrics)
 }

@@ -536,17 +536,20 @@ func BenchmarkSignerClusters(b *testing.B) {
 		b.ReportMetric(float64(one.rss)/1024, "MiB/rss-1-cluster")
 		b.ReportMetric(float64(all.rss)/1024, "MiB/rss-all-clusters")
 		b.ReportMetric(float64(all.rss-one.rss)/d, "KiB/cluster")
+		b.ReportMetric(float64(all.goMemory-one.goMemory)/d, "KiB-go/cluster")
 		b.ReportMetric(float64(all.goroutines-one.goroutines)/d, "goroutines/cluster")
 		b.ReportMetric(float64(all.sockets-one.sockets)/d, "sockets/cluster")
 		b.ReportMetric(all.ready.Seconds(), "s/ready-all-clusters")
-		fmt.Printf("controller with %d opted-in Clusters: VmRSS %.1f MiB (1 Cluster: %.1f MiB), %.1f KiB, %.1f goroutines, %.2f sockets per Cluster; all synced %s after start\n",
-			*signerClusters, float64(all.rss)/1024, float64(one.rss)/1024, float64(all.rss-one.rss)/d,
+		fmt.Printf("controller with %d opted-in Clusters: VmRSS %.1f MiB (1 Cluster: %.1f MiB); per Cluster %.1f KiB RSS, %.1f KiB Go heap and stacks, "+
+			"%.1f goroutines, %.2f sockets; all synced %s after start\n",
+			*signerClusters, float64(all.rss)/1024, float64(one.rss)/1024, float64(all.rss-one.rss)/d, float64(all.goMemory-one.goMemory)/d,
 			float64(all.goroutines-one.goroutines)/d, float64(all.sockets-one.sockets)/d, all.ready.Round(time.Millisecond))
 	}
 }
 
 type signerClusterCost struct {
 	rss                 int64 // KiB
+	goMemory            int64 // KiB: heap and goroutine stacks in use, after a collection
 	goroutines, sockets int
 	ready               time.Duration
 }
@@ -557,12 +560,8 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 	b.Helper()
 	port := harness.FreePort(b)
 	t0 := time.Now()
-	args := signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port))
-	profiler := ""
-	if *signerProfiles != "" {
-		profiler = fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
-		args = append(args, "--profiler-address="+profiler)
-	}
+	profiler := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
+	args := append(signerControllerArgs(mgmt, fmt.Sprintf("127.0.0.1:%d", port)), "--profiler-address="+profiler)
 	p := harness.StartProcess(b, "node-attestation-controller", filepath.Join(b.TempDir(), "controller.log"),
 		filepath.Join(bin, "node-attestation-controller"), args...)
 	defer p.Stop(10 * time.Second)
@@ -587,16 +586,8 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 	c := signerClusterCost{ready: time.Since(t0)}
 	time.Sleep(10 * time.Second) // let the first GC cycles after the lists run
 	c.rss, _ = signerProcStatus(b, p.PID())
-	for _, l := range strings.Split(metrics(), "\n") {
-		if v, ok := strings.CutPrefix(l, "go_goroutines "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatalf("go_goroutines %q: %v", v, err)
-			}
-			c.goroutines = int(f)
-		}
-	}
-	if profiler != "" {
+	c.goroutines, c.goMemory = signerGoMemory(b, profiler, metrics)
+	if *signerProfiles != "" {
 		signerSaveProfiles(b, profiler, fmt.Sprintf("clusters-%d", n))
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.PID()))
@@ -608,7 +599,8 @@ func signerMeasureClusters(b *testing.B, mgmt *harness.Management, bin string, n
 			c.sockets++
 		}
 	}
-	b.Logf("controller with %d Clusters ready in %s: VmRSS %d KiB, %d goroutines, %d sockets", n, c.ready.Round(time.Millisecond), c.rss, c.goroutines, c.sockets)
+	b.Logf("controller with %d Clusters ready in %s: VmRSS %d KiB, Go heap and stacks %d KiB, %d goroutines, %d sockets",
+		n, c.ready.Round(time.Millisecond), c.rss, c.goMemory, c.goroutines, c.sockets)
 	return c
 }
 
@@ -634,4 +626,35 @@ func signerSaveProfiles(b *testing.B, addr, name string) {
 		}
 	}
 	b.Logf("profiles of %s kept in %s", name, *signerProfiles)
+}
+
+// signerGoMemory forces a garbage collection in the controller (its heap
+// profile with gc=1, from --profiler-address profiler) and returns its
+// goroutines and the KiB its heap and goroutine stacks hold then, from
+// its metrics: what it keeps, without the collector's headroom or memory
+// not yet returned to the system that the resident set also counts.
+func signerGoMemory(b *testing.B, profiler string, metrics func() string) (goroutines int, kib int64) {
+	b.Helper()
+	resp, err := http.Get("http://" + profiler + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("forcing a collection: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	values := map[string]float64{}
+	for _, l := range strings.Split(metrics(), "\n") {
+		for _, name := range []string{"go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes"} {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatalf("%s %q: %v", name, v, err)
+				}
+				values[name] = f
+			}
+		}
+	}
+	if len(values) != 3 {
+		b.Fatalf("the controller's metrics lack goroutines or memory: %v", values)
+	}
+	return int(values["go_goroutines"]), int64(values["go_memstats_heap_inuse_bytes"]+values["go_memstats_stack_inuse_bytes"]) / 1024
 }
