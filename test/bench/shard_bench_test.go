@@ -18,14 +18,18 @@ import (
 var (
 	shardClusters = flag.Int("shard-clusters", 5000, "BenchmarkSignerShardedClusters: opted-in Clusters")
 	shardReplicas = flag.Int("shard-replicas", 2, "BenchmarkSignerShardedClusters: replicas started with --sharding")
-	shardServers  = flag.Int("shard-servers", 2, "BenchmarkSignerShardedClusters: workload API servers the Clusters point at, round robin")
+	shardServers  = flag.Int("shard-servers", 10, "BenchmarkSignerShardedClusters: workload API servers the Clusters point at, round robin")
 )
 
 // BenchmarkSignerShardedClusters measures a fleet of opted-in Clusters
 // shared by replicas started with --sharding (default flags otherwise):
 // -shard-clusters (5,000) Clusters, all created before the replicas
-// start, pointing round robin at -shard-servers workload API servers (2;
-// this machine runs no more), served by -shard-replicas (2). It reports,
+// start, pointing round robin at -shard-servers workload API servers
+// (10), served by -shard-replicas (2). Clusters sharing a server share
+// what the controller installs there (deploy/workload's objects, applied
+// by each Cluster's identity): at 2,500 Clusters a server, those applies
+// to one ClusterRoleBinding time out, which no real fleet (a server per
+// Cluster) meets; at 500 they do not. It reports,
 // once every Cluster is synced by one replica, how long that took, each
 // replica's resident set and goroutines, and what a Cluster costs a
 // replica beyond one serving none.
