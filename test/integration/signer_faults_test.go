@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +18,10 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
@@ -30,18 +34,25 @@ import (
 // several at a time) through three sharded replicas while, in turn, the
 // replica serving a Cluster is killed (twice, a fresh replica started
 // after the first), the management kube-apiserver is restarted, a
-// workload kube-apiserver is restarted, and a workload cluster is cut off
-// from the replicas (a proxy dropping every connection), then restored. Each fault hits a wave of joins in
-// flight. What happened is read from the workload API servers' audit logs,
-// not from the controller: every node with a Machine gets a certificate,
-// approved once and issued once (one certificate stored per request, the
-// one its node holds; a replica that took over re-signs a request whose
-// certificate write was cut, never one whose write was stored); every
-// impostor is denied, with a
-// reason and a message; and once the faults stop each Cluster is served by
-// exactly one live replica. The time each fault takes to recover from
-// (until every join of its wave is decided) is bounded and logged;
-// docs/performance.md quotes it.
+// workload kube-apiserver is restarted, a workload cluster is cut off
+// from the replicas (a proxy dropping every connection) then restored,
+// its watches are expired (its etcd compacted while the proxy refuses
+// connections: its API server, which reads etcd without a watch cache,
+// answers the replicas' watches 410 Gone once they reach it again), its
+// traffic is delayed (a second each way), and a Cluster opts out, its
+// joins filed meanwhile and the Machine of one deleted, then opts in
+// again. Each fault hits a wave of joins in flight. What happened is read
+// from the workload API servers' audit logs, not from the controller:
+// every node with a Machine gets a certificate, approved once and issued
+// once (one certificate stored per request, the one its node holds; a
+// replica that took over re-signs a request whose certificate write was
+// cut, never one whose write was stored); every impostor, and the node
+// whose Machine was deleted while its request was pending, is denied,
+// with a reason and a message, never signed; the replicas watched from a
+// compacted resource version and listed again; and once the faults stop
+// each Cluster is served by exactly one live replica. The time each fault
+// takes to recover from (until every join of its wave is decided) is
+// bounded and logged; docs/performance.md quotes it.
 //
 // A killed replica reaches the management cluster no more (its Leases
 // expire), while a write to a workload cluster it had already sent may
@@ -65,7 +76,13 @@ func TestSignerFaults(t *testing.T) {
 	names := []string{"c0", "c1", "c2"}
 	envs := map[string]*signerEnv{}
 	for _, n := range names {
-		wl := harness.StartControlPlane(t, n, harness.WithAuditLog())
+		opts := []harness.Option{harness.WithAuditLog()}
+		if n == "c1" {
+			// Watches read etcd directly: once etcd is compacted past a
+			// watch's resource version, the API server answers 410.
+			opts = append(opts, harness.WithAPIServerArgs("--watch-cache=false"))
+		}
+		wl := harness.StartControlPlane(t, n, opts...)
 		mgmt.AddWorkloadCluster(t, ns, n, wl, map[string]string{
 			capi.AnnotationEnabled:             "true",
 			capi.AnnotationAuthorizedAttestors: "insecure",
@@ -103,12 +120,16 @@ func TestSignerFaults(t *testing.T) {
 	type node struct {
 		cluster, name, providerID string
 		csr                       *certificatesv1.CertificateSigningRequest
-		impostor                  bool // no Machine: must be denied
+		impostor                  bool // no Machine when decided: must be denied
+		orphan                    bool // its Machine is deleted while its CSR is pending
 	}
 	var nodes []*node
-	newNodes := func(label string, impostors bool) []*node {
+	// newNodes makes a wave of wave nodes per Cluster of in, with an
+	// impostor (never a Machine) and an orphan (a Machine, deleted
+	// while its request is pending) per Cluster when asked for.
+	newNodes := func(label string, in []string, impostors, orphans bool) []*node {
 		var out []*node
-		for _, c := range names {
+		for _, c := range in {
 			for i := range wave {
 				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-%d", c, label, i), providerID: fmt.Sprintf("test:///%s/%s/%d", c, label, i)}
 				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
@@ -116,6 +137,11 @@ func TestSignerFaults(t *testing.T) {
 			}
 			if impostors {
 				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
+			}
+			if orphans {
+				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-orphan", c, label), providerID: fmt.Sprintf("test:///%s/%s/orphan", c, label), impostor: true, orphan: true}
+				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
+				out = append(out, n)
 			}
 		}
 		for _, n := range out {
@@ -128,8 +154,12 @@ func TestSignerFaults(t *testing.T) {
 	}
 	waves := map[string][]*node{}
 	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
-		waves[w] = newNodes(w, w == "kill1")
+		waves[w] = newNodes(w, names, w == "kill1", false)
 	}
+	// The faults of one cluster hit its joins only.
+	waves["expire"] = newNodes("expire", []string{"c1"}, false, false)
+	waves["delay"] = newNodes("delay", []string{"c1"}, false, false)
+	waves["optout"] = newNodes("optout", []string{"c0"}, false, true)
 
 	// join files every CSR of ns at once (retrying, as kubelet does, while
 	// the API server is away) and waits until all are decided; it returns
@@ -186,8 +216,10 @@ func TestSignerFaults(t *testing.T) {
 		over := inject()
 		r := <-done
 		joined(w, r.errs)
-		recovery[w] = r.last.Sub(over)
-		t.Logf("%s: fault over after %s, every join of its wave decided %s after it was over", w, over.Sub(at).Round(time.Millisecond), recovery[w].Round(time.Millisecond))
+		// Joins all decided while it lasted (a delay) recovered at once.
+		recovery[w] = max(0, r.last.Sub(over))
+		t.Logf("%s: fault over after %s, every join of its wave decided %s after it began, %s after it was over",
+			w, over.Sub(at).Round(time.Millisecond), r.last.Sub(at).Round(time.Millisecond), r.last.Sub(over).Round(time.Millisecond))
 		if recovery[w] > within {
 			t.Errorf("%s: joins recovered %s after the fault was over, want under %s", w, recovery[w].Round(time.Millisecond), within)
 		}
@@ -241,6 +273,67 @@ func TestSignerFaults(t *testing.T) {
 		proxy.Cut()
 		time.Sleep(2 * lease)
 		proxy.Restore()
+		return time.Now()
+	})
+
+	// c1's etcd compacted while the replicas cannot reach c1 (connections
+	// refused, so that their watches resume from the resource version
+	// they had, as client-go does then): once they reach it again, the
+	// API server answers their watches 410 Gone, and the joins filed in
+	// the meantime are seen only by listing again.
+	var compacted int64
+	var restored time.Time
+	fault("expire", 500*time.Millisecond, restartRecovery, func() time.Time {
+		proxy.Refuse()
+		time.Sleep(lease) // the wave is filed meanwhile
+		compacted = envs["c1"].wl.CompactEtcd(t)
+		proxy.Restore()
+		restored = time.Now()
+		return restored
+	})
+	expectExpiredWatches(t, envs["c1"].wl, "node-attestation-controller", compacted, restored)
+
+	// c1 slow: every byte between the replicas and its API server held
+	// a second each way, for twice the Lease duration; its joins are
+	// decided, slowly, while it lasts.
+	fault("delay", 0, restartRecovery, func() time.Time {
+		proxy.Delay(time.Second)
+		time.Sleep(2 * lease)
+		proxy.Delay(0)
+		return time.Now()
+	})
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+
+	// c0 opts out: its replica stops and releases it. Its joins are
+	// filed and wait; the Machine of one is deleted while its request is
+	// pending. c0 opts in again: the joins with a Machine are issued, the
+	// orphan is denied (no Machine), never signed.
+	setEnabled(t, mgmt, ns, "c0", false)
+	if err := pollFor(30*time.Second, func() bool { return claimHolder(t, mgmt, ns, "c0") == "" }); err != nil {
+		t.Fatalf("c0 opted out, still claimed by %s", claimHolder(t, mgmt, ns, "c0"))
+	}
+	fault("optout", 0, restartRecovery, func() time.Time {
+		for _, n := range waves["optout"] {
+			if err := pollFor(30*time.Second, func() bool {
+				_, err := envs["c0"].wl.Client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), n.name, metav1.GetOptions{})
+				return err == nil
+			}); err != nil {
+				t.Errorf("%s not filed: %v", n.name, err)
+			}
+		}
+		time.Sleep(time.Second) // no replica decides it
+		for _, n := range waves["optout"] {
+			if c := envs["c0"].get(t, n.name).Status.Conditions; len(c) != 0 {
+				t.Errorf("%s decided while its Cluster was opted out: %+v", n.name, c)
+			}
+			if n.orphan {
+				if err := mgmt.Client.Delete(context.Background(), &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n.name}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		time.Sleep(time.Second) // the replicas' caches see the deletion
+		setEnabled(t, mgmt, ns, "c0", true)
 		return time.Now()
 	})
 
@@ -318,6 +411,71 @@ func TestSignerFaults(t *testing.T) {
 		sum = append(sum, fmt.Sprintf("%s=%s", k, recovery[k].Round(100*time.Millisecond)))
 	}
 	t.Logf("recovery (last join of the wave decided, after the fault): %s; %d nodes, %s in all", strings.Join(sum, " "), len(nodes), time.Since(start).Round(time.Second))
+}
+
+// setEnabled opts Cluster ns/name in or out (capi.AnnotationEnabled).
+func setEnabled(t *testing.T, mgmt *harness.Management, ns, name string, on bool) {
+	t.Helper()
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, capi.AnnotationEnabled, strconv.FormatBool(on)))
+	if err := mgmt.Client.Patch(context.Background(), c, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectExpiredWatches checks, from cp's audit log, that the controller
+// (its requests' user agent starts with agent) watched
+// CertificateSigningRequests after since from a resource version etcd had
+// compacted (at revision compacted), which the API server answers 410
+// Gone, and listed them again after; and that the API server does answer
+// such a watch 410.
+func expectExpiredWatches(t *testing.T, cp *harness.ControlPlane, agent string, compacted int64, since time.Time) {
+	t.Helper()
+	var expired *harness.AuditEvent
+	relisted := false
+	events := cp.AuditEvents(t)
+	for i := range events {
+		e := &events[i]
+		r := e.ObjectRef
+		if !strings.HasPrefix(e.UserAgent, agent) || r == nil || r.Resource != "certificatesigningrequests" || r.Name != "" || e.RequestReceivedTimestamp.Before(since) {
+			continue
+		}
+		u, err := url.Parse(e.RequestURI)
+		if err != nil {
+			continue
+		}
+		switch rv, _ := strconv.ParseInt(u.Query().Get("resourceVersion"), 10, 64); {
+		case e.Verb == "watch" && rv > 0 && rv+1 < compacted && expired == nil:
+			expired = e
+		case e.Verb == "list" && expired != nil && e.RequestReceivedTimestamp.After(expired.RequestReceivedTimestamp):
+			relisted = true
+		}
+	}
+	if expired == nil {
+		for _, e := range events {
+			if strings.HasPrefix(e.UserAgent, agent) && e.ObjectRef != nil && e.ObjectRef.Resource == "certificatesigningrequests" && e.RequestReceivedTimestamp.After(since.Add(-10*time.Second)) {
+				t.Logf("%s: %s %s %s: %d", cp.Name, e.RequestReceivedTimestamp.Format(time.StampMilli), e.Verb, e.RequestURI, e.Code())
+			}
+		}
+		t.Fatalf("no watch of CSRs by %s from before the compaction at revision %d in the audit log of %s", agent, compacted, cp.Name)
+	}
+	if !relisted {
+		t.Errorf("%s did not list the CSRs again after its watch %s expired", agent, expired.RequestURI)
+	}
+	// The API server's answer to that watch, asked again.
+	u, _ := url.Parse(expired.RequestURI)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w, err := cp.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{ResourceVersion: u.Query().Get("resourceVersion")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ev := <-w.ResultChan()
+	if st, ok := ev.Object.(*metav1.Status); !ok || st.Code != http.StatusGone {
+		t.Fatalf("a watch from resource version %s, compacted at %d: %s %+v, want 410 Gone", u.Query().Get("resourceVersion"), compacted, ev.Type, ev.Object)
+	}
+	t.Logf("%s watched CSRs from resource version %s (etcd compacted at %d: 410 Gone), then listed them again", agent, u.Query().Get("resourceVersion"), compacted)
 }
 
 // answersAgain returns when cp's API server, about to be stopped, answers
