@@ -251,6 +251,10 @@ func TestSignerFaults(t *testing.T) {
 	t.Logf("Clusters served by %v", owners)
 	fault("kill2", 0, killRecovery, kill("c1"))
 	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+	// The replicas are the last ones: what the process holds now is its
+	// idle figure, to which it returns once the faults stop.
+	idleG, idleStacks := settledGoroutines(t, 0)
+	idleHeap := liveHeap()
 
 	// restart restarts cp's kube-apiserver; the fault is over when it
 	// answers again (not yet ready: the harness waits for that).
@@ -341,6 +345,16 @@ func TestSignerFaults(t *testing.T) {
 	// which its claim names too.
 	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
 	t.Logf("after the faults, Clusters served by %v", owners)
+	g, stacks := settledGoroutines(t, idleG+faultsLeakGoroutines)
+	heap := liveHeap()
+	t.Logf("idle before the faults that kill no replica: %d goroutines, %.1f MiB live heap; after them: %d (%+d), %.1f MiB (%+.1f MiB)",
+		idleG, float64(idleHeap)/(1<<20), g, g-idleG, float64(heap)/(1<<20), (float64(heap)-float64(idleHeap))/(1<<20))
+	if g > idleG+faultsLeakGoroutines {
+		t.Errorf("%d goroutines after the faults, %d before: leaked; the stacks that grew:\n%s", g, idleG, grownStacks(idleStacks, stacks, 5))
+	}
+	if heap > idleHeap+faultsLeakHeapBytes {
+		t.Errorf("%.1f MiB live heap after the faults, %.1f MiB before: leaked", float64(heap)/(1<<20), float64(idleHeap)/(1<<20))
+	}
 
 	// Every node with a Machine has its certificate, checked in full.
 	for _, n := range nodes {
@@ -373,9 +387,18 @@ func TestSignerFaults(t *testing.T) {
 			}
 			// Approved once: a write whose answer was lost and another
 			// stored after it, conditional on the version read, cannot
-			// both have been stored.
-			if w.approved != 1 || len(w.denials) != 0 {
-				t.Errorf("%s: approval stored %d times, denial sent %d times; want 1 and 0: %v", n.name, w.approved, len(w.denials), w.log)
+			// both have been stored. The one stored may be one whose
+			// answer was lost (the replica that sent it killed): the
+			// request then holds an approval with no 2xx write.
+			held := 0
+			for _, c := range envs[c].get(t, n.name).Status.Conditions {
+				if c.Type == certificatesv1.CertificateApproved {
+					held++
+				}
+			}
+			if held != 1 || w.approved > 1 || (w.approved == 0 && w.approvals == 0) || len(w.denials) != 0 {
+				t.Errorf("%s: %d approvals held, %d stored and %d sent, denial sent %d times; want 1, at most 1 stored, and no denial: %v",
+					n.name, held, w.approved, w.approvals, len(w.denials), w.log)
 			}
 			// Issued once: one certificate stored, the one it holds. A
 			// certificate whose write was cut (its answer lost, then
@@ -477,6 +500,15 @@ func expectExpiredWatches(t *testing.T, cp *harness.ControlPlane, agent string, 
 	}
 	t.Logf("%s watched CSRs from resource version %s (etcd compacted at %d: 410 Gone), then listed them again", agent, u.Query().Get("resourceVersion"), compacted)
 }
+
+// Tolerances of TestSignerFaults's leak check: connections, the
+// goroutines forwarding them and watches being re-established come and go
+// with the faults (runs end between 72 below and 9 above the idle
+// figure), but a Cluster's controller left running is tens of goroutines.
+const (
+	faultsLeakGoroutines = 25
+	faultsLeakHeapBytes  = 16 << 20
+)
 
 // answersAgain returns when cp's API server, about to be stopped, answers
 // HTTP again after it stopped answering (ready or not).
