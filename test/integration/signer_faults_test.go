@@ -17,10 +17,12 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -270,12 +272,18 @@ func TestSignerFaults(t *testing.T) {
 			return <-back
 		}
 	}
+	// A replica leads (its leader-only work runs) when the management API
+	// server goes away; after a kill, another is elected once the killed
+	// one's leader Lease expires.
+	if err := pollFor(45*time.Second, func() bool { return leaderRenewed(t, mgmt, 3*time.Second) }); err != nil {
+		t.Fatalf("no replica leads: %v", err)
+	}
 	fault("mgmt", lease, restartRecovery, restart(mgmt.ControlPlane))
 	// The replica holding the leader Lease (its leader-only work: the
 	// trust-on-first-use cleaner, ...) could not renew it past its renew
-	// deadline: controller-runtime ends its manager, and the process
-	// exits, to be restarted by its Deployment. Any other end is a fault
-	// not survived.
+	// deadline (10 s): controller-runtime ends its manager, and the
+	// process exits, to be restarted by its Deployment. Any other end is
+	// a fault not survived.
 	for _, id := range slices.Clone(live) {
 		if done, err := replicas[id].exited(); done {
 			if err == nil || err.Error() != "leader election lost" {
@@ -374,6 +382,27 @@ func TestSignerFaults(t *testing.T) {
 			t.Errorf("replica %s ended during the faults: %v", id, err)
 		}
 	}
+	// Each replica runs the controllers of the Clusters it serves, no
+	// other: none left running after a Cluster moved away.
+	if err := pollFor(10*time.Second, func() bool {
+		for _, id := range live {
+			want := 0
+			for _, o := range owners {
+				if o == id {
+					want++
+				}
+			}
+			if v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id); int(v) != want {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		for _, id := range live {
+			v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id)
+			t.Errorf("replica %s runs the controllers of %v Clusters; Clusters served: %v", id, v, owners)
+		}
+	}
 	g, stacks := settledGoroutines(t, idleG+faultsLeakGoroutines)
 	heap := liveHeap()
 	t.Logf("idle before the faults that kill no replica: %d goroutines, %.1f MiB live heap; after them: %d (%+d), %.1f MiB (%+.1f MiB)",
@@ -463,6 +492,18 @@ func TestSignerFaults(t *testing.T) {
 		sum = append(sum, fmt.Sprintf("%s=%s", k, recovery[k].Round(100*time.Millisecond)))
 	}
 	t.Logf("recovery (last join of the wave decided, after the fault): %s; %d nodes, %s in all", strings.Join(sum, " "), len(nodes), time.Since(start).Round(time.Second))
+}
+
+// leaderRenewed reports whether a replica holds the leader Lease and
+// renewed it within the last d.
+func leaderRenewed(t *testing.T, mgmt *harness.Management, d time.Duration) bool {
+	t.Helper()
+	var l coordinationv1.Lease
+	key := client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: app.DefaultLeaderElectionID}
+	if err := mgmt.Client.Get(context.Background(), key, &l); err != nil {
+		return false
+	}
+	return ptr.Deref(l.Spec.HolderIdentity, "") != "" && l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) < d
 }
 
 // setEnabled opts Cluster ns/name in or out (capi.AnnotationEnabled).

@@ -99,20 +99,21 @@ func TestSignerOptInCycles(t *testing.T) {
 	}
 }
 
-// settledGoroutines waits until the process's goroutines stop falling
-// (transient ones, such as a connection being closed, end) or are at most
-// want (when want > 0), and returns their number and their stacks.
+// settledGoroutines waits until the process's goroutines are at most
+// want (when want > 0), or else steady (two samples two seconds apart
+// within two of each other: what was starting has started, what was
+// ending has ended), and returns their number and their stacks.
 func settledGoroutines(t *testing.T, want int) (int, map[string]int) {
 	t.Helper()
 	n := runtime.NumGoroutine()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 		time.Sleep(2 * time.Second)
 		next := runtime.NumGoroutine()
-		if (want > 0 && next <= want) || (want == 0 && next >= n) {
-			n = next
+		steady := next-n <= 2 && n-next <= 2
+		n = next
+		if (want > 0 && n <= want) || (want == 0 && steady) {
 			break
 		}
-		n = next
 	}
 	return n, goroutineStacks(t)
 }
