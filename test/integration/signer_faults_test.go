@@ -56,8 +56,12 @@ var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each
 // cut, never one whose write was stored); every impostor, and the node
 // whose Machine was deleted while its request was pending, is denied,
 // with a reason and a message, never signed; the replicas watched from a
-// compacted resource version and listed again; and once the faults stop
-// each Cluster is served by exactly one live replica. The time each fault
+// compacted resource version and listed again; once the faults stop each
+// Cluster is served by exactly one live replica, which runs no other
+// Cluster's controller; and the process's goroutines and live heap are
+// back to their idle figures. The replica leading when the management
+// API server restarts exits (controller-runtime's manager ends when it
+// loses its Lease) and a fresh one replaces it. The time each fault
 // takes to recover from (until every join of its wave is decided) is
 // bounded and logged; docs/performance.md quotes it.
 //
