@@ -124,9 +124,13 @@ FLEET_CONCURRENCY ?= 50
 SHARD_CLUSTERS ?= 5000
 # Pod certificates each pod signer issues in make bench-signer (documented: 1,000).
 POD_BENCH_REQUESTS ?= 1000
+# Faults under load in make bench-signer (documented): nodes per Cluster
+# joining during each fault, and opt-in/opt-out cycles of the leak check.
+FAULT_WAVE    ?= 10
+OPT_IN_CYCLES ?= 100
 
 .PHONY: bench-signer
-bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEET_CONCURRENCY at a time) against tuned and default kube-controller-manager, with an SVG plot in bin/; FLEET_TPM_NODES TPM nodes on swtpm at once, first join and rejoin; controller CSRs/s on 500 pending CSRs; its memory with 0 and 10,000 Machines; its peak memory and a healthy cluster's join rate while four tenants' API servers attack it; its peak memory under a flood of CSRs with huge metadata, beside its idle figure, with the join rate during it; what an opted-in Cluster costs (1 and 500 Clusters), and SHARD_CLUSTERS Clusters on two --sharding replicas; POD_BENCH_REQUESTS pod certificates from our pod signer and the upstream hermetic test signer, interleaved
+bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEET_CONCURRENCY at a time) against tuned and default kube-controller-manager, with an SVG plot in bin/; FLEET_TPM_NODES TPM nodes on swtpm at once, first join and rejoin; controller CSRs/s on 500 pending CSRs; its memory with 0 and 10,000 Machines; its peak memory and a healthy cluster's join rate while four tenants' API servers attack it; its peak memory under a flood of CSRs with huge metadata, beside its idle figure, with the join rate during it; what an opted-in Cluster costs (1 and 500 Clusters), and SHARD_CLUSTERS Clusters on two --sharding replicas; POD_BENCH_REQUESTS pod certificates from our pod signer and the upstream hermetic test signer, interleaved; the faults under load with FAULT_WAVE nodes per Cluster and fault, and OPT_IN_CYCLES opt-in/opt-out cycles of a Cluster without a leak (log in bin/faults.log)
 	@bin_dir="$(k8s_only_bin)"; \
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkFleetJoin$$' -benchtime 1x -count=1 -timeout 60m ./test/bench/ \
 	  -args -fleet-nodes=$(FLEET_NODES) -fleet-concurrency=$(FLEET_CONCURRENCY) -fleet-plot=$(abspath $(BIN))/fleet-join.svg && \
@@ -136,7 +140,11 @@ bench-signer: ## Benchmarks: fleet join (FLEET_NODES exec-plugin processes, FLEE
 	KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkSignerShardedClusters$$' -benchtime 1x -count=1 -timeout 60m ./test/bench/ \
 	  -args -shard-clusters=$(SHARD_CLUSTERS) && \
 	test/tools/install-hermetic-pod-signer.sh >/dev/null && \
-	KA_K8S_BIN="$$bin_dir" POD_BENCH_REQUESTS=$(POD_BENCH_REQUESTS) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkPodCertificates$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/
+	KA_K8S_BIN="$$bin_dir" POD_BENCH_REQUESTS=$(POD_BENCH_REQUESTS) $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '^BenchmarkPodCertificates$$' -benchtime 1x -count=1 -timeout 30m ./test/bench/ && \
+	mkdir -p $(BIN) && \
+	{ KA_K8S_BIN="$$bin_dir" $(GO) test -tags '$(TEST_TAGS)' -run '^Test(SignerFaults|SignerOptInCycles)$$' -v -count=1 -timeout 30m ./test/integration/ \
+	  -args -fault-wave=$(FAULT_WAVE) -opt-in-cycles=$(OPT_IN_CYCLES) >$(BIN)/faults.log 2>&1; rc=$$?; \
+	  grep -E 'signer_(faults|leak)_test\.go|^(ok|FAIL|--- )' $(BIN)/faults.log; test $$rc -eq 0; }
 
 .PHONY: lint
 lint: verify-generate $(GOLANGCI_LINT) ## gofmt, go vet with and without the test tags, golangci-lint (.golangci.yml), and generated files current

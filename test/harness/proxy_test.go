@@ -2,14 +2,17 @@ package harness
 
 import (
 	"bufio"
+	"errors"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
 
 // TestTCPProxy checks that the proxy forwards, that Cut drops the
-// connections through it and refuses new ones, and that Restore forwards
-// again.
+// connections through it and new ones, that Refuse drops them and refuses
+// new ones, that Restore forwards again after either, and that Delay
+// holds what it forwards, both ways, until set back to 0.
 func TestTCPProxy(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -72,5 +75,43 @@ func TestTCPProxy(t *testing.T) {
 	p.Restore()
 	if err := echo(dial()); err != nil {
 		t.Errorf("a connection made after Restore: %v", err)
+	}
+
+	open = dial()
+	if err := echo(open); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.Refuse()
+	if err := echo(open); err == nil {
+		t.Error("a connection open when the proxy refused still works")
+	}
+	if c, err := net.Dial("tcp", p.Addr()); err == nil {
+		c.Close()
+		t.Error("a connection made while the proxy refuses was accepted")
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a connection made while the proxy refuses: %v, want connection refused", err)
+	}
+	p.Restore()
+	if err := echo(dial()); err != nil {
+		t.Errorf("a connection made after Restore: %v", err)
+	}
+
+	const d = 300 * time.Millisecond
+	open = dial()
+	p.Delay(d)
+	at := time.Now()
+	if err := echo(open); err != nil {
+		t.Fatalf("through the delaying proxy: %v", err)
+	}
+	if rtt := time.Since(at); rtt < 2*d {
+		t.Errorf("a round trip through a proxy delaying %s took %s, want at least %s", d, rtt, 2*d)
+	}
+	p.Delay(0)
+	at = time.Now()
+	if err := echo(open); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	if rtt := time.Since(at); rtt >= d {
+		t.Errorf("a round trip through the proxy after Delay(0) took %s", rtt)
 	}
 }

@@ -4,20 +4,27 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
@@ -26,22 +33,37 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
+// faultWave is how many nodes per Cluster join during each fault of
+// TestSignerFaults; make bench-signer asks for more.
+var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each fault of TestSignerFaults")
+
 // TestSignerFaults joins a fleet (three workload clusters, nodes joining
 // several at a time) through three sharded replicas while, in turn, the
 // replica serving a Cluster is killed (twice, a fresh replica started
 // after the first), the management kube-apiserver is restarted, a
-// workload kube-apiserver is restarted, and a workload cluster is cut off
-// from the replicas (a proxy dropping every connection), then restored. Each fault hits a wave of joins in
-// flight. What happened is read from the workload API servers' audit logs,
-// not from the controller: every node with a Machine gets a certificate,
-// approved once and issued once (one certificate stored per request, the
-// one its node holds; a replica that took over re-signs a request whose
-// certificate write was cut, never one whose write was stored); every
-// impostor is denied, with a
-// reason and a message; and once the faults stop each Cluster is served by
-// exactly one live replica. The time each fault takes to recover from
-// (until every join of its wave is decided) is bounded and logged;
-// docs/performance.md quotes it.
+// workload kube-apiserver is restarted, a workload cluster is cut off
+// from the replicas (a proxy dropping every connection) then restored,
+// its watches are expired (its etcd compacted while the proxy refuses
+// connections: its API server, which reads etcd without a watch cache,
+// answers the replicas' watches 410 Gone once they reach it again), its
+// traffic is delayed (a second each way), and a Cluster opts out, its
+// joins filed meanwhile and the Machine of one deleted, then opts in
+// again. Each fault hits a wave of joins in flight. What happened is read
+// from the workload API servers' audit logs, not from the controller:
+// every node with a Machine gets a certificate, approved once and issued
+// once (one certificate stored per request, the one its node holds; a
+// replica that took over re-signs a request whose certificate write was
+// cut, never one whose write was stored); every impostor, and the node
+// whose Machine was deleted while its request was pending, is denied,
+// with a reason and a message, never signed; the replicas watched from a
+// compacted resource version and listed again; once the faults stop each
+// Cluster is served by exactly one live replica, which runs no other
+// Cluster's controller; and the process's goroutines and live heap are
+// back to their idle figures. The replica leading when the management
+// API server restarts exits (controller-runtime's manager ends when it
+// loses its Lease) and a fresh one replaces it. The time each fault
+// takes to recover from (until every join of its wave is decided) is
+// bounded and logged; docs/performance.md quotes it.
 //
 // A killed replica reaches the management cluster no more (its Leases
 // expire), while a write to a workload cluster it had already sent may
@@ -53,7 +75,6 @@ func TestSignerFaults(t *testing.T) {
 	const (
 		ns    = "faults"
 		lease = 3 * time.Second
-		wave  = 2 // nodes per Cluster joining during each fault
 		// A killed replica's Clusters move once its claims expire and
 		// are taken (TestSignerShards), then its joins are decided.
 		killRecovery = 2*lease + 3*time.Second
@@ -61,11 +82,22 @@ func TestSignerFaults(t *testing.T) {
 		// reclaim well before a Cluster's backoff after a bound exceeded
 		// (30s), which a restart must not be taken for.
 		restartRecovery = 15 * time.Second
+		// After an expired watch client-go's reflector lists again after
+		// its backoff (0.8 s doubling to 30 s, jittered, reset after two
+		// quiet minutes), grown by the connections refused meanwhile.
+		expireRecovery = 20 * time.Second
 	)
+	wave := *faultWave // nodes per Cluster joining during each fault
 	names := []string{"c0", "c1", "c2"}
 	envs := map[string]*signerEnv{}
 	for _, n := range names {
-		wl := harness.StartControlPlane(t, n, harness.WithAuditLog())
+		opts := []harness.Option{harness.WithAuditLog()}
+		if n == "c1" {
+			// Watches read etcd directly: once etcd is compacted past a
+			// watch's resource version, the API server answers 410.
+			opts = append(opts, harness.WithAPIServerArgs("--watch-cache=false"))
+		}
+		wl := harness.StartControlPlane(t, n, opts...)
 		mgmt.AddWorkloadCluster(t, ns, n, wl, map[string]string{
 			capi.AnnotationEnabled:             "true",
 			capi.AnnotationAuthorizedAttestors: "insecure",
@@ -103,12 +135,16 @@ func TestSignerFaults(t *testing.T) {
 	type node struct {
 		cluster, name, providerID string
 		csr                       *certificatesv1.CertificateSigningRequest
-		impostor                  bool // no Machine: must be denied
+		impostor                  bool // no Machine when decided: must be denied
+		orphan                    bool // its Machine is deleted while its CSR is pending
 	}
 	var nodes []*node
-	newNodes := func(label string, impostors bool) []*node {
+	// newNodes makes a wave of wave nodes per Cluster of in, with an
+	// impostor (never a Machine) and an orphan (a Machine, deleted
+	// while its request is pending) per Cluster when asked for.
+	newNodes := func(label string, in []string, impostors, orphans bool) []*node {
 		var out []*node
-		for _, c := range names {
+		for _, c := range in {
 			for i := range wave {
 				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-%d", c, label, i), providerID: fmt.Sprintf("test:///%s/%s/%d", c, label, i)}
 				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
@@ -116,6 +152,11 @@ func TestSignerFaults(t *testing.T) {
 			}
 			if impostors {
 				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
+			}
+			if orphans {
+				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-orphan", c, label), providerID: fmt.Sprintf("test:///%s/%s/orphan", c, label), impostor: true, orphan: true}
+				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
+				out = append(out, n)
 			}
 		}
 		for _, n := range out {
@@ -128,8 +169,12 @@ func TestSignerFaults(t *testing.T) {
 	}
 	waves := map[string][]*node{}
 	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
-		waves[w] = newNodes(w, w == "kill1")
+		waves[w] = newNodes(w, names, w == "kill1", false)
 	}
+	// The faults of one cluster hit its joins only.
+	waves["expire"] = newNodes("expire", []string{"c1"}, false, false)
+	waves["delay"] = newNodes("delay", []string{"c1"}, false, false)
+	waves["optout"] = newNodes("optout", []string{"c0"}, false, true)
 
 	// join files every CSR of ns at once (retrying, as kubelet does, while
 	// the API server is away) and waits until all are decided; it returns
@@ -186,8 +231,10 @@ func TestSignerFaults(t *testing.T) {
 		over := inject()
 		r := <-done
 		joined(w, r.errs)
-		recovery[w] = r.last.Sub(over)
-		t.Logf("%s: fault over after %s, every join of its wave decided %s after it was over", w, over.Sub(at).Round(time.Millisecond), recovery[w].Round(time.Millisecond))
+		// Joins all decided while it lasted (a delay) recovered at once.
+		recovery[w] = max(0, r.last.Sub(over))
+		t.Logf("%s: fault over after %s, every join of its wave decided %s after it began, %s after it was over",
+			w, over.Sub(at).Round(time.Millisecond), r.last.Sub(at).Round(time.Millisecond), r.last.Sub(over).Round(time.Millisecond))
 		if recovery[w] > within {
 			t.Errorf("%s: joins recovered %s after the fault was over, want under %s", w, recovery[w].Round(time.Millisecond), within)
 		}
@@ -229,10 +276,52 @@ func TestSignerFaults(t *testing.T) {
 			return <-back
 		}
 	}
+	// A replica leads (its leader-only work runs) when the management API
+	// server goes away; after a kill, another is elected once the killed
+	// one's leader Lease expires.
+	if err := pollFor(45*time.Second, func() bool { return leaderRenewed(t, mgmt, 3*time.Second) }); err != nil {
+		t.Fatalf("no replica leads: %v", err)
+	}
 	fault("mgmt", lease, restartRecovery, restart(mgmt.ControlPlane))
+	// The replica holding the leader Lease (its leader-only work: the
+	// trust-on-first-use cleaner, ...) could not renew it past its renew
+	// deadline (10 s): controller-runtime ends its manager, and the
+	// process exits, to be restarted by its Deployment. Any other end is
+	// a fault not survived.
+	for _, id := range slices.Clone(live) {
+		if done, err := replicas[id].exited(); done {
+			if err == nil || err.Error() != "leader election lost" {
+				t.Errorf("replica %s ended during the management API server's restart: %v", id, err)
+			}
+			t.Logf("replica %s exited (%v), as a leader does when the management API server is away past its renew deadline; a fresh one replaces it", id, err)
+			live = slices.DeleteFunc(live, func(l string) bool { return l == id })
+			startOne(id + "-restarted")
+		}
+	}
 	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+	// The replicas are the last ones: what the process holds now is its
+	// idle figure, to which it returns once the faults stop.
+	idleG, idleStacks := settledGoroutines(t, 0)
+	idleHeap := liveHeap()
 
 	fault("wl", lease, restartRecovery, restart(envs["c2"].wl))
+
+	// c1's etcd compacted while the replicas cannot reach c1 (connections
+	// refused, so that their watches resume from the resource version
+	// they had, as client-go does then): once they reach it again, the
+	// API server answers their watches 410 Gone, and the joins filed in
+	// the meantime are seen only by listing again.
+	var compacted int64
+	var restored time.Time
+	fault("expire", 500*time.Millisecond, expireRecovery, func() time.Time {
+		proxy.Refuse()
+		time.Sleep(lease) // the wave is filed meanwhile
+		compacted = envs["c1"].wl.CompactEtcd(t)
+		proxy.Restore()
+		restored = time.Now()
+		return restored
+	})
+	expectExpiredWatches(t, envs["c1"].wl, "node-attestation-controller", compacted, restored)
 
 	// c1 cut off from the replicas: every connection to its API server
 	// dropped, and every new one, for twice the Lease duration.
@@ -244,10 +333,90 @@ func TestSignerFaults(t *testing.T) {
 		return time.Now()
 	})
 
+	// c1 slow: every byte between the replicas and its API server held
+	// a second each way, for twice the Lease duration; its joins are
+	// decided, slowly, while it lasts.
+	fault("delay", 0, restartRecovery, func() time.Time {
+		proxy.Delay(time.Second)
+		time.Sleep(2 * lease)
+		proxy.Delay(0)
+		return time.Now()
+	})
+	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
+
+	// c0 opts out: its replica stops and releases it. Its joins are
+	// filed and wait; the Machine of one is deleted while its request is
+	// pending. c0 opts in again: the joins with a Machine are issued, the
+	// orphan is denied (no Machine), never signed.
+	setEnabled(t, mgmt, ns, "c0", false)
+	if err := pollFor(30*time.Second, func() bool { return claimHolder(t, mgmt, ns, "c0") == "" }); err != nil {
+		t.Fatalf("c0 opted out, still claimed by %s", claimHolder(t, mgmt, ns, "c0"))
+	}
+	fault("optout", 0, restartRecovery, func() time.Time {
+		for _, n := range waves["optout"] {
+			if err := pollFor(30*time.Second, func() bool {
+				_, err := envs["c0"].wl.Client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), n.name, metav1.GetOptions{})
+				return err == nil
+			}); err != nil {
+				t.Errorf("%s not filed: %v", n.name, err)
+			}
+		}
+		time.Sleep(time.Second) // no replica decides it
+		for _, n := range waves["optout"] {
+			if c := envs["c0"].get(t, n.name).Status.Conditions; len(c) != 0 {
+				t.Errorf("%s decided while its Cluster was opted out: %+v", n.name, c)
+			}
+			if n.orphan {
+				if err := mgmt.Client.Delete(context.Background(), &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n.name}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		time.Sleep(time.Second) // the replicas' caches see the deletion
+		setEnabled(t, mgmt, ns, "c0", true)
+		return time.Now()
+	})
+
 	// After the faults: each Cluster served by exactly one live replica,
 	// which its claim names too.
 	owners = waitServed(t, mgmt, ns, names, live, 30*time.Second)
 	t.Logf("after the faults, Clusters served by %v", owners)
+	for _, id := range live {
+		if done, err := replicas[id].exited(); done {
+			t.Errorf("replica %s ended during the faults: %v", id, err)
+		}
+	}
+	// Each replica runs the controllers of the Clusters it serves, no
+	// other: none left running after a Cluster moved away.
+	if err := pollFor(10*time.Second, func() bool {
+		for _, id := range live {
+			want := 0
+			for _, o := range owners {
+				if o == id {
+					want++
+				}
+			}
+			if v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id); int(v) != want {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		for _, id := range live {
+			v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id)
+			t.Errorf("replica %s runs the controllers of %v Clusters; Clusters served: %v", id, v, owners)
+		}
+	}
+	g, stacks := settledGoroutines(t, idleG+faultsLeakGoroutines)
+	heap := liveHeap()
+	t.Logf("idle before the faults that kill no replica: %d goroutines, %.1f MiB live heap; after them: %d (%+d), %.1f MiB (%+.1f MiB)",
+		idleG, float64(idleHeap)/(1<<20), g, g-idleG, float64(heap)/(1<<20), (float64(heap)-float64(idleHeap))/(1<<20))
+	if g > idleG+faultsLeakGoroutines {
+		t.Errorf("%d goroutines after the faults, %d before: leaked; the stacks that grew:\n%s", g, idleG, grownStacks(idleStacks, stacks, 5))
+	}
+	if heap > idleHeap+faultsLeakHeapBytes {
+		t.Errorf("%.1f MiB live heap after the faults, %.1f MiB before: leaked", float64(heap)/(1<<20), float64(idleHeap)/(1<<20))
+	}
 
 	// Every node with a Machine has its certificate, checked in full.
 	for _, n := range nodes {
@@ -280,9 +449,18 @@ func TestSignerFaults(t *testing.T) {
 			}
 			// Approved once: a write whose answer was lost and another
 			// stored after it, conditional on the version read, cannot
-			// both have been stored.
-			if w.approved != 1 || len(w.denials) != 0 {
-				t.Errorf("%s: approval stored %d times, denial sent %d times; want 1 and 0: %v", n.name, w.approved, len(w.denials), w.log)
+			// both have been stored. The one stored may be one whose
+			// answer was lost (the replica that sent it killed): the
+			// request then holds an approval with no 2xx write.
+			held := 0
+			for _, c := range envs[c].get(t, n.name).Status.Conditions {
+				if c.Type == certificatesv1.CertificateApproved {
+					held++
+				}
+			}
+			if held != 1 || w.approved > 1 || (w.approved == 0 && w.approvals == 0) || len(w.denials) != 0 {
+				t.Errorf("%s: %d approvals held, %d stored and %d sent, denial sent %d times; want 1, at most 1 stored, and no denial: %v",
+					n.name, held, w.approved, w.approvals, len(w.denials), w.log)
 			}
 			// Issued once: one certificate stored, the one it holds. A
 			// certificate whose write was cut (its answer lost, then
@@ -319,6 +497,95 @@ func TestSignerFaults(t *testing.T) {
 	}
 	t.Logf("recovery (last join of the wave decided, after the fault): %s; %d nodes, %s in all", strings.Join(sum, " "), len(nodes), time.Since(start).Round(time.Second))
 }
+
+// leaderRenewed reports whether a replica holds the leader Lease and
+// renewed it within the last d.
+func leaderRenewed(t *testing.T, mgmt *harness.Management, d time.Duration) bool {
+	t.Helper()
+	var l coordinationv1.Lease
+	key := client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: app.DefaultLeaderElectionID}
+	if err := mgmt.Client.Get(context.Background(), key, &l); err != nil {
+		return false
+	}
+	return ptr.Deref(l.Spec.HolderIdentity, "") != "" && l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) < d
+}
+
+// setEnabled opts Cluster ns/name in or out (capi.AnnotationEnabled).
+func setEnabled(t *testing.T, mgmt *harness.Management, ns, name string, on bool) {
+	t.Helper()
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, capi.AnnotationEnabled, strconv.FormatBool(on)))
+	if err := mgmt.Client.Patch(context.Background(), c, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectExpiredWatches checks, from cp's audit log, that the controller
+// (its requests' user agent starts with agent) watched
+// CertificateSigningRequests after since from a resource version etcd had
+// compacted (at revision compacted), which the API server answers 410
+// Gone, and listed them again after; and that the API server does answer
+// such a watch 410.
+func expectExpiredWatches(t *testing.T, cp *harness.ControlPlane, agent string, compacted int64, since time.Time) {
+	t.Helper()
+	var expired, relisted *harness.AuditEvent
+	events := cp.AuditEvents(t)
+	for i := range events {
+		e := &events[i]
+		r := e.ObjectRef
+		if !strings.HasPrefix(e.UserAgent, agent) || r == nil || r.Resource != "certificatesigningrequests" || r.Name != "" || e.RequestReceivedTimestamp.Before(since) {
+			continue
+		}
+		u, err := url.Parse(e.RequestURI)
+		if err != nil {
+			continue
+		}
+		switch rv, _ := strconv.ParseInt(u.Query().Get("resourceVersion"), 10, 64); {
+		case e.Verb == "watch" && rv > 0 && rv+1 < compacted && expired == nil:
+			expired = e
+		case e.Verb == "list" && expired != nil && relisted == nil && e.RequestReceivedTimestamp.After(expired.RequestReceivedTimestamp):
+			relisted = e
+		}
+	}
+	if expired == nil {
+		for _, e := range events {
+			if strings.HasPrefix(e.UserAgent, agent) && e.ObjectRef != nil && e.ObjectRef.Resource == "certificatesigningrequests" && e.RequestReceivedTimestamp.After(since.Add(-10*time.Second)) {
+				t.Logf("%s: %s %s %s: %d", cp.Name, e.RequestReceivedTimestamp.Format(time.StampMilli), e.Verb, e.RequestURI, e.Code())
+			}
+		}
+		t.Fatalf("no watch of CSRs by %s from before the compaction at revision %d in the audit log of %s", agent, compacted, cp.Name)
+	}
+	if relisted == nil {
+		t.Fatalf("%s did not list the CSRs again after its watch %s expired", agent, expired.RequestURI)
+	}
+	// The API server's answer to that watch, asked again.
+	u, _ := url.Parse(expired.RequestURI)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w, err := cp.Client.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{ResourceVersion: u.Query().Get("resourceVersion")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ev := <-w.ResultChan()
+	if st, ok := ev.Object.(*metav1.Status); !ok || st.Code != http.StatusGone {
+		t.Fatalf("a watch from resource version %s, compacted at %d: %s %+v, want 410 Gone", u.Query().Get("resourceVersion"), compacted, ev.Type, ev.Object)
+	}
+	t.Logf("%s watched CSRs from resource version %s (etcd compacted at %d: 410 Gone) %s after it could reach the API server again, then listed them again %s after that",
+		agent, u.Query().Get("resourceVersion"), compacted, expired.RequestReceivedTimestamp.Sub(since).Round(time.Millisecond),
+		relisted.RequestReceivedTimestamp.Sub(expired.RequestReceivedTimestamp).Round(time.Millisecond))
+}
+
+// Tolerances of TestSignerFaults's leak check: connections, the
+// goroutines forwarding them and watches being re-established come and go
+// with the faults, and the figure depends on how the Clusters are spread
+// over the replicas (runs end between 75 below, when one replica serves
+// every Cluster at the end, and 10 above the idle figure), but a
+// Cluster's controller left running is tens of goroutines.
+const (
+	faultsLeakGoroutines = 25
+	faultsLeakHeapBytes  = 16 << 20
+)
 
 // answersAgain returns when cp's API server, about to be stopped, answers
 // HTTP again after it stopped answering (ready or not).

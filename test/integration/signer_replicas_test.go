@@ -106,6 +106,17 @@ func (r *replica) stop(t *testing.T) {
 	}
 }
 
+// exited reports whether the replica's Run returned, and with what.
+func (r *replica) exited() (bool, error) {
+	select {
+	case err := <-r.done:
+		r.done <- err // for stop
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
 // kill stops the replica as a crash does: nothing it writes reaches the
 // management cluster any more, so its Leases are left to expire.
 func (r *replica) kill(t *testing.T) {
