@@ -55,6 +55,7 @@ func TestDecidePod(t *testing.T) {
 		policies   map[string][]byte
 		machine    *Machine
 		csrs       []*certificatesv1.CertificateSigningRequest // the node's own requests
+		denied     []revoke.Denial                             // the record's denials
 		want       Outcome
 		wantReason string
 	}{
@@ -79,6 +80,11 @@ func TestDecidePod(t *testing.T) {
 		{name: "renewal denied before the current certificate", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
 			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ClientSignerName("fake"), testNow.Add(-2*time.Hour))}, want: Approve,
 			wantReason: podcert.ReasonIssued},
+		{name: "renewal denied, its request deleted since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			denied: []revoke.Denial{{Node: testNode, Request: "renewal", Reason: "SecureBootDisabled", At: testNow.Add(-2 * time.Minute)}}, want: Retry},
+		{name: "another node's renewal denied", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			denied: []revoke.Denial{{Node: "other", Request: "renewal", Reason: "SecureBootDisabled", At: testNow.Add(-2 * time.Minute)}}, want: Approve,
+			wantReason: podcert.ReasonIssued},
 		{name: "serving certificate denied since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
 			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ServingSignerName("fake"), testNow.Add(-time.Minute))}, want: Approve,
 			wantReason: podcert.ReasonIssued},
@@ -101,7 +107,7 @@ func TestDecidePod(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			state := &revoke.State{Issued: c.issued}
+			state := &revoke.State{Issued: c.issued, Denied: c.denied}
 			d := e.DecidePod(context.Background(), podRequest(t, c.stamp), &PodSigner{
 				SignerName: podcert.DefaultSignerName, Policy: pol, CA: ca, StampedSince: testNow.Add(-2 * time.Hour),
 				Issued: func(context.Context, string, string) (*revoke.State, error) { return state, nil },
@@ -165,8 +171,17 @@ type nodeCSRs []*certificatesv1.CertificateSigningRequest
 func (n nodeCSRs) Get(signer, name string) (*certificatesv1.CertificateSigningRequest, error) {
 	return noCSRs{}.Get(signer, name)
 }
-func (n nodeCSRs) ByRequester(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
-	return n, nil
+
+// ByRequester keeps the controller's index: a decided request is found by
+// its requester alone (its spec.request is not cached).
+func (n nodeCSRs) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	var out []*certificatesv1.CertificateSigningRequest
+	for _, csr := range n {
+		if csr.Spec.Username == username && (nodeName == "" || !Decided(csr)) {
+			out = append(out, csr)
+		}
+	}
+	return out, nil
 }
 func (nodeCSRs) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) { return nil, nil }
 
