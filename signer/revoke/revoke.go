@@ -284,11 +284,14 @@ func Fingerprint(cert *x509.Certificate) string {
 // (and forgets the revocations it held).
 var ErrMalformed = errors.New("not written by node-attestation-controller")
 
-// Unenforceable reports whether err, from Accept, says that revocation
-// cannot work in the cluster until someone fixes it (its RBAC, an API
-// server without ValidatingAdmissionPolicy, a record someone else edited):
-// the certificate is then handed out without waiting for that, since were
-// its name revoked the node would be refused until the fix and a renewal.
+// Unenforceable reports whether err, from Accept or Deny, says that
+// revocation cannot work in the cluster until someone fixes it (its RBAC,
+// an API server without ValidatingAdmissionPolicy, a record someone else
+// edited): the certificate is then handed out without waiting for that,
+// since were its name revoked the node would be refused until the fix and
+// a renewal; the denial is written, since the pod signer, which reads the
+// same record, issues nothing while it cannot read it (and where only the
+// policy is missing, the record was written).
 func Unenforceable(err error) bool {
 	return err != nil && !errors.Is(err, ErrRevokedMachine) &&
 		(apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || errors.Is(err, ErrMalformed))
