@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -59,7 +60,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -236,15 +237,17 @@ const maxReasonLength = 1024
 // valid reports whether d is what Deny records.
 func (d *Denial) valid() bool {
 	return len(validation.IsDNS1123Subdomain(d.Node)) == 0 && validCSRName(d.Request) && !d.At.IsZero() &&
-		len(d.Reason) > 0 && len(d.Reason) <= maxReasonLength && strings.IndexFunc(d.Reason, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == ',' || r == ':')
-	}) < 0
+		len(d.Reason) <= maxReasonLength && conditionReason.MatchString(d.Reason)
 }
+
+// conditionReason is what the API server accepts as a condition's reason
+// (metav1.Condition): the signer's reasons are CamelCase.
+var conditionReason = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
 
 // validCSRName reports whether name is a name the API server accepts for a
 // CertificateSigningRequest (a path segment) of at most 253 bytes.
 func validCSRName(name string) bool {
-	return len(name) > 0 && len(name) <= validation.DNS1123SubdomainMaxLength && len(path.IsValidPathSegmentName(name)) == 0 &&
+	return len(name) > 0 && len(name) <= validation.DNS1123SubdomainMaxLength && len(content.IsPathSegmentName(name)) == 0 &&
 		strings.IndexFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) < 0
 }
 
