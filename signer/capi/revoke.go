@@ -385,6 +385,22 @@ func (a *acceptor) Issuing(ctx context.Context, node string, m *engine.Machine, 
 	return nil
 }
 
+// Denying implements controller.IssueHook: the denial of node's renewal
+// is recorded before it is written, so that the pod signer holds the
+// node's pod certificates back after the workload cluster has deleted the
+// denied request.
+func (a *acceptor) Denying(ctx context.Context, node, request, reason string) error {
+	err := a.rv.Deny(ctx, node, request, reason)
+	if err != nil {
+		a.st.update(func(s *ClusterStatus) { s.RevocationErrors++; s.RevocationError = err.Error() })
+	}
+	if revoke.Unenforceable(err) {
+		klog.FromContext(ctx).Info("Denying without recording the denial", "node", node, "err", err.Error())
+		return nil
+	}
+	return err
+}
+
 // newRevocation returns the revocation side of a workload cluster.
 func (r *ClusterReconciler) newRevocation(cs kubernetes.Interface) *revocation {
 	return &revocation{

@@ -91,8 +91,10 @@ type Config struct {
 	MaxTries int
 	// Issuing, when set, is told of every client certificate before it is
 	// written to its request (revocation accepts the certificates of a new
-	// Machine of a revoked node name); an error leaves the request to be
-	// retried, and it is signed anew.
+	// Machine of a revoked node name), and of every denial of a node's
+	// renewal before it is written (the pod signer holds the node's pod
+	// certificates back); an error leaves the request to be retried, and
+	// it is signed or denied anew.
 	Issuing IssueHook
 	// ListPageSize is the limit of each page when the CSRs are listed; 0
 	// means the informers' default.
@@ -106,9 +108,14 @@ type Config struct {
 }
 
 // IssueHook is told of a client certificate before it is handed out, and
-// of what was verified before it was issued.
+// of what was verified before it was issued; and of a renewal before it is
+// denied.
 type IssueHook interface {
 	Issuing(ctx context.Context, node string, m *engine.Machine, cert *x509.Certificate, att revoke.Attestation) error
+	// Denying is told of request, a client certificate request filed with
+	// node's own credential (requester system:node:<node>), before it is
+	// denied for reason.
+	Denying(ctx context.Context, node, request, reason string) error
 }
 
 // key names a CSR in the queue: its signer name tells which store holds

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -83,6 +84,11 @@ func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateS
 // CSR as written.
 func (c *Controller) condition(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d *engine.Decision, typ certificatesv1.RequestConditionType,
 	decision string) (*certificatesv1.CertificateSigningRequest, error) {
+	if typ == certificatesv1.CertificateDenied {
+		if err := c.denying(ctx, csr, d.Reason); err != nil {
+			return nil, err
+		}
+	}
 	written, err := c.addCondition(ctx, csr, certificatesv1.CertificateSigningRequestCondition{
 		Type:           typ,
 		Status:         corev1.ConditionTrue,
@@ -105,6 +111,22 @@ func (c *Controller) condition(ctx context.Context, csr *certificatesv1.Certific
 		logger.Info("Failed an approved request", "message", d.Message)
 	}
 	return written, nil
+}
+
+// denying tells Issuing of a denied renewal (a client certificate request
+// filed with the node's own credential) before the denial is written: an
+// error leaves the request undenied, to be decided again. The answered
+// request consume denies is not a renewal denied: its answer is approved.
+func (c *Controller) denying(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, reason string) error {
+	node, ok := strings.CutPrefix(csr.Spec.Username, attestor.NodeUserPrefix)
+	p, known := c.engine.Profile(csr.Spec.SignerName)
+	if c.cfg.Issuing == nil || !ok || !known || p.Kind != checks.Client {
+		return nil
+	}
+	if err := c.cfg.Issuing.Denying(ctx, node, csr.Name, reason); err != nil {
+		return fmt.Errorf("denial of node %s's renewal not recorded yet: %w", node, err)
+	}
+	return nil
 }
 
 // consume denies the request whose challenge the request being approved

@@ -118,13 +118,8 @@ func (e *Engine) DecidePod(ctx context.Context, pcr *certificatesv1beta1.PodCert
 		return retry(d, fmt.Errorf("node %s attested under another %s policy than the Cluster's current one; "+
 			"its pod certificates are issued once it renews its client certificate under the current policy", c.NodeName, cred.Attested.Provider))
 	}
-	denied, err := e.renewalDenied(c.NodeName, cred.Attested.At)
-	if err != nil {
+	if err := e.renewalDenied(s, c.NodeName, cred.Attested.At); err != nil {
 		return retry(d, err)
-	}
-	if denied != nil {
-		return retry(d, fmt.Errorf("node %s was denied the renewal of its client certificate (%s: %s) after its current one was issued; "+
-			"its pod certificates are issued once a renewal is approved", c.NodeName, denied.Name, FindCondition(denied, certificatesv1.CertificateDenied).Reason))
 	}
 	out, err := podcert.Sign(ps.CA, c, att, cred.NotAfter, now, ps.Timing)
 	if err != nil {
@@ -159,26 +154,47 @@ func (e *Engine) PolicySHA256(provider string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// renewalDenied returns a client certificate request of node, filed with
-// its own credential, that this signer denied after at (a renewal that
-// failed the Cluster's policy, its boot state among it): until a renewal
-// is approved, the node's attestation is not current. The CSRs come from
-// the controller's cache; a denied request stays there until the
-// workload cluster deletes it (kube-controller-manager after an hour),
-// and kubelet files a new renewal meanwhile.
-func (e *Engine) renewalDenied(node string, at time.Time) (*certificatesv1.CertificateSigningRequest, error) {
-	csrs, err := e.cfg.CSRs.ByRequester(attestor.NodeUserPrefix+node, node)
-	if err != nil {
-		return nil, fmt.Errorf("unable to read the renewals of node %s: %w", node, err)
-	}
-	for _, csr := range csrs {
-		p, ok := e.profiles[csr.Spec.SignerName]
-		if !ok || p.Kind != checks.Client {
-			continue
+// renewalDenied returns an error when this signer denied a renewal of
+// node's client certificate (a client certificate request filed with the
+// node's own credential) after at, when the node's current certificate
+// was attested: a renewal that failed the Cluster's policy, its boot state
+// among it. Until a renewal is approved, the node's attestation is not
+// current, and its pod certificates are retried, never issued.
+//
+// The denial is found in revocation's record s (State.Denied), where the
+// controller records it before writing it: there it is later than every
+// certificate the record holds for the node, whatever the replicas'
+// clocks, since recording a newer certificate drops it, and it stays
+// until then or for the longest client certificate lifetime. The
+// controller's cache is read too: it holds the denied request from the
+// moment it is written, before the record's watch may have caught up, and
+// until the workload cluster deletes it (kube-controller-manager after an
+// hour). An error reading the cache is returned as well.
+func (e *Engine) renewalDenied(s *revoke.State, node string, at time.Time) error {
+	request, reason := "", ""
+	if d := s.FindDenial(node); d != nil {
+		request, reason = d.Request, d.Reason
+	} else {
+		// Decided requests are indexed by requester alone (their
+		// spec.request is not cached): the requester is the node.
+		csrs, err := e.cfg.CSRs.ByRequester(attestor.NodeUserPrefix+node, "")
+		if err != nil {
+			return fmt.Errorf("unable to read the renewals of node %s: %w", node, err)
 		}
-		if c := FindCondition(csr, certificatesv1.CertificateDenied); c != nil && c.LastUpdateTime.After(at) {
-			return csr, nil
+		for _, csr := range csrs {
+			p, ok := e.profiles[csr.Spec.SignerName]
+			if !ok || p.Kind != checks.Client {
+				continue
+			}
+			if c := FindCondition(csr, certificatesv1.CertificateDenied); c != nil && c.LastUpdateTime.After(at) {
+				request, reason = csr.Name, c.Reason
+				break
+			}
 		}
 	}
-	return nil, nil
+	if request == "" {
+		return nil
+	}
+	return fmt.Errorf("node %s was denied the renewal of its client certificate (%s: %s) after its current one was issued; "+
+		"its pod certificates are issued once a renewal is approved", node, request, reason)
 }

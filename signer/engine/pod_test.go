@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -55,6 +56,7 @@ func TestDecidePod(t *testing.T) {
 		policies   map[string][]byte
 		machine    *Machine
 		csrs       []*certificatesv1.CertificateSigningRequest // the node's own requests
+		denied     []revoke.Denial                             // the record's denials
 		want       Outcome
 		wantReason string
 	}{
@@ -79,6 +81,11 @@ func TestDecidePod(t *testing.T) {
 		{name: "renewal denied before the current certificate", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
 			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ClientSignerName("fake"), testNow.Add(-2*time.Hour))}, want: Approve,
 			wantReason: podcert.ReasonIssued},
+		{name: "renewal denied, its request deleted since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			denied: []revoke.Denial{{Node: testNode, Request: "renewal", Reason: "SecureBootDisabled", At: testNow.Add(-2 * time.Minute)}}, want: Retry},
+		{name: "another node's renewal denied", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
+			denied: []revoke.Denial{{Node: "other", Request: "renewal", Reason: "SecureBootDisabled", At: testNow.Add(-2 * time.Minute)}}, want: Approve,
+			wantReason: podcert.ReasonIssued},
 		{name: "serving certificate denied since", stamp: fp, issued: []revoke.Credential{cred(fp, tpmUnder(""))},
 			csrs: []*certificatesv1.CertificateSigningRequest{renewal(attestor.ServingSignerName("fake"), testNow.Add(-time.Minute))}, want: Approve,
 			wantReason: podcert.ReasonIssued},
@@ -101,7 +108,7 @@ func TestDecidePod(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			state := &revoke.State{Issued: c.issued}
+			state := &revoke.State{Issued: c.issued, Denied: c.denied}
 			d := e.DecidePod(context.Background(), podRequest(t, c.stamp), &PodSigner{
 				SignerName: podcert.DefaultSignerName, Policy: pol, CA: ca, StampedSince: testNow.Add(-2 * time.Hour),
 				Issued: func(context.Context, string, string) (*revoke.State, error) { return state, nil },
@@ -165,8 +172,17 @@ type nodeCSRs []*certificatesv1.CertificateSigningRequest
 func (n nodeCSRs) Get(signer, name string) (*certificatesv1.CertificateSigningRequest, error) {
 	return noCSRs{}.Get(signer, name)
 }
-func (n nodeCSRs) ByRequester(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
-	return n, nil
+
+// ByRequester keeps the controller's index: a decided request is found by
+// its requester alone (its spec.request is not cached).
+func (n nodeCSRs) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	var out []*certificatesv1.CertificateSigningRequest
+	for _, csr := range n {
+		if csr.Spec.Username == username && (nodeName == "" || !Decided(csr)) {
+			out = append(out, csr)
+		}
+	}
+	return out, nil
 }
 func (nodeCSRs) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) { return nil, nil }
 
@@ -177,4 +193,68 @@ func renewal(signer string, at time.Time) *certificatesv1.CertificateSigningRequ
 	csr.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue,
 		Reason: "SecureBootDisabled", LastUpdateTime: metav1.NewTime(at)}}
 	return csr
+}
+
+// TestDecidePodAfterRecordedDenial: through revocation's record as the
+// controller writes it, a node whose renewal was denied after its current
+// certificate gets no pod certificates (retried) although the denied
+// request is gone; once a certificate issued after the denial is recorded,
+// the node's requests with it are issued.
+func TestDecidePodAfterRecordedDenial(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktesting.NewFakePassiveClock(testNow.Add(-time.Hour))
+	rv := &revoke.Revoker{Client: fake.NewClientset(), Lifetime: 24 * time.Hour, Clock: clock}
+	m := &Machine{Namespace: "ns", Name: testNode, UID: "m-uid", ProviderID: testPID}
+	recordCert := func(raw string) string {
+		t.Helper()
+		cert := &x509.Certificate{Raw: []byte(raw), NotAfter: testNow.Add(24 * time.Hour)}
+		if _, err := rv.Accept(ctx, testNode, revoke.Machine{Namespace: m.Namespace, Name: m.Name, UID: m.UID}, cert, revoke.Attestation{Provider: "tpm"}); err != nil {
+			t.Fatal(err)
+		}
+		return revoke.Fingerprint(cert)
+	}
+	ca := podCA(t)
+	pol, errs := podcert.NewPolicy(&v1alpha1.PodCertificatePolicy{TrustDomain: "wl.example",
+		Allowed: []v1alpha1.PodCertificateServiceAccounts{{Namespace: "payments", ServiceAccounts: []string{"api"}}}}, field.NewPath("spec"))
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	e, err := New(Config{Cluster: "ns/c", Authorized: []string{"fake"}, Machines: oneMachine{m: m}, CSRs: nodeCSRs(nil),
+		Profiles: Profiles(ProfileSet{Verifiers: map[string]attestor.Verifier{"fake": &scripted{}}, Client: noSigner{}, Serving: noSigner{}}),
+		Clock:    clocktesting.NewFakePassiveClock(testNow)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(fp string) *Decision {
+		t.Helper()
+		return e.DecidePod(ctx, podRequest(t, fp), &PodSigner{SignerName: podcert.DefaultSignerName, Policy: pol, CA: ca, StampedSince: testNow.Add(-2 * time.Hour),
+			Issued: func(ctx context.Context, _, _ string) (*revoke.State, error) {
+				cm, err := rv.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+				if err != nil {
+					return nil, err
+				}
+				return revoke.Decode(cm)
+			}})
+	}
+
+	current := recordCert("current")
+	if d := decide(current); d.Outcome != Approve {
+		t.Fatalf("before the denial: %s (%s), want Approve", d.Outcome, d.Err)
+	}
+	clock.SetTime(testNow.Add(-30 * time.Minute))
+	if err := rv.Deny(ctx, testNode, "renewal", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	d := decide(current)
+	if d.Outcome != Retry || d.Err == nil || !strings.Contains(d.Err.Error(), "denied the renewal of its client certificate (renewal: SecureBootDisabled)") {
+		t.Fatalf("after the denial, its request gone: %s (%v), want Retry for the denied renewal", d.Outcome, d.Err)
+	}
+	clock.SetTime(testNow.Add(-10 * time.Minute))
+	newer := recordCert("newer")
+	if d := decide(newer); d.Outcome != Approve {
+		t.Fatalf("with a certificate issued after the denial: %s (%v), want Approve", d.Outcome, d.Err)
+	}
+	if d := decide(current); d.Outcome != Deny || d.Reason != podcert.ReasonNodeSuperseded {
+		t.Fatalf("with the certificate from before the denial: %s %s, want Deny %s", d.Outcome, d.Reason, podcert.ReasonNodeSuperseded)
+	}
 }

@@ -41,6 +41,7 @@
 package revoke
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -49,6 +50,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -57,6 +60,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -188,6 +192,63 @@ type State struct {
 	// maxAllowed per Machine: when a Machine is deleted they tell its
 	// certificates from those of another Machine claiming its name.
 	Issued []Credential `json:"issued,omitempty"`
+	// Denied are the latest denied renewals of the nodes Issued holds a
+	// certificate of, at most one per node, recorded before the denial
+	// was written (Deny): the pod signer issues nothing for a node whose
+	// renewal was denied after its current certificate, long after the
+	// workload cluster has deleted the denied request.
+	Denied []Denial `json:"denied,omitempty"`
+
+	// unknown are the top-level fields of State.json this version does
+	// not know (a newer controller's), kept as read and written back.
+	unknown map[string]json.RawMessage
+}
+
+// Denial is a denied renewal: a client certificate request filed with a
+// node's own credential (requester system:node:<name>) that the
+// controller denied.
+type Denial struct {
+	// Node is the node name.
+	Node string `json:"node"`
+	// Request is the name of the CertificateSigningRequest denied.
+	Request string `json:"request"`
+	// Reason is the reason of its Denied condition.
+	Reason string `json:"reason"`
+	// At is when the denial was recorded, right before it was written.
+	At time.Time `json:"at"`
+}
+
+// FindDenial returns the recorded denial of node's renewal, or nil. It is
+// later than every certificate State.Issued holds for node: recording a
+// newer certificate drops it (Accept).
+func (s *State) FindDenial(node string) *Denial {
+	for i := range s.Denied {
+		if s.Denied[i].Node == node {
+			return &s.Denied[i]
+		}
+	}
+	return nil
+}
+
+// maxReasonLength bounds a denial's reason, as the API server bounds a
+// condition's.
+const maxReasonLength = 1024
+
+// valid reports whether d is what Deny records.
+func (d *Denial) valid() bool {
+	return len(validation.IsDNS1123Subdomain(d.Node)) == 0 && validCSRName(d.Request) && !d.At.IsZero() &&
+		len(d.Reason) <= maxReasonLength && conditionReason.MatchString(d.Reason)
+}
+
+// conditionReason is what the API server accepts as a condition's reason
+// (metav1.Condition): the signer's reasons are CamelCase.
+var conditionReason = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
+
+// validCSRName reports whether name is a name the API server accepts for a
+// CertificateSigningRequest (a path segment) of at most 253 bytes.
+func validCSRName(name string) bool {
+	return len(name) > 0 && len(name) <= validation.DNS1123SubdomainMaxLength && len(content.IsPathSegmentName(name)) == 0 &&
+		strings.IndexFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) < 0
 }
 
 // Find returns the entry of node, or nil.
@@ -226,11 +287,14 @@ func Fingerprint(cert *x509.Certificate) string {
 // (and forgets the revocations it held).
 var ErrMalformed = errors.New("not written by node-attestation-controller")
 
-// Unenforceable reports whether err, from Accept, says that revocation
-// cannot work in the cluster until someone fixes it (its RBAC, an API
-// server without ValidatingAdmissionPolicy, a record someone else edited):
-// the certificate is then handed out without waiting for that, since were
-// its name revoked the node would be refused until the fix and a renewal.
+// Unenforceable reports whether err, from Accept or Deny, says that
+// revocation cannot work in the cluster until someone fixes it (its RBAC,
+// an API server without ValidatingAdmissionPolicy, a record someone else
+// edited): the certificate is then handed out without waiting for that,
+// since were its name revoked the node would be refused until the fix and
+// a renewal; the denial is written, since the pod signer, which reads the
+// same record, issues nothing while it cannot read it (and where only the
+// policy is missing, the record was written).
 func Unenforceable(err error) bool {
 	return err != nil && !errors.Is(err, ErrRevokedMachine) &&
 		(apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || errors.Is(err, ErrMalformed))
@@ -240,18 +304,24 @@ func Unenforceable(err error) bool {
 // very Machine whose deletion revoked the name.
 var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Machine")
 
-// Decode reads the state of a ConfigMap strictly: duplicate and unknown
-// fields, case-folded names and trailing data are errors.
+// Decode reads the state of a ConfigMap: duplicate fields, field names
+// that differ from the state's only in case, trailing data and every value
+// this version reads but does not accept are errors.
+//
+// Fields this version does not know are ignored: the record is written
+// only by controllers, of this version or a newer one during a rolling
+// upgrade, and a newer one may add fields; an older replica that refused
+// them would stop issuing and revoking in the cluster until the upgrade
+// ends. Every field read is still validated strictly. Unknown top-level
+// fields are written back as read (data); unknown fields inside an entry
+// are dropped when this version rewrites the record, so a newer version
+// adds what an older replica must keep at the top level.
 func Decode(cm *corev1.ConfigMap) (*State, error) {
 	raw, ok := cm.Data[StateKey]
 	if !ok {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no %s: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
 	}
-	var s State
-	strict, err := sigsjson.UnmarshalStrict([]byte(raw), &s)
-	if err == nil {
-		err = errors.Join(strict...)
-	}
+	s, err := decodeState([]byte(raw))
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s: %w: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
 	}
@@ -274,7 +344,107 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed issued certificate for node %q: %w", cm.Namespace, cm.Name, StateKey, c.Node, ErrMalformed)
 		}
 	}
+	for i, d := range s.Denied {
+		if !d.valid() || slices.ContainsFunc(s.Denied[:i], func(o Denial) bool { return o.Node == d.Node }) {
+			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed denial for node %q: %w", cm.Namespace, cm.Name, StateKey, d.Node, ErrMalformed)
+		}
+	}
+	return s, nil
+}
+
+// decodeState parses raw: case-sensitive field names, no duplicate
+// fields, no field named like one of the state's but in another case,
+// nothing after the value; unknown fields are ignored, those at the top
+// level kept in State.unknown.
+func decodeState(raw []byte) (*State, error) {
+	var s State
+	strict, err := sigsjson.UnmarshalStrict(raw, &s, sigsjson.DisallowDuplicateFields)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return nil, err
+	}
+	if err := caseFolded(doc); err != nil {
+		return nil, err
+	}
+	top, ok := doc.(map[string]any)
+	if !ok {
+		return nil, errors.New("not a JSON object")
+	}
+	for k := range top {
+		if stateFields[k] {
+			continue
+		}
+		v, err := json.Marshal(top[k])
+		if err != nil {
+			return nil, err
+		}
+		if s.unknown == nil {
+			s.unknown = map[string]json.RawMessage{}
+		}
+		s.unknown[k] = v
+	}
 	return &s, nil
+}
+
+// stateFields are State's JSON field names; fieldNames those of every
+// struct State.json holds.
+var stateFields, fieldNames = func() (map[string]bool, map[string]bool) {
+	top, all := map[string]bool{}, map[string]bool{}
+	var walk func(t reflect.Type, into map[string]bool)
+	walk = func(t reflect.Type, into map[string]bool) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || t == reflect.TypeFor[time.Time]() {
+			return
+		}
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if !f.IsExported() || name == "" || name == "-" {
+				continue
+			}
+			into[name], all[name] = true, true
+			walk(f.Type, map[string]bool{})
+		}
+	}
+	walk(reflect.TypeFor[State](), top)
+	return top, all
+}()
+
+// caseFolded returns an error for an object key in doc that names one of
+// the state's fields in another case: a hand edit the strict decoder of
+// older versions refused, and one this version must not silently ignore.
+func caseFolded(doc any) error {
+	switch v := doc.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if !fieldNames[k] {
+				for name := range fieldNames {
+					if strings.EqualFold(k, name) {
+						return fmt.Errorf("field %q is %q in another case", k, name)
+					}
+				}
+			}
+			if err := caseFolded(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if err := caseFolded(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // data returns the ConfigMap data of s.
@@ -282,6 +452,20 @@ func data(s *State) (map[string]string, error) {
 	raw, err := json.Marshal(s)
 	if err != nil {
 		return nil, err
+	}
+	if len(s.unknown) > 0 {
+		var all map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &all); err != nil {
+			return nil, err
+		}
+		for k, v := range s.unknown {
+			if _, ok := all[k]; !ok {
+				all[k] = v
+			}
+		}
+		if raw, err = json.Marshal(all); err != nil {
+			return nil, err
+		}
 	}
 	return map[string]string{StateKey: string(raw)}, nil
 }
@@ -300,6 +484,17 @@ func (s *State) prune(now time.Time) (dropped []string) {
 	}
 	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
 	return dropped
+}
+
+// pruneDenied drops the denials recorded keep or longer before now (every
+// certificate issued before them has expired) and those of nodes Issued
+// holds no certificate of any more. It reports whether it dropped any.
+func (s *State) pruneDenied(now time.Time, keep time.Duration) bool {
+	n := len(s.Denied)
+	s.Denied = slices.DeleteFunc(s.Denied, func(d Denial) bool {
+		return !now.Before(d.At.Add(keep)) || !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.Node == d.Node })
+	})
+	return len(s.Denied) != n
 }
 
 // Revoker keeps the revocations of one workload cluster. Its methods are
@@ -329,7 +524,8 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	s, err := r.update(ctx, true, func(s *State) bool {
 		n := len(s.Issued)
 		dropped = s.prune(r.now())
-		return len(dropped) > 0 || len(s.Issued) != n
+		denied := s.pruneDenied(r.now(), r.Lifetime+Margin)
+		return len(dropped) > 0 || len(s.Issued) != n || denied
 	})
 	if err != nil {
 		return nil, nil, err
@@ -391,6 +587,7 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 			}
 		}
 		s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
+		s.pruneDenied(now, r.Lifetime+Margin)
 		slices.SortFunc(s.Entries, func(a, b Entry) int { return strings.Compare(a.Node, b.Node) })
 		return len(listed) > 0
 	})
@@ -444,6 +641,9 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 			if len(mine) > maxAllowed {
 				s.Issued = slices.Delete(s.Issued, mine[0], mine[0]+1)
 			}
+			// A certificate issued after the node's last denied renewal:
+			// its attestation is current again.
+			s.Denied = slices.DeleteFunc(s.Denied, func(d Denial) bool { return d.Node == node })
 		}
 		if e == nil {
 			return changed
@@ -463,6 +663,46 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 		return nil, err
 	}
 	return out, refused
+}
+
+// Deny is called before a renewal of node's client certificate (request,
+// filed with the node's own credential) is denied for reason: it records
+// the denial as the node's latest (State.Denied), replacing an earlier
+// one, so that the pod signer issues nothing for the certificates the node
+// holds (engine.DecidePod) until one issued after it is recorded (Accept
+// drops it) or the longest client certificate lifetime has passed. A node
+// the record holds no certificate of gets no pod certificates anyway, and
+// nothing is recorded for it. An error means the denial must not be
+// written yet.
+func (r *Revoker) Deny(ctx context.Context, node, request, reason string) error {
+	if len(validation.IsDNS1123Subdomain(node)) > 0 {
+		// No node can register under it, and it is never issued a
+		// certificate.
+		return nil
+	}
+	now := r.now()
+	d := Denial{Node: node, Request: request, Reason: reason, At: now.UTC()}
+	if !d.valid() {
+		return fmt.Errorf("denial of request %q for reason %q is not recordable", request, reason)
+	}
+	_, err := r.update(ctx, false, func(s *State) bool {
+		changed := s.pruneDenied(now, r.Lifetime+Margin)
+		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.Node == node && now.Before(c.NotAfter) }) {
+			return changed
+		}
+		if old := s.FindDenial(node); old != nil {
+			if old.Request == d.Request && old.Reason == d.Reason {
+				// Recorded by an earlier try whose denial was not
+				// written; the first time stands.
+				return changed
+			}
+			*old = d
+			return true
+		}
+		s.Denied = append(s.Denied, d)
+		return true
+	})
+	return err
 }
 
 // update reads the state (a missing ConfigMap is an empty state), applies

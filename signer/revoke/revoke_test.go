@@ -2,6 +2,7 @@ package revoke
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"reflect"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 var t0 = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
@@ -22,7 +24,8 @@ func sample() *State {
 		{Node: "worker-a", Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u1"}, RevokedAt: t0, Until: t0.Add(7 * 24 * time.Hour),
 			Accepted: []Credential{{SHA256: strings.Repeat("ab", 32), Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u2"}, NotAfter: t0.Add(24 * time.Hour)}}},
 		{Node: "ip-10-0-0-1.ec2.internal", Machine: Machine{Namespace: "team", Name: "md-0-x", UID: "u3"}, RevokedAt: t0, Until: t0.Add(time.Hour)},
-	}, Issued: []Credential{{SHA256: strings.Repeat("cd", 32), Node: "worker-b", Machine: Machine{Namespace: "team", Name: "worker-b", UID: "u4"}, NotAfter: t0.Add(24 * time.Hour)}}}
+	}, Issued: []Credential{{SHA256: strings.Repeat("cd", 32), Node: "worker-b", Machine: Machine{Namespace: "team", Name: "worker-b", UID: "u4"}, NotAfter: t0.Add(24 * time.Hour)}},
+		Denied: []Denial{{Node: "worker-b", Request: "csr-b2", Reason: "SecureBootDisabled", At: t0.Add(time.Hour)}}}
 }
 
 func configMap(t *testing.T, s *State) *corev1.ConfigMap {
@@ -94,8 +97,15 @@ func TestDecodeRefuses(t *testing.T) {
 	good := configMap(t, sample()).Data[StateKey]
 	for name, raw := range map[string]string{
 		"duplicate key":     strings.Replace(good, `{"version":"v1",`, `{"version":"v1","version":"v1",`, 1),
-		"unknown field":     strings.Replace(good, `{"version":"v1",`, `{"version":"v1","extra":1,`, 1),
 		"case-folded field": strings.Replace(good, `"entries"`, `"Entries"`, 1),
+		"case-folded inner": strings.Replace(good, `"accepted"`, `"Accepted"`, 1),
+		"unknown case-fold": strings.Replace(good, `{"version":"v1",`, `{"version":"v1","DENIED":[],`, 1),
+		"duplicate inner":   strings.Replace(good, `"reason":"SecureBootDisabled"`, `"reason":"SecureBootDisabled","reason":"Other"`, 1),
+		"denial bad node":   strings.Replace(good, `"node":"worker-b","request"`, `"node":"Worker_B","request"`, 1),
+		"denial no request": strings.Replace(good, `"request":"csr-b2"`, `"request":""`, 1),
+		"denial bad reason": strings.Replace(good, `"reason":"SecureBootDisabled"`, `"reason":"Secure boot: off"`, 1),
+		"denial no time":    strings.Replace(good, `"at":"2026-11-25T11:00:00Z"`, `"at":"0001-01-01T00:00:00Z"`, 1),
+		"denial twice":      strings.Replace(good, `"denied":[`, `"denied":[{"node":"worker-b","request":"csr-b1","reason":"Other","at":"2026-11-25T10:00:00Z"},`, 1),
 		"trailing data":     good + "{}",
 		"other version":     strings.Replace(good, `"v1"`, `"v2"`, 1),
 		"upper-case node":   strings.Replace(good, `"node":"worker-a"`, `"node":"Worker-A"`, 1),
@@ -105,6 +115,8 @@ func TestDecodeRefuses(t *testing.T) {
 		"upper fingerprint": strings.Replace(good, strings.Repeat("ab", 32), strings.Repeat("AB", 32), 1),
 		"issued bad node":   strings.Replace(good, `"node":"worker-b"`, `"node":"Worker_B"`, 1),
 		"issued bad print":  strings.Replace(good, strings.Repeat("cd", 32), "cdcd", 1),
+		"null":              "null",
+		"a list":            "[]",
 		"not JSON":          "revoked: worker-a",
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -119,6 +131,38 @@ func TestDecodeRefuses(t *testing.T) {
 	}
 	if _, err := Decode(&corev1.ConfigMap{Data: map[string]string{"worker-a": "x"}}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("Decode without %s = %v, want ErrMalformed", StateKey, err)
+	}
+}
+
+// A record written by a newer controller, with fields this version does
+// not know, is read during a rolling upgrade (and written back with its
+// top-level ones kept), not refused as malformed: refusing it would stop
+// issuance and revocation in the cluster until the upgrade ends.
+func TestDecodeUnknownFields(t *testing.T) {
+	good := configMap(t, sample()).Data[StateKey]
+	raw := strings.Replace(good, `{"version":"v1",`, `{"version":"v1","quarantined":[{"node":"worker-c","n":12345678901234567890}],`, 1)
+	raw = strings.Replace(raw, `"reason":"SecureBootDisabled"`, `"reason":"SecureBootDisabled","pcrs":[0,7]`, 1)
+	got, err := Decode(&corev1.ConfigMap{Data: map[string]string{StateKey: raw}})
+	if err != nil {
+		t.Fatalf("Decode of a record with unknown fields: %v", err)
+	}
+	got.unknown = nil
+	want := sample()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("read\n %+v\nwant\n %+v", got, want)
+	}
+	got, _ = Decode(&corev1.ConfigMap{Data: map[string]string{StateKey: raw}})
+	got.Issued = nil // a change this version writes
+	d, err := data(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d[StateKey], `"quarantined":[{"n":12345678901234567890,"node":"worker-c"}]`) {
+		t.Errorf("written back without the newer version's top-level field: %s", d[StateKey])
+	}
+	again, err := Decode(&corev1.ConfigMap{Data: d})
+	if err != nil || again.Issued != nil || len(again.Denied) != 1 {
+		t.Errorf("written back: %+v, %v", again, err)
 	}
 }
 
@@ -178,5 +222,117 @@ func TestUpdateCanceled(t *testing.T) {
 	r := &Revoker{Client: c, Lifetime: time.Hour}
 	if _, _, err := r.Ensure(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("Ensure() with its context canceled = %v, want context.Canceled", err)
+	}
+}
+
+// A denied renewal is recorded as its node's latest (one entry a node,
+// the newest replacing it), only for a node the record holds a certificate
+// of, and dropped once a certificate issued after it is recorded, once the
+// node's certificates are gone, or after the longest certificate lifetime.
+func TestDeny(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktesting.NewFakePassiveClock(t0)
+	c := fake.NewClientset()
+	r := &Revoker{Client: c, Lifetime: 24 * time.Hour, Clock: clock}
+	read := func() *State {
+		t.Helper()
+		cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Decode(cm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	m := Machine{Namespace: "team", Name: "worker-a", UID: "u1"}
+	cert := func(raw string) *x509.Certificate {
+		// Longer than the cap: the node keeps a certificate while its
+		// denial expires.
+		return &x509.Certificate{Raw: []byte(raw), NotAfter: clock.Now().Add(7 * 24 * time.Hour)}
+	}
+	att := Attestation{Provider: "tpm"}
+
+	if err := r.Deny(ctx, "worker-a", "csr-0", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); len(s.Denied) != 0 {
+		t.Fatalf("denial recorded for a node without certificates: %+v", s.Denied)
+	}
+	if _, err := r.Accept(ctx, "worker-a", m, cert("first"), att); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Accept(ctx, "worker-b", Machine{Namespace: "team", Name: "worker-b", UID: "u2"}, cert("other"), att); err != nil {
+		t.Fatal(err)
+	}
+	clock.SetTime(t0.Add(time.Hour))
+	if err := r.Deny(ctx, "worker-a", "csr-1", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	want := Denial{Node: "worker-a", Request: "csr-1", Reason: "SecureBootDisabled", At: t0.Add(time.Hour)}
+	if s := read(); !reflect.DeepEqual(s.Denied, []Denial{want}) {
+		t.Fatalf("denied %+v, want %+v", s.Denied, want)
+	}
+	clock.SetTime(t0.Add(2 * time.Hour))
+	if err := r.Deny(ctx, "worker-a", "csr-1", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); !reflect.DeepEqual(s.Denied, []Denial{want}) {
+		t.Fatalf("the same denial recorded again: %+v, want %+v", s.Denied, want)
+	}
+	if err := r.Deny(ctx, "worker-a", "csr-2", "PCRMismatch"); err != nil {
+		t.Fatal(err)
+	}
+	want = Denial{Node: "worker-a", Request: "csr-2", Reason: "PCRMismatch", At: t0.Add(2 * time.Hour)}
+	if s := read(); !reflect.DeepEqual(s.Denied, []Denial{want}) {
+		t.Fatalf("after a second denial: %+v, want only %+v", s.Denied, want)
+	}
+	if _, err := r.Accept(ctx, "worker-b", Machine{Namespace: "team", Name: "worker-b", UID: "u2"}, cert("other-2"), att); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); len(s.Denied) != 1 {
+		t.Fatalf("another node's certificate dropped the denial: %+v", s.Denied)
+	}
+	if _, err := r.Accept(ctx, "worker-a", m, cert("second"), att); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); len(s.Denied) != 0 {
+		t.Fatalf("denial kept after a newer certificate was recorded: %+v", s.Denied)
+	}
+
+	// Kept for the longest certificate lifetime (and margin), then gone.
+	if err := r.Deny(ctx, "worker-a", "csr-3", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	at := clock.Now()
+	for _, c := range []struct {
+		at   time.Time
+		want int
+	}{{at.Add(r.Lifetime + Margin - time.Second), 1}, {at.Add(r.Lifetime + Margin), 0}} {
+		clock.SetTime(c.at)
+		if _, _, err := r.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := read(); len(s.Denied) != c.want {
+			t.Fatalf("%s after the denial: %+v, want %d", c.at.Sub(at), s.Denied, c.want)
+		}
+	}
+
+	// The node's Machine deleted: its certificates, and the denial, go.
+	if err := r.Deny(ctx, "worker-a", "csr-5", "SecureBootDisabled"); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); len(s.Denied) != 1 {
+		t.Fatalf("denial not recorded: %+v", s.Denied)
+	}
+	if _, _, err := r.Revoke(ctx, m, []string{"worker-a"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); len(s.Denied) != 0 {
+		t.Fatalf("denial kept for a node without certificates: %+v", s.Denied)
+	}
+	if err := r.Deny(ctx, "worker-a", "csr-6", "Secure boot off"); err == nil {
+		t.Error("a reason that is no condition reason was recorded")
 	}
 }

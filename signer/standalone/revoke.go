@@ -45,6 +45,17 @@ func (r *Revocations) Issuing(ctx context.Context, node string, m *engine.Machin
 	return err
 }
 
+// Denying implements controller.IssueHook: the denial of node's renewal
+// is recorded before it is written (revoke.Revoker.Deny).
+func (r *Revocations) Denying(ctx context.Context, node, request, reason string) error {
+	err := r.Revoker.Deny(ctx, node, request, reason)
+	if revoke.Unenforceable(err) {
+		klog.FromContext(ctx).Info("Denying without recording the denial", "node", node, "err", err.Error())
+		return nil
+	}
+	return err
+}
+
 // Sync revokes the node names of the certificates issued to entries the
 // allowlist no longer has, and keeps the admission policy as written. An
 // allowlist it cannot read revokes nothing. It returns the names revoked.

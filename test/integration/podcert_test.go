@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +38,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 	"sigs.k8s.io/kubelet-authenticator/signer/podcert/podattest"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
+	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
 )
 
@@ -490,6 +492,32 @@ func TestPodCertificates(t *testing.T) {
 	}
 	e.expectIssuedPod(t, "api-a-renewed", renewed, keyR, "api")
 
+	// worker-a's next renewal is denied, and its denied request deleted
+	// (kube-controller-manager does after an hour): the denial is in
+	// revocation's record, and worker-a's current certificate gets no pod
+	// certificates; a certificate issued after the denial does.
+	e.deniedRenewal(t, renewed, "worker-a-denied")
+	retried := counter(t, "kubelet_authenticator_signer_pod_certificate_decisions_total", map[string]string{"cluster": cluster, "decision": capi.PodDecisionRetried})
+	if _, _, err := e.request(t, renewed, apiA, nodeA, "api-a-held", nil); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, func() (bool, error) {
+		return counter(t, "kubelet_authenticator_signer_pod_certificate_decisions_total",
+			map[string]string{"cluster": cluster, "decision": capi.PodDecisionRetried}) >= retried+2, nil
+	})
+	if pcr, err := e.wl.Client.CertificatesV1beta1().PodCertificateRequests(e.ns).Get(ctx, "api-a-held", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if len(pcr.Status.Conditions) > 0 {
+		t.Fatalf("pod request of a node whose renewal was denied: %s %s: %s", pcr.Status.Conditions[0].Type, pcr.Status.Conditions[0].Reason,
+			pcr.Status.Conditions[0].Message)
+	}
+	again := e.join(t, "worker-a-3", "worker-a", "test:///worker-a")
+	keyAgain, _, err := e.request(t, again, apiA, nodeA, "api-a-after-denial", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.expectIssuedPod(t, "api-a-after-denial", again, keyAgain, "api")
+
 	// worker-b's Machine is deleted: its node is refused (revocation's
 	// admission policy), and nothing is issued for it.
 	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: "worker-b"}}); err != nil {
@@ -508,6 +536,40 @@ func TestPodCertificates(t *testing.T) {
 		t.Logf("deleted Machine's node: %v", err)
 		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "was revoked"), nil
 	})
+}
+
+// deniedRenewal files, with k's credential, a renewal the signer denies
+// (it asks for another node's name), waits until the denial is in
+// revocation's record, and deletes the request.
+func (e *podEnv) deniedRenewal(t *testing.T, k *kubelet, name string) {
+	t.Helper()
+	ctx := context.Background()
+	req, _ := signertest.Request{NodeName: "worker-b", ProviderID: "test:///" + k.name}.Build(t)
+	csr := signertest.CSR(name, req)
+	csr.Spec.Username, csr.Spec.Groups = "", nil // set by kube-apiserver
+	if _, err := k.client.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitDecided(t, name)
+	d := condition(got, certificatesv1.CertificateDenied)
+	if d == nil || got.Spec.Username != attestor.NodeUserPrefix+k.name {
+		t.Fatalf("renewal %s by %s: %+v, want denied", name, got.Spec.Username, got.Status.Conditions)
+	}
+	t.Logf("renewal %s denied %s: %s", name, d.Reason, d.Message)
+	cm, err := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := revoke.Decode(cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := s.FindDenial(k.name); rec == nil || rec.Request != name || rec.Reason != d.Reason {
+		t.Fatalf("record's denial of %s: %+v, want request %s, reason %s (recorded before the denial was written)", k.name, rec, name, d.Reason)
+	}
+	if err := e.wl.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // unattestedPodCert returns a certificate for key's pod signed with the
