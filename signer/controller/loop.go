@@ -97,7 +97,8 @@ type Config struct {
 	// it is signed or denied anew.
 	Issuing IssueHook
 	// ListPageSize is the limit of each page when the CSRs are listed; 0
-	// means the informers' default.
+	// means client-go's reflector default for watched signer names, and
+	// one unpaged list for the others.
 	ListPageSize int64
 	// MaxCachedCSRs and MaxCachedCSRBytes are the budget of CSRs cached
 	// (bytes as cached); 0 means no bound. OverBudget is told, once, when

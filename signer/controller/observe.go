@@ -14,7 +14,7 @@ type Metrics interface {
 }
 
 // SeenMetrics counts the pending CSRs of the controller's signer names it
-// sees (once per CSR and informer start).
+// sees (once per CSR and controller start).
 type SeenMetrics interface {
 	Seen(cluster, signerName string)
 }
