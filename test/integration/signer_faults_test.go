@@ -392,20 +392,7 @@ func TestSignerFaults(t *testing.T) {
 	}
 	// Each replica runs the controllers of the Clusters it serves, no
 	// other: none left running after a Cluster moved away.
-	if err := pollFor(10*time.Second, func() bool {
-		for _, id := range live {
-			want := 0
-			for _, o := range owners {
-				if o == id {
-					want++
-				}
-			}
-			if v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id); int(v) != want {
-				return false
-			}
-		}
-		return true
-	}); err != nil {
+	if err := pollFor(10*time.Second, func() bool { return servesClaimed(t, owners, live) }); err != nil {
 		for _, id := range live {
 			v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id)
 			t.Errorf("replica %s runs the controllers of %v Clusters; Clusters served: %v", id, v, owners)

@@ -176,6 +176,25 @@ func replicaGauge(t *testing.T, name, id string) (float64, bool) {
 	return labelledValue(t, name, "replica", id)
 }
 
+// servesClaimed reports whether each replica of live runs the controllers
+// of exactly the Clusters owners says it serves (its clusters-served
+// gauge), none left running after a Cluster moved away.
+func servesClaimed(t *testing.T, owners map[string]string, live []string) bool {
+	t.Helper()
+	for _, id := range live {
+		want := 0
+		for _, o := range owners {
+			if o == id {
+				want++
+			}
+		}
+		if v, _ := replicaGauge(t, "kubelet_authenticator_signer_shard_clusters_served", id); int(v) != want {
+			return false
+		}
+	}
+	return true
+}
+
 // waitServed waits until every Cluster ns/name of names is served by one of
 // live, its status and its claim naming the same replica, and returns who
 // serves each.
