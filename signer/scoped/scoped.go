@@ -201,8 +201,8 @@ func New(cfg Config) (*Identity, error) {
 	// The admin clients are checked here and built when used (a renewal
 	// every tens of minutes): an Identity holds no client of its own
 	// between renewals.
-	if _, err := kubernetes.NewForConfig(cfg.Admin); err != nil {
-		return nil, fmt.Errorf("unable to build the admin client: %w", err)
+	if _, _, err := adminClients(cfg.Admin); err != nil {
+		return nil, err
 	}
 	id := &Identity{cfg: cfg, sa: m.ServiceAccount, objects: m, clock: cfg.Clock, reset: make(chan struct{}, 1)}
 	if id.clock == nil {
@@ -444,9 +444,9 @@ func RenewAt(issued, expiry time.Time, renewBefore time.Duration) time.Time {
 func (id *Identity) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	admin, err := kubernetes.NewForConfig(id.cfg.Admin)
+	admin, _, err := adminClients(id.cfg.Admin)
 	if err != nil {
-		return &Error{Step: StepCheck, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+		return &Error{Step: StepCheck, Err: err}
 	}
 	r, err := admin.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
@@ -468,13 +468,13 @@ func (id *Identity) check(ctx context.Context) error {
 func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	uid, err := id.install(ctx)
+	admin, dyn, err := adminClients(id.cfg.Admin)
 	if err != nil {
 		return false, &Error{Step: StepInstall, Err: err}
 	}
-	admin, err := kubernetes.NewForConfig(id.cfg.Admin)
+	uid, err := id.install(ctx, dyn)
 	if err != nil {
-		return false, &Error{Step: StepToken, Err: fmt.Errorf("unable to build the admin client: %w", err)}
+		return false, &Error{Step: StepInstall, Err: err}
 	}
 	secs := int64(cmp.Or(id.cfg.TokenLifetime, DefaultTokenLifetime) / time.Second)
 	issued := id.clock.Now()
@@ -504,11 +504,7 @@ func (id *Identity) renew(ctx context.Context) (reinstalled bool, err error) {
 // install applies every object of deploy/workload (server-side apply,
 // forced: the controller owns these objects) and returns the
 // ServiceAccount's UID.
-func (id *Identity) install(ctx context.Context) (types.UID, error) {
-	dyn, err := dynamic.NewForConfig(id.cfg.Admin)
-	if err != nil {
-		return "", fmt.Errorf("unable to build the admin client: %w", err)
-	}
+func (id *Identity) install(ctx context.Context, dyn dynamic.Interface) (types.UID, error) {
 	var uid types.UID
 	for _, o := range id.objects.Objects {
 		gvr, _ := workload.Resource(o.GroupVersionKind()) // Load checked it
@@ -525,6 +521,19 @@ func (id *Identity) install(ctx context.Context) (types.UID, error) {
 		}
 	}
 	return uid, nil
+}
+
+// adminClients returns the clients of the admin credential.
+func adminClients(cfg *rest.Config) (kubernetes.Interface, dynamic.Interface, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unable to build the admin client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unable to build the admin client: %w", err)
+	}
+	return cs, dyn, nil
 }
 
 // manifests are deploy/workload as installed for each set of providers,
