@@ -2,13 +2,14 @@ package capi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
@@ -126,10 +127,34 @@ type state struct {
 	ClusterStatus
 }
 
+// update changes the status by f. The errors it keeps are cut to
+// maxStatusError bytes: they quote what a tenant's API server answered,
+// and each opted-in Cluster holds its own for as long as it is served.
 func (s *state) update(f func(*ClusterStatus)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f(&s.ClusterStatus)
+	c := &s.ClusterStatus
+	for _, e := range []*string{&c.LastError, &c.LockdownError, &c.TrustBundleError, &c.IdentityError, &c.RevocationError} {
+		*e = briefError(*e)
+	}
+}
+
+// maxStatusError is the most of an error's text a Cluster's status keeps.
+const maxStatusError = 1024
+
+// briefError returns msg, or its first maxStatusError bytes (whole
+// characters) with how much was cut, copied so that the cut text is not
+// kept alive.
+func briefError(msg string) string {
+	if len(msg) <= maxStatusError {
+		return msg
+	}
+	n := maxStatusError
+	for n > 0 && !utf8.RuneStart(msg[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s… (%d more bytes)", msg[:n], len(msg)-n)
 }
 
 func (s *state) snapshot() ClusterStatus {
@@ -160,11 +185,11 @@ func (r *ClusterReconciler) Statuses() []ClusterStatus {
 
 // probe asks the workload API server for /readyz every period and records
 // the outcome, until ctx is done, on a timer (it returns at once).
-func probe(ctx context.Context, cs kubernetes.Interface, st *state, period time.Duration) {
+func probe(ctx context.Context, cs workloadClient, st *state, period time.Duration) {
 	periodic.Every(ctx, period, func(ctx context.Context) bool {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
-		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
+		_, err := cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
 		if ctx.Err() != nil {
 			return false
 		}

@@ -1,10 +1,12 @@
 package capi
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,5 +90,26 @@ func TestIdleStatus(t *testing.T) {
 		if len(st.Conditions) != 2 || o == nil || r == nil || string(o.Status)+"/"+o.Reason != tc.optedIn || string(r.Status)+"/"+r.Reason != tc.want || r.Message == "" {
 			t.Errorf("%+v: conditions %+v, want OptedIn %s, Ready %s", tc.idle, st.Conditions, tc.optedIn, tc.want)
 		}
+	}
+}
+
+// TestStatusErrorsBounded: a Cluster's status keeps at most
+// maxStatusError bytes of an error (what a tenant's API server answered can
+// be far longer), cut on a character boundary, saying how much was cut.
+func TestStatusErrorsBounded(t *testing.T) {
+	st := &state{}
+	long := strings.Repeat("é", maxStatusError) // two bytes each
+	st.update(func(s *ClusterStatus) {
+		s.LastError, s.IdentityError, s.LockdownError, s.TrustBundleError, s.RevocationError = long, long, long, long, "short"
+	})
+	got := st.snapshot()
+	for name, v := range map[string]string{"LastError": got.LastError, "IdentityError": got.IdentityError, "LockdownError": got.LockdownError,
+		"TrustBundleError": got.TrustBundleError} {
+		if len(v) > maxStatusError+64 || !utf8.ValidString(v) || !strings.HasSuffix(v, fmt.Sprintf("… (%d more bytes)", len(long)-maxStatusError)) {
+			t.Errorf("%s = %d bytes %q..., want at most %d bytes of valid text saying what was cut", name, len(v), v[:min(len(v), 16)], maxStatusError)
+		}
+	}
+	if got.RevocationError != "short" {
+		t.Errorf("RevocationError = %q, want a short error kept as it is", got.RevocationError)
 	}
 }
