@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/lockdown"
@@ -13,7 +12,7 @@ import (
 
 // lockdown enforces lockdown in one workload cluster until ctx is done,
 // on a timer (it returns at once).
-func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {
+func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs lockdown.Client, st *state) {
 	lockdown.Run(ctx, cs, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod), func(removed []string, err error) {
 		if ctx.Err() != nil {
 			return
@@ -38,7 +37,7 @@ func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs
 // unlock restores, once, what lockdown disarmed in a Cluster that no
 // longer asks for it, retrying until it succeeds or ctx is done, on a
 // timer (it returns at once).
-func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs kubernetes.Interface, st *state) {
+func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs lockdown.Client, st *state) {
 	periodic.Every(ctx, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod), func(ctx context.Context) bool {
 		restored, err := lockdown.Restore(ctx, cs)
 		if ctx.Err() != nil {

@@ -97,8 +97,15 @@ type decodedRecord struct {
 // the requests' creator, the pod CA (made, rotated, published), and the
 // decisions of the pod signer's requests.
 func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog.Logger, cluster *clusterv1.Cluster, policy *podcert.Policy, cfg *rest.Config,
-	cs kubernetes.Interface, eng *engine.Engine) {
+	eng *engine.Engine) {
 	if policy == nil {
+		return
+	}
+	// The informers below need a whole clientset; only Clusters serving pod
+	// certificates hold one.
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		logger.Error(err, "Unable to serve pod certificates")
 		return
 	}
 	pub, err := newPublisher(cfg, []string{podcert.DefaultSignerName})

@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -219,7 +218,7 @@ type workloadRun struct {
 	id         *scoped.Identity
 	obs        *identityObserver
 	cfg        *rest.Config // the controller's own identity's, bounded
-	cs         kubernetes.Interface
+	cs         workloadClient
 	pub        *trust.Publisher
 	clusterRef *corev1.ObjectReference
 	trusted    []*x509.Certificate
@@ -579,7 +578,7 @@ func (r *ClusterReconciler) newWorkload(s *clusterScope, servingCAs *trust.Autho
 	}
 	cfg := id.RESTConfig()
 	cfg.Wrap(bound)
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := newWorkloadClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
@@ -651,7 +650,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 		}
 		go run.id.Run(wctx)
 		go r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
-		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, run.cs, w.ctrl.Engine())
+		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, w.ctrl.Engine())
 		if s.policy.Lockdown {
 			r.lockdown(wctx, background, run.cs, w.state)
 		} else {

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -402,7 +401,7 @@ func (a *acceptor) Denying(ctx context.Context, node, request, reason string) er
 }
 
 // newRevocation returns the revocation side of a workload cluster.
-func (r *ClusterReconciler) newRevocation(cs kubernetes.Interface) *revocation {
+func (r *ClusterReconciler) newRevocation(cs revoke.Client) *revocation {
 	return &revocation{
 		rv:   &revoke.Revoker{Client: cs, Lifetime: r.MaxLifetime, Clock: r.Clock},
 		wake: make(chan struct{}, 1),

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
@@ -31,7 +30,7 @@ import (
 // continuation page that expired fails the list (the reflector lists
 // again from the start) rather than letting client-go fall back to one
 // unpaged list.
-func listFunc(client kubernetes.Interface, signer string, pageSize int64) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+func listFunc(client Client, signer string, pageSize int64) func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 	selector := fields.OneTermEqualSelector("spec.signerName", signer).String()
 	csrs := client.CertificatesV1().CertificateSigningRequests()
 	return func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -57,7 +56,7 @@ func listFunc(client kubernetes.Interface, signer string, pageSize int64) func(c
 // It never streams its initial list as a watch (client-go's WatchList):
 // that stream is held in a store of the reflector's own until it ends,
 // which neither the cache budget nor a page's size bounds.
-func newReflector(client kubernetes.Interface, signer string, pageSize int64, store *csrStore) *cache.Reflector {
+func newReflector(client Client, signer string, pageSize int64, store *csrStore) *cache.Reflector {
 	selector := fields.OneTermEqualSelector("spec.signerName", signer).String()
 	csrs := client.CertificatesV1().CertificateSigningRequests()
 	lw := &cache.ListWatch{

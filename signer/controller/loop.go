@@ -25,7 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/kubernetes"
+	certificatesv1client "k8s.io/client-go/kubernetes/typed/certificates/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -58,13 +58,21 @@ const DefaultSweepPeriod = 5 * time.Minute
 // 500ms doubling to 1m, about 15 minutes).
 const DefaultMaxTries = 20
 
+// Client is what the controller uses of a workload cluster's API: the
+// CSRs. A kubernetes.Interface is one; a caller serving many clusters
+// builds only this group's client per cluster (kubernetes.NewForConfig
+// holds a REST client for each of about fifty groups).
+type Client interface {
+	CertificatesV1() certificatesv1client.CertificatesV1Interface
+}
+
 // Config configures a Controller.
 type Config struct {
 	// Cluster names the workload cluster in logs and metrics
 	// ("<namespace>/<name>" of the Cluster object).
 	Cluster string
 	// Client talks to the workload cluster.
-	Client kubernetes.Interface
+	Client Client
 	// Engine configures the decision engine; its CSRs are the controller's
 	// own listers.
 	Engine engine.Config

@@ -12,6 +12,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	k8stesting "k8s.io/client-go/testing"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -24,6 +25,7 @@ import (
 // both modes keep it; it notes whether a request it is told of was still
 // undenied then.
 type recorder struct {
+	cs        kubernetes.Interface
 	rv        *revoke.Revoker
 	undenied  atomic.Int32 // denials told of while their request was undenied
 	denyingOf atomic.Value // the last request told of
@@ -36,7 +38,7 @@ func (h *recorder) Issuing(ctx context.Context, node string, m *engine.Machine, 
 
 func (h *recorder) Denying(ctx context.Context, node, request, reason string) error {
 	h.denyingOf.Store(request)
-	csr, err := h.rv.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, request, metav1.GetOptions{})
+	csr, err := h.cs.CertificatesV1().CertificateSigningRequests().Get(ctx, request, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -55,7 +57,8 @@ func TestDeniedRenewalRecorded(t *testing.T) {
 	var failWrites atomic.Bool
 	var hook *recorder
 	r := newRig(t, false, func(c *Config) {
-		hook = &recorder{rv: &revoke.Revoker{Client: c.Client, Lifetime: time.Hour}}
+		cs := c.Client.(kubernetes.Interface)
+		hook = &recorder{cs: cs, rv: &revoke.Revoker{Client: cs, Lifetime: time.Hour}}
 		c.Issuing = hook
 	})
 	r.cs.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {

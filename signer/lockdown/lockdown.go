@@ -34,7 +34,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	rbacv1client "k8s.io/client-go/kubernetes/typed/rbac/v1"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 
@@ -83,9 +83,14 @@ func Offending(b *rbacv1.ClusterRoleBinding) bool {
 	})
 }
 
+// Client is what lockdown uses of a cluster's API: its ClusterRoleBindings.
+type Client interface {
+	RbacV1() rbacv1client.RbacV1Interface
+}
+
 // Enforce disarms every offending ClusterRoleBinding (its subjects moved
 // into AnnotationSubjects) and returns the names it disarmed.
-func Enforce(ctx context.Context, client kubernetes.Interface) ([]string, error) {
+func Enforce(ctx context.Context, client Client) ([]string, error) {
 	list, err := client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("unable to list ClusterRoleBindings: %w", err)
@@ -120,7 +125,7 @@ func Enforce(ctx context.Context, client kubernetes.Interface) ([]string, error)
 
 // Restore gives every binding Enforce disarmed its subjects back and
 // returns the names it restored.
-func Restore(ctx context.Context, client kubernetes.Interface) ([]string, error) {
+func Restore(ctx context.Context, client Client) ([]string, error) {
 	list, err := client.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("unable to list ClusterRoleBindings: %w", err)
@@ -158,7 +163,7 @@ func Restore(ctx context.Context, client kubernetes.Interface) ([]string, error)
 // result to report (which may be nil). It returns at once, with a channel
 // closed once the last call returned; between calls nothing runs
 // (package periodic).
-func Run(ctx context.Context, client kubernetes.Interface, period time.Duration, report func(disarmed []string, err error)) <-chan struct{} {
+func Run(ctx context.Context, client Client, period time.Duration, report func(disarmed []string, err error)) <-chan struct{} {
 	return periodic.Every(ctx, period, func(ctx context.Context) bool {
 		disarmed, err := Enforce(ctx, client)
 		if report != nil {

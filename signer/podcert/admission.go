@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	admissionregistrationv1client "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
 	"k8s.io/utils/ptr"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
@@ -103,10 +103,16 @@ const AdmissionSettle = 10 * time.Second
 // policy was in force: its creator stamp may be the creator's own.
 const ReasonCreatedUnstamped = "CreatedBeforeAdmissionPolicy"
 
+// AdmissionClient is what EnsureAdmissionPolicy uses of a workload
+// cluster's API.
+type AdmissionClient interface {
+	AdmissionregistrationV1() admissionregistrationv1client.AdmissionregistrationV1Interface
+}
+
 // EnsureAdmissionPolicy creates, restores or corrects the policy, then its
 // binding, in the workload cluster of cs. It returns when requests are
 // stamped from: AdmissionSettle after the binding was created.
-func EnsureAdmissionPolicy(ctx context.Context, cs kubernetes.Interface) (time.Time, error) {
+func EnsureAdmissionPolicy(ctx context.Context, cs AdmissionClient) (time.Time, error) {
 	api := cs.AdmissionregistrationV1()
 	// since is the latest time the policy or its binding changed.
 	var since time.Time

@@ -64,7 +64,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
+	admissionregistrationv1client "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -497,11 +498,18 @@ func (s *State) pruneDenied(now time.Time, keep time.Duration) bool {
 	return len(s.Denied) != n
 }
 
+// Client is what a Revoker uses of a workload cluster's API: the
+// admission policy, its binding and its parameter ConfigMap.
+type Client interface {
+	CoreV1() corev1client.CoreV1Interface
+	AdmissionregistrationV1() admissionregistrationv1client.AdmissionregistrationV1Interface
+}
+
 // Revoker keeps the revocations of one workload cluster. Its methods are
 // safe for concurrent use.
 type Revoker struct {
 	// Client talks to the workload cluster.
-	Client kubernetes.Interface
+	Client Client
 	// Lifetime is the longest a client certificate issued for the cluster
 	// lives (the signer's cap): how long a name stays listed.
 	Lifetime time.Duration
