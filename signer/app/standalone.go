@@ -380,7 +380,7 @@ func (r *standaloneRun) serve(ctx context.Context, ca *issue.CA, servingCAs *tru
 		s.ServingCAExpiry, s.ServingCAs, s.Generation = servingCAs.Signing.Cert.NotAfter, len(servingCAs.Trusted), s.Generation+1
 	})
 	published := make(chan struct{})
-	go r.pub.Keep(sctx, servingCAs.Trusted, capi.DefaultRecheckPeriod, published, func(err error) {
+	r.pub.Keep(sctx, servingCAs.Trusted, capi.DefaultRecheckPeriod, published, func(err error) {
 		r.update(func(s *capi.ClusterStatus) { s.TrustBundlesPublished = err == nil })
 		if err != nil {
 			r.logger.Info("Serving CAs not published as ClusterTrustBundles yet, will retry", "err", err.Error())

@@ -649,7 +649,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 			return
 		}
 		go run.id.Run(wctx)
-		go r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
+		r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
 		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, w.ctrl.Engine())
 		if s.policy.Lockdown {
 			r.lockdown(wctx, background, run.cs, w.state)
@@ -657,7 +657,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 			r.unlock(wctx, background, run.cs, w.state)
 		}
 		published := make(chan struct{})
-		go keepPublished(wctx, run.pub, run.trusted, w.state, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
+		keepPublished(wctx, run.pub, run.trusted, w.state, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
 		select {
 		case <-published:
 		case <-wctx.Done():

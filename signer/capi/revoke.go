@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
@@ -42,8 +44,21 @@ const (
 
 // revocation is the revocation side of one workload.
 type revocation struct {
-	rv   *revoke.Revoker
-	wake chan struct{}
+	rv *revoke.Revoker
+
+	mu   sync.Mutex
+	loop *periodic.Loop // keepRevocations, once started
+}
+
+// wake has the revocations kept now: a Machine was deleted. Before
+// keepRevocations starts there is nothing to wake; its first run comes
+// after the deletion was noted and reads it.
+func (v *revocation) wake() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.loop != nil {
+		v.loop.Wake()
+	}
 }
 
 // Pending revocations are kept in the management cluster, in the
@@ -118,10 +133,7 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 		r.deleted[nn] = append(r.deleted[nn], d)
 	}
 	if w := r.running[nn]; w != nil {
-		select {
-		case w.revocation.wake <- struct{}{}:
-		default:
-		}
+		w.revocation.wake()
 	}
 }
 
@@ -260,15 +272,18 @@ func claimants(m *clusterv1.Machine, machines []clusterv1.Machine) func(node str
 // keepRevocations keeps the revocations of one workload cluster until ctx
 // is done: the policy, its binding and its parameter every period (they
 // are restored when deleted, and expired names dropped), and the names of
-// Machines deleted as soon as they are reported.
+// Machines deleted as soon as they are reported. It returns at once; the
+// work runs on a timer (package periodic).
 func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Logger, cluster *corev1.ObjectReference, rv *revocation, st *state,
 	period time.Duration) {
 	nn := types.NamespacedName{Namespace: cluster.Namespace, Name: cluster.Name}
 	backoff := time.Second
-	for {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.loop = periodic.Start(ctx, func(ctx context.Context) (time.Duration, bool) {
 		err := r.revokeOnce(ctx, logger, nn, cluster, rv.rv, st)
 		if ctx.Err() != nil {
-			return
+			return 0, false
 		}
 		wait := period
 		if err != nil {
@@ -283,16 +298,8 @@ func (r *ClusterReconciler) keepRevocations(ctx context.Context, logger klog.Log
 			st.update(func(s *ClusterStatus) { s.RevocationError = "" })
 			backoff = time.Second
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-rv.wake:
-			t.Stop()
-		case <-t.C:
-		}
-	}
+		return wait, true
+	})
 }
 
 func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, nn types.NamespacedName, cluster *corev1.ObjectReference, rv *revoke.Revoker,
@@ -403,8 +410,7 @@ func (a *acceptor) Denying(ctx context.Context, node, request, reason string) er
 // newRevocation returns the revocation side of a workload cluster.
 func (r *ClusterReconciler) newRevocation(cs revoke.Client) *revocation {
 	return &revocation{
-		rv:   &revoke.Revoker{Client: cs, Lifetime: r.MaxLifetime, Clock: r.Clock},
-		wake: make(chan struct{}, 1),
+		rv: &revoke.Revoker{Client: cs, Lifetime: r.MaxLifetime, Clock: r.Clock},
 	}
 }
 

@@ -96,3 +96,66 @@ func TestEvery(t *testing.T) {
 		t.Errorf("%d goroutines left behind", n-before)
 	}
 }
+
+// TestStartWake: each run says when the next comes; Wake runs f at once
+// when it waits, once more right after a run under way (never alongside
+// it), and does nothing after the loop has ended.
+func TestStartWake(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var inRun, overlap atomic.Int32
+	runs := make(chan struct{}, 100)
+	release := make(chan struct{}, 100)
+	l := Start(ctx, func(context.Context) (time.Duration, bool) {
+		if inRun.Add(1) > 1 {
+			overlap.Add(1)
+		}
+		defer inRun.Add(-1)
+		runs <- struct{}{}
+		<-release
+		return time.Hour, true
+	})
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-runs:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no run %s", what)
+		}
+	}
+	quiet := func(what string) {
+		t.Helper()
+		select {
+		case <-runs:
+			t.Fatalf("a run %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	wait("at once")
+	release <- struct{}{}
+	quiet("before the hour the first run asked for")
+
+	l.Wake()
+	wait("after Wake while waiting")
+	// Woken twice during this run: one more run after it, not two, and
+	// not alongside it.
+	l.Wake()
+	l.Wake()
+	quiet("alongside the run under way")
+	release <- struct{}{}
+	wait("after a Wake during the run")
+	release <- struct{}{}
+	quiet("more than once for two Wakes during one run")
+	if overlap.Load() != 0 {
+		t.Error("runs overlapped")
+	}
+
+	cancel()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("never ended")
+	}
+	l.Wake()
+	quiet("after the loop ended")
+}

@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/periodic"
 )
 
 // LabelServingCA marks the ClusterTrustBundles the controller publishes
@@ -203,15 +205,17 @@ const PublishTimeout = 10 * time.Second
 // may be nil) is told each outcome. first, when not nil, is closed after
 // the first attempt, failed or not: a CSR controller starts then, so that
 // a new CA signs only once it is published, while a cluster without the
-// ClusterTrustBundle API still gets its certificates.
-func (p *Publisher) Keep(ctx context.Context, cas []*x509.Certificate, period time.Duration, first chan<- struct{}, report func(error)) {
+// ClusterTrustBundle API still gets its certificates. It returns at once
+// (the work runs on a timer, package periodic); the channel returned is
+// closed when it has stopped.
+func (p *Publisher) Keep(ctx context.Context, cas []*x509.Certificate, period time.Duration, first chan<- struct{}, report func(error)) <-chan struct{} {
 	retry := time.Second
-	for {
+	return periodic.Start(ctx, func(ctx context.Context) (time.Duration, bool) {
 		pctx, cancel := context.WithTimeout(ctx, PublishTimeout)
 		err := p.Publish(pctx, cas)
 		cancel()
 		if ctx.Err() != nil {
-			return
+			return 0, false
 		}
 		if report != nil {
 			report(err)
@@ -226,12 +230,8 @@ func (p *Publisher) Keep(ctx context.Context, cas []*x509.Certificate, period ti
 		} else {
 			retry = time.Second
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(next):
-		}
-	}
+		return next, true
+	}).Done()
 }
 
 // NewPublisher returns the publisher of a cluster's serving CAs for
