@@ -50,12 +50,16 @@ func BenchmarkSignerShardedClusters(b *testing.B) {
 		idle.p.Stop(10 * time.Second)
 
 		start := time.Now()
+		ca := newServingCA(b)
 		mgmt.AddWorkloadCluster(b, signerNamespace, "wl-00000", servers[0], ann) // and the namespace
+		shareServingCA(b, mgmt, signerNamespace, "wl-00000", ca)
 		var wg sync.WaitGroup
 		for w := range 4 {
 			wg.Go(func() {
 				for i := 1 + w; i < *shardClusters; i += 4 {
-					mgmt.AddWorkloadCluster(b, signerNamespace, fmt.Sprintf("wl-%05d", i), servers[i%len(servers)], ann)
+					name := fmt.Sprintf("wl-%05d", i)
+					mgmt.AddWorkloadCluster(b, signerNamespace, name, servers[i%len(servers)], ann)
+					shareServingCA(b, mgmt, signerNamespace, name, ca)
 				}
 			})
 		}

@@ -523,12 +523,16 @@ func BenchmarkSignerClusters(b *testing.B) {
 	mgmt := harness.StartManagement(b)
 	wl := harness.StartControlPlane(b, "workload")
 	ann := map[string]string{scenario.AnnotationEnabled: "true", scenario.AnnotationAttestors: "insecure"}
+	ca := newServingCA(b)
 	mgmt.AddWorkloadCluster(b, signerNamespace, "wl-00000", wl, ann)
+	shareServingCA(b, mgmt, signerNamespace, "wl-00000", ca)
 	for b.Loop() {
 		one := signerMeasureClusters(b, mgmt, bin, 1)
 		start := time.Now()
 		for i := 1; i < *signerClusters; i++ {
-			mgmt.AddWorkloadCluster(b, signerNamespace, fmt.Sprintf("wl-%05d", i), wl, ann)
+			name := fmt.Sprintf("wl-%05d", i)
+			mgmt.AddWorkloadCluster(b, signerNamespace, name, wl, ann)
+			shareServingCA(b, mgmt, signerNamespace, name, ca)
 		}
 		b.Logf("%d Clusters created in %s", *signerClusters-1, time.Since(start).Round(time.Millisecond))
 		all := signerMeasureClusters(b, mgmt, bin, *signerClusters)
