@@ -140,7 +140,7 @@ type Controller struct {
 	stores  map[string]*csrStore
 	watched []string
 	swept   []string
-	queue   workqueue.TypedRateLimitingInterface[key]
+	queue   *retryQueue
 	budget  *budget
 }
 
@@ -180,7 +180,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c.engine = e
-	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedMaxOfRateLimiter(
+	c.queue = newRetryQueue(workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[key](cfg.MinRetry, cfg.MaxRetry),
 		&workqueue.TypedBucketRateLimiter[key]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
 	))
@@ -393,7 +393,7 @@ func (c *Controller) HasSynced() bool {
 
 // Run watches CSRs and decides them until ctx is done. Workers run only
 // while there are requests to decide: an idle workload cluster costs the
-// goroutine running Run, its watches' and its queue's.
+// goroutine running Run and its watches'.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("cluster", c.cfg.Cluster)
 	ctx = klog.NewContext(ctx, logger)
