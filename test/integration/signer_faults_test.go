@@ -21,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -89,7 +91,34 @@ func TestSignerFaults(t *testing.T) {
 	)
 	wave := *faultWave // nodes per Cluster joining during each fault
 	names := []string{"c0", "c1", "c2"}
+	// Each wave: the Clusters whose joins its fault hits, and whether
+	// they include an impostor and an orphan.
+	type waveSpec struct {
+		name               string
+		in                 []string
+		impostors, orphans bool
+	}
+	var specs []waveSpec
+	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
+		specs = append(specs, waveSpec{name: w, in: names, impostors: w == "kill1"})
+	}
+	specs = append(specs, waveSpec{name: "expire", in: []string{"c1"}}, waveSpec{name: "delay", in: []string{"c1"}},
+		waveSpec{name: "optout", in: []string{"c0"}, orphans: true})
+	// Besides its wave of nodes, each Cluster a fault hits has TPM nodes
+	// joining (two rounds: the challenge, then its answer), each on its
+	// own swtpm, and the management API server's restart has two more,
+	// in c0 and c2, sharing one TPM (a device moved between Machines):
+	// their Clusters' replicas race to record its identity.
+	tpmPer := (wave + 3) / 4
+	tpmCount := 1
+	for _, s := range specs {
+		tpmCount += len(s.in) * tpmPer
+	}
+	tpms := harness.StartSwtpms(t, tpmCount)
+	manufacturer := tpms[0].Bundle
+	t.Logf("%d swtpm TPMs manufactured and started in %s", tpmCount, time.Since(start).Round(time.Millisecond))
 	envs := map[string]*signerEnv{}
+	bootstrapKubeconfigs := map[string]string{}
 	for _, n := range names {
 		opts := []harness.Option{harness.WithAuditLog()}
 		if n == "c1" {
@@ -100,9 +129,16 @@ func TestSignerFaults(t *testing.T) {
 		wl := harness.StartControlPlane(t, n, opts...)
 		mgmt.AddWorkloadCluster(t, ns, n, wl, map[string]string{
 			capi.AnnotationEnabled:             "true",
-			capi.AnnotationAuthorizedAttestors: "insecure",
+			capi.AnnotationAuthorizedAttestors: "insecure,tpm",
 		})
-		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
+		// One bootstrap token per cluster, as kubeadm's join token: its
+		// nodes, and whoever copies their answers, file as one user.
+		bootstrapKubeconfigs[n] = wl.BootstrapKubeconfig(t, wl.CreateBootstrapToken(t))
+		cfg, err := clientcmd.BuildConfigFromFlags("", bootstrapKubeconfigs[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: kubernetes.NewForConfigOrDie(cfg)}
 	}
 	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
 	// The replicas reach c1 through a proxy that can cut it off.
@@ -121,6 +157,7 @@ func TestSignerFaults(t *testing.T) {
 			o.ShardLeaseDuration = lease
 			o.ProbePeriod = time.Second
 			o.MaxClientCertificateLifetime = 24 * time.Hour
+			o.TPM.ManufacturerCAs = []string{manufacturer} // one manufacturer made them all
 		})
 		live = append(live, id)
 	}
@@ -137,11 +174,31 @@ func TestSignerFaults(t *testing.T) {
 		csr                       *certificatesv1.CertificateSigningRequest
 		impostor                  bool // no Machine when decided: must be denied
 		orphan                    bool // its Machine is deleted while its CSR is pending
+		tpm                       *tpmNode
 	}
 	var nodes []*node
-	// newNodes makes a wave of wave nodes per Cluster of in, with an
-	// impostor (never a Machine) and an orphan (a Machine, deleted
-	// while its request is pending) per Cluster when asked for.
+	var tpmNodes []*tpmNode
+	// newTPMNode makes a TPM node on the next swtpm, or on twin's.
+	newTPMNode := func(c, label string, twin *tpmNode) *node {
+		n := &node{cluster: c, name: c + "-" + label, providerID: fmt.Sprintf("test:///%s/%s", c, label)}
+		m := mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
+		var dev *harness.Swtpm
+		if twin != nil {
+			dev = twin.dev
+		} else {
+			dev, tpms = tpms[0], tpms[1:]
+		}
+		n.tpm = newTPMSource(t, c, n.name, n.providerID, m.UID, dev, bootstrapKubeconfigs[c])
+		if twin != nil {
+			twin.twin, n.tpm.twin = n.tpm, twin
+		}
+		tpmNodes = append(tpmNodes, n.tpm)
+		return n
+	}
+	// newNodes makes a wave of wave nodes per Cluster of in, and tpmPer
+	// TPM nodes, with an impostor (never a Machine) and an orphan (a
+	// Machine, deleted while its request is pending) per Cluster when
+	// asked for.
 	newNodes := func(label string, in []string, impostors, orphans bool) []*node {
 		var out []*node
 		for _, c := range in {
@@ -149,6 +206,9 @@ func TestSignerFaults(t *testing.T) {
 				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-%d", c, label, i), providerID: fmt.Sprintf("test:///%s/%s/%d", c, label, i)}
 				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
 				out = append(out, n)
+			}
+			for i := range tpmPer {
+				out = append(out, newTPMNode(c, fmt.Sprintf("%s-tpm-%d", label, i), nil))
 			}
 			if impostors {
 				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
@@ -160,6 +220,9 @@ func TestSignerFaults(t *testing.T) {
 			}
 		}
 		for _, n := range out {
+			if n.tpm != nil {
+				continue // its node attestor files its own
+			}
 			b, _ := signertest.Request{NodeName: n.name, ProviderID: n.providerID}.Build(t)
 			n.csr = signertest.CSR(n.name, b)
 			n.csr.Spec.Username, n.csr.Spec.Groups = "", nil
@@ -168,13 +231,18 @@ func TestSignerFaults(t *testing.T) {
 		return out
 	}
 	waves := map[string][]*node{}
-	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
-		waves[w] = newNodes(w, names, w == "kill1", false)
+	for _, s := range specs {
+		waves[s.name] = newNodes(s.name, s.in, s.impostors, s.orphans)
 	}
-	// The faults of one cluster hit its joins only.
-	waves["expire"] = newNodes("expire", []string{"c1"}, false, false)
-	waves["delay"] = newNodes("delay", []string{"c1"}, false, false)
-	waves["optout"] = newNodes("optout", []string{"c0"}, false, true)
+	twin := newTPMNode("c0", "mgmt-twin", nil)
+	waves["mgmt"] = append(waves["mgmt"], twin, newTPMNode("c2", "mgmt-twin", twin.tpm))
+	nodes = append(nodes, waves["mgmt"][len(waves["mgmt"])-2:]...)
+	// Each TPM node's first answer to a challenge is filed a second time
+	// under another name, by its cluster's bootstrap token, as it is seen.
+	replays := map[string]*answerReplayer{}
+	for _, c := range names {
+		replays[c] = replayAnswers(t, envs[c].wl, envs[c].bootstrap)
+	}
 
 	// join files every CSR of ns at once (retrying, as kubelet does, while
 	// the API server is away) and waits until all are decided; it returns
@@ -186,7 +254,13 @@ func TestSignerFaults(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, n := range ns {
 			wg.Go(func() {
-				decided, err := joinOne(envs[n.cluster], n.csr, n.impostor, within)
+				var decided time.Time
+				var err error
+				if n.tpm != nil {
+					decided, err = n.tpm.join(within)
+				} else {
+					decided, err = joinOne(envs[n.cluster], n.csr, n.impostor, within)
+				}
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -359,6 +433,9 @@ func TestSignerFaults(t *testing.T) {
 	fault("optout", 0, restartRecovery, func() time.Time {
 		for _, n := range waves["optout"] {
 			if err := pollFor(30*time.Second, func() bool {
+				if n.tpm != nil {
+					return len(tpmRequestsOf(t, envs["c0"].wl, n.name)) > 0
+				}
 				_, err := envs["c0"].wl.Client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), n.name, metav1.GetOptions{})
 				return err == nil
 			}); err != nil {
@@ -367,6 +444,15 @@ func TestSignerFaults(t *testing.T) {
 		}
 		time.Sleep(time.Second) // no replica decides it
 		for _, n := range waves["optout"] {
+			if n.tpm != nil {
+				// Not challenged either.
+				for _, r := range tpmRequestsOf(t, envs["c0"].wl, n.name) {
+					if _, ok := r.Annotations[attestor.AnnotationChallenge]; ok || len(r.Status.Conditions) != 0 {
+						t.Errorf("%s: request %s challenged or decided while its Cluster was opted out: %+v", n.name, r.Name, r.Status.Conditions)
+					}
+				}
+				continue
+			}
 			if c := envs["c0"].get(t, n.name).Status.Conditions; len(c) != 0 {
 				t.Errorf("%s decided while its Cluster was opted out: %+v", n.name, c)
 			}
@@ -380,6 +466,11 @@ func TestSignerFaults(t *testing.T) {
 		setEnabled(t, mgmt, ns, "c0", true)
 		return time.Now()
 	})
+	// The answers are all filed: no more copies (and the copier's
+	// goroutines gone before the leak check).
+	for _, r := range replays {
+		r.stop()
+	}
 
 	// After the faults: each Cluster served by exactly one live replica,
 	// which its claim names too.
@@ -411,16 +502,18 @@ func TestSignerFaults(t *testing.T) {
 
 	// Every node with a Machine has its certificate, checked in full.
 	for _, n := range nodes {
-		if !n.impostor {
+		if !n.impostor && n.tpm == nil {
 			envs[n.cluster].expectIssued(t, n.name, n.name, n.providerID, 24*time.Hour)
 		}
 	}
 	// The API servers' records: each request approved once and issued
 	// once, each impostor denied once with a reason.
+	allWrites := map[string]map[string]*csrWrites{}
 	for _, c := range names {
 		writes := csrWritesOf(t, envs[c].wl)
+		allWrites[c] = writes
 		for _, n := range nodes {
-			if n.cluster != c {
+			if n.cluster != c || n.tpm != nil {
 				continue
 			}
 			w := writes[n.name]
@@ -476,6 +569,13 @@ func TestSignerFaults(t *testing.T) {
 			}
 		}
 	}
+
+	// The TPM nodes: no challenge accepted twice, every one joined (one
+	// of the twins), trust on first use without a conflict.
+	tst := checkTPMJoins(t, mgmt, metav1.NamespaceSystem, envs, allWrites, tpmNodes, replays)
+	t.Logf("TPM nodes: %d (two of them twins on one TPM), %d challenges written, %d answers filed (%d of them copies, %d copies approved in place of the node's answer); "+
+		"%d challenges answered twice, %d node answers denied %s and filed anew, %d first-round requests challenged more than once",
+		len(tpmNodes), tst.challenges, tst.answers, tst.copies, tst.copiesApproved, tst.answeredTwice, tst.refiled, attestor.ReasonChallengeUsed, tst.rechallenged)
 
 	keys := make([]string, 0, len(recovery))
 	for k := range recovery {
@@ -655,6 +755,7 @@ type csrWrites struct {
 	denials      []certificatesv1.CertificateSigningRequestCondition // Denied conditions perhaps stored
 	certificates map[string]bool                                     // every certificate sent, refused or not
 	stored       int                                                 // certificates stored
+	challenges   map[string]bool                                     // TPM challenges stored (kubelet-authenticator.x-k8s.io/challenge)
 	log          []string                                            // every write: subresource, condition, answer
 }
 
@@ -678,6 +779,9 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 			continue
 		}
 		var body struct {
+			Metadata struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
 			Status struct {
 				Conditions  []certificatesv1.CertificateSigningRequestCondition `json:"conditions"`
 				Certificate []byte                                              `json:"certificate"`
@@ -689,11 +793,20 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 		}
 		w := out[r.Name]
 		if w == nil {
-			w = &csrWrites{certificates: map[string]bool{}}
+			w = &csrWrites{certificates: map[string]bool{}, challenges: map[string]bool{}}
 			out[r.Name] = w
 		}
 		stored, perhaps := e.Code() >= 200 && e.Code() < 300, !refused(e.Code())
 		switch r.Subresource {
+		case "":
+			ch, ok := body.Metadata.Annotations[attestor.AnnotationChallenge]
+			if !ok {
+				continue
+			}
+			w.log = append(w.log, fmt.Sprintf("%s challenge: %d", e.Verb, e.Code()))
+			if stored {
+				w.challenges[ch] = true
+			}
 		case "approval":
 			// The write carries every condition: the last is the one added.
 			n := len(body.Status.Conditions)
