@@ -50,14 +50,23 @@ var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each
 // answers the replicas' watches 410 Gone once they reach it again), its
 // traffic is delayed (a second each way), and a Cluster opts out, its
 // joins filed meanwhile and the Machine of one deleted, then opts in
-// again. Each fault hits a wave of joins in flight. What happened is read
-// from the workload API servers' audit logs, not from the controller:
-// every node with a Machine gets a certificate, approved once and issued
-// once (one certificate stored per request, the one its node holds; a
-// replica that took over re-signs a request whose certificate write was
-// cut, never one whose write was stored); every impostor, and the node
-// whose Machine was deleted while its request was pending, is denied,
-// with a reason and a message, never signed; the replicas watched from a
+// again. Each fault hits a wave of joins in flight, among them TPM nodes
+// (two rounds: the challenge, then its answer; each node's first answer
+// filed a second time, under another name, by its bootstrap token) in
+// the Cluster the fault is about, and during the management API server's
+// restart two nodes of two Clusters sharing one TPM. What happened is
+// read from the workload API servers' requests and audit logs and the
+// management cluster's trust-on-first-use records, not from the
+// controller: every node with a Machine gets a certificate, approved once
+// and issued once (one certificate stored per request, the one its node
+// holds; a replica that took over re-signs a request whose certificate
+// write was cut, never one whose write was stored); no challenge is
+// accepted twice (checkTPMJoins); of the two nodes sharing a TPM one
+// joins, the other is denied IdentityClaimedByOtherMachine, and each
+// joined TPM's identity is recorded once, for its own Machine; every
+// impostor, and the node whose Machine was deleted while its request was
+// pending, is denied, with a reason and a message, never signed; the
+// replicas watched from a
 // compacted resource version and listed again; once the faults stop each
 // Cluster is served by exactly one live replica, which runs no other
 // Cluster's controller; and the process's goroutines and live heap are
@@ -73,7 +82,6 @@ var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each
 func TestSignerFaults(t *testing.T) {
 	harness.Binaries(t)
 	start := time.Now()
-	mgmt := harness.StartManagement(t)
 	const (
 		ns    = "faults"
 		lease = 3 * time.Second
@@ -91,32 +99,37 @@ func TestSignerFaults(t *testing.T) {
 	)
 	wave := *faultWave // nodes per Cluster joining during each fault
 	names := []string{"c0", "c1", "c2"}
-	// Each wave: the Clusters whose joins its fault hits, and whether
-	// they include an impostor and an orphan.
+	// Each wave: the Clusters whose joins its fault hits, whether they
+	// include an impostor and an orphan, and the Cluster whose TPM nodes
+	// join during it: the one the fault is about (the killed replica's,
+	// the restarted or cut off API server's, the one opted out).
 	type waveSpec struct {
 		name               string
 		in                 []string
 		impostors, orphans bool
+		tpm                string
 	}
-	var specs []waveSpec
-	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
-		specs = append(specs, waveSpec{name: w, in: names, impostors: w == "kill1"})
+	specs := []waveSpec{
+		{name: "calm", in: names, tpm: "c0"},
+		{name: "kill1", in: names, impostors: true, tpm: "c0"},
+		{name: "kill2", in: names, tpm: "c1"},
+		{name: "mgmt", in: names, tpm: "c1"},
+		{name: "wl", in: names, tpm: "c2"},
+		{name: "cut", in: names, tpm: "c1"},
+		// The faults of one cluster hit its joins only.
+		{name: "expire", in: []string{"c1"}, tpm: "c1"},
+		{name: "delay", in: []string{"c1"}, tpm: "c1"},
+		{name: "optout", in: []string{"c0"}, orphans: true, tpm: "c0"},
 	}
-	specs = append(specs, waveSpec{name: "expire", in: []string{"c1"}}, waveSpec{name: "delay", in: []string{"c1"}},
-		waveSpec{name: "optout", in: []string{"c0"}, orphans: true})
-	// Besides its wave of nodes, each Cluster a fault hits has TPM nodes
-	// joining (two rounds: the challenge, then its answer), each on its
-	// own swtpm, and the management API server's restart has two more,
+	// TPM nodes join in two rounds (the challenge, then its answer), each
+	// on its own swtpm; the management API server's restart has two more,
 	// in c0 and c2, sharing one TPM (a device moved between Machines):
 	// their Clusters' replicas race to record its identity.
-	tpmPer := (wave + 3) / 4
-	tpmCount := 1
-	for _, s := range specs {
-		tpmCount += len(s.in) * tpmPer
-	}
-	tpms := harness.StartSwtpms(t, tpmCount)
-	manufacturer := tpms[0].Bundle
-	t.Logf("%d swtpm TPMs manufactured and started in %s", tpmCount, time.Since(start).Round(time.Millisecond))
+	tpmPer := (wave + 1) / 2
+	tpmCount := len(specs)*tpmPer + 1
+	// Manufactured while the control planes start.
+	startTPMs := harness.ProvisionSwtpms(t, tpmCount)
+	mgmt := harness.StartManagement(t)
 	envs := map[string]*signerEnv{}
 	bootstrapKubeconfigs := map[string]string{}
 	for _, n := range names {
@@ -141,6 +154,9 @@ func TestSignerFaults(t *testing.T) {
 		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: kubernetes.NewForConfigOrDie(cfg)}
 	}
 	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
+	tpms := startTPMs()
+	manufacturer := tpms[0].Bundle
+	t.Logf("%d swtpm TPMs manufactured and started, %s after start", tpmCount, time.Since(start).Round(time.Millisecond))
 	// The replicas reach c1 through a proxy that can cut it off.
 	c1, err := url.Parse(envs["c1"].wl.URL)
 	if err != nil {
@@ -196,10 +212,10 @@ func TestSignerFaults(t *testing.T) {
 		return n
 	}
 	// newNodes makes a wave of wave nodes per Cluster of in, and tpmPer
-	// TPM nodes, with an impostor (never a Machine) and an orphan (a
-	// Machine, deleted while its request is pending) per Cluster when
-	// asked for.
-	newNodes := func(label string, in []string, impostors, orphans bool) []*node {
+	// TPM nodes in Cluster tpmIn, with an impostor (never a Machine) and
+	// an orphan (a Machine, deleted while its request is pending) per
+	// Cluster when asked for.
+	newNodes := func(label string, in []string, impostors, orphans bool, tpmIn string) []*node {
 		var out []*node
 		for _, c := range in {
 			for i := range wave {
@@ -208,7 +224,9 @@ func TestSignerFaults(t *testing.T) {
 				out = append(out, n)
 			}
 			for i := range tpmPer {
-				out = append(out, newTPMNode(c, fmt.Sprintf("%s-tpm-%d", label, i), nil))
+				if c == tpmIn {
+					out = append(out, newTPMNode(c, fmt.Sprintf("%s-tpm-%d", label, i), nil))
+				}
 			}
 			if impostors {
 				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
@@ -232,7 +250,7 @@ func TestSignerFaults(t *testing.T) {
 	}
 	waves := map[string][]*node{}
 	for _, s := range specs {
-		waves[s.name] = newNodes(s.name, s.in, s.impostors, s.orphans)
+		waves[s.name] = newNodes(s.name, s.in, s.impostors, s.orphans, s.tpm)
 	}
 	twin := newTPMNode("c0", "mgmt-twin", nil)
 	waves["mgmt"] = append(waves["mgmt"], twin, newTPMNode("c2", "mgmt-twin", twin.tpm))
@@ -573,9 +591,9 @@ func TestSignerFaults(t *testing.T) {
 	// The TPM nodes: no challenge accepted twice, every one joined (one
 	// of the twins), trust on first use without a conflict.
 	tst := checkTPMJoins(t, mgmt, metav1.NamespaceSystem, envs, allWrites, tpmNodes, replays)
-	t.Logf("TPM nodes: %d (two of them twins on one TPM), %d challenges written, %d answers filed (%d of them copies, %d copies approved in place of the node's answer); "+
-		"%d challenges answered twice, %d node answers denied %s and filed anew, %d first-round requests challenged more than once",
-		len(tpmNodes), tst.challenges, tst.answers, tst.copies, tst.copiesApproved, tst.answeredTwice, tst.refiled, attestor.ReasonChallengeUsed, tst.rechallenged)
+	t.Logf("TPM nodes: %d (two of them twins on one TPM: %s joined), %d challenges written (%d first-round requests challenged twice), %d answers filed, %d of them copies; "+
+		"%d challenges answered twice, each accepted once: %d copies approved in place of the node's answer, %d node answers denied %s and filed anew",
+		len(tpmNodes), tst.twinJoined, tst.challenges, tst.rechallenged, tst.answers, tst.copies, tst.answeredTwice, tst.copiesApproved, tst.refiled, attestor.ReasonChallengeUsed)
 
 	keys := make([]string, 0, len(recovery))
 	for k := range recovery {

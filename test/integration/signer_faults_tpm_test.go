@@ -272,6 +272,7 @@ func leafOf(chain []byte) *x509.Certificate {
 // tpmJoinStats are what checkTPMJoins counted.
 type tpmJoinStats struct {
 	challenges, answers, copies, copiesApproved, answeredTwice, refiled, rechallenged int
+	twinJoined                                                                        string // which twin joined
 }
 
 // checkTPMJoins checks what the TPM nodes of TestSignerFaults did, from
@@ -465,6 +466,10 @@ func checkTPMJoins(t *testing.T, mgmt *harness.Management, home string, envs map
 	for _, n := range nodes {
 		if n.twin == nil || n.name > n.twin.name {
 			continue
+		}
+		st.twinJoined = n.name
+		if n.twin.leaf != nil {
+			st.twinJoined = n.twin.name
 		}
 		if (n.leaf != nil) == (n.twin.leaf != nil) || n.claimed == n.twin.claimed {
 			t.Errorf("twins %s and %s, one TPM: joined %t and %t, denied for the other %t and %t; want exactly one joined",
