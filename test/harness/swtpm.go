@@ -43,30 +43,54 @@ func StartSwtpm(tb testing.TB, bootLog []byte) (sock, bundle string) {
 // at zero.
 func StartSwtpms(tb testing.TB, n int) []*Swtpm {
 	tb.Helper()
+	return ProvisionSwtpms(tb, n)()
+}
+
+// ProvisionSwtpms manufactures n swtpm TPMs as StartSwtpms does, in the
+// background (it costs about a second of CPU each), while the test goes
+// on starting what else it needs; the function it returns waits for them,
+// runs each until the test ends, and returns them. It must be called
+// from the test's goroutine.
+func ProvisionSwtpms(tb testing.TB, n int) func() []*Swtpm {
+	tb.Helper()
 	caDir := tb.TempDir()
 	dirs := make([]string, n)
 	for i := range dirs {
 		dirs[i] = tb.TempDir()
 	}
-	tpms := make([]*Swtpm, n)
-	if n == 0 {
+	finished := make(chan struct{})
+	var err error
+	go func() {
+		defer close(finished)
+		if n == 0 {
+			return
+		}
+		// The first creates the CA; the rest share it, provisioned two
+		// at a time (swtpm_localca locks the CA directory).
+		if err = provisionSwtpm(dirs[0], caDir); err != nil {
+			return
+		}
+		var g errgroup.Group
+		g.SetLimit(2)
+		for i := 1; i < n; i++ {
+			g.Go(func() error { return provisionSwtpm(dirs[i], caDir) })
+		}
+		err = g.Wait()
+	}()
+	// A test that ends first still waits, before its directories go.
+	tb.Cleanup(func() { <-finished })
+	return func() []*Swtpm {
+		tb.Helper()
+		<-finished
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tpms := make([]*Swtpm, n)
+		for i := range tpms {
+			tpms[i] = runSwtpm(tb, dirs[i], nil)
+		}
 		return tpms
 	}
-	// The first creates the CA; the rest share it, provisioned two at a
-	// time (swtpm_localca locks the CA directory).
-	tpms[0] = startSwtpm(tb, dirs[0], caDir, nil)
-	var g errgroup.Group
-	g.SetLimit(2)
-	for i := 1; i < n; i++ {
-		g.Go(func() error { return provisionSwtpm(dirs[i], caDir) })
-	}
-	if err := g.Wait(); err != nil {
-		tb.Fatal(err)
-	}
-	for i := 1; i < n; i++ {
-		tpms[i] = runSwtpm(tb, dirs[i], nil)
-	}
-	return tpms
 }
 
 // startSwtpm provisions a TPM in dir (its manufacturer CA in caDir, or its

@@ -21,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -48,14 +50,23 @@ var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each
 // answers the replicas' watches 410 Gone once they reach it again), its
 // traffic is delayed (a second each way), and a Cluster opts out, its
 // joins filed meanwhile and the Machine of one deleted, then opts in
-// again. Each fault hits a wave of joins in flight. What happened is read
-// from the workload API servers' audit logs, not from the controller:
-// every node with a Machine gets a certificate, approved once and issued
-// once (one certificate stored per request, the one its node holds; a
-// replica that took over re-signs a request whose certificate write was
-// cut, never one whose write was stored); every impostor, and the node
-// whose Machine was deleted while its request was pending, is denied,
-// with a reason and a message, never signed; the replicas watched from a
+// again. Each fault hits a wave of joins in flight, among them TPM nodes
+// (two rounds: the challenge, then its answer; each node's first answer
+// filed a second time, under another name, by its bootstrap token) in
+// the Cluster the fault is about, and during the management API server's
+// restart two nodes of two Clusters sharing one TPM. What happened is
+// read from the workload API servers' requests and audit logs and the
+// management cluster's trust-on-first-use records, not from the
+// controller: every node with a Machine gets a certificate, approved once
+// and issued once (one certificate stored per request, the one its node
+// holds; a replica that took over re-signs a request whose certificate
+// write was cut, never one whose write was stored); no challenge is
+// accepted twice (checkTPMJoins); of the two nodes sharing a TPM one
+// joins, the other is denied IdentityClaimedByOtherMachine, and each
+// joined TPM's identity is recorded once, for its own Machine; every
+// impostor, and the node whose Machine was deleted while its request was
+// pending, is denied, with a reason and a message, never signed; the
+// replicas watched from a
 // compacted resource version and listed again; once the faults stop each
 // Cluster is served by exactly one live replica, which runs no other
 // Cluster's controller; and the process's goroutines and live heap are
@@ -71,7 +82,6 @@ var faultWave = flag.Int("fault-wave", 2, "nodes per Cluster joining during each
 func TestSignerFaults(t *testing.T) {
 	harness.Binaries(t)
 	start := time.Now()
-	mgmt := harness.StartManagement(t)
 	const (
 		ns    = "faults"
 		lease = 3 * time.Second
@@ -89,7 +99,39 @@ func TestSignerFaults(t *testing.T) {
 	)
 	wave := *faultWave // nodes per Cluster joining during each fault
 	names := []string{"c0", "c1", "c2"}
+	// Each wave: the Clusters whose joins its fault hits, whether they
+	// include an impostor and an orphan, and the Cluster whose TPM nodes
+	// join during it: the one the fault is about (the killed replica's,
+	// the restarted or cut off API server's, the one opted out).
+	type waveSpec struct {
+		name               string
+		in                 []string
+		impostors, orphans bool
+		tpm                string
+	}
+	specs := []waveSpec{
+		{name: "calm", in: names, tpm: "c0"},
+		{name: "kill1", in: names, impostors: true, tpm: "c0"},
+		{name: "kill2", in: names, tpm: "c1"},
+		{name: "mgmt", in: names, tpm: "c1"},
+		{name: "wl", in: names, tpm: "c2"},
+		{name: "cut", in: names, tpm: "c1"},
+		// The faults of one cluster hit its joins only.
+		{name: "expire", in: []string{"c1"}, tpm: "c1"},
+		{name: "delay", in: []string{"c1"}, tpm: "c1"},
+		{name: "optout", in: []string{"c0"}, orphans: true, tpm: "c0"},
+	}
+	// TPM nodes join in two rounds (the challenge, then its answer), each
+	// on its own swtpm; the management API server's restart has two more,
+	// in c0 and c2, sharing one TPM (a device moved between Machines):
+	// their Clusters' replicas race to record its identity.
+	tpmPer := (wave + 1) / 2
+	tpmCount := len(specs)*tpmPer + 1
+	// Manufactured while the control planes start.
+	startTPMs := harness.ProvisionSwtpms(t, tpmCount)
+	mgmt := harness.StartManagement(t)
 	envs := map[string]*signerEnv{}
+	bootstrapKubeconfigs := map[string]string{}
 	for _, n := range names {
 		opts := []harness.Option{harness.WithAuditLog()}
 		if n == "c1" {
@@ -100,11 +142,21 @@ func TestSignerFaults(t *testing.T) {
 		wl := harness.StartControlPlane(t, n, opts...)
 		mgmt.AddWorkloadCluster(t, ns, n, wl, map[string]string{
 			capi.AnnotationEnabled:             "true",
-			capi.AnnotationAuthorizedAttestors: "insecure",
+			capi.AnnotationAuthorizedAttestors: "insecure,tpm",
 		})
-		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
+		// One bootstrap token per cluster, as kubeadm's join token: its
+		// nodes, and whoever copies their answers, file as one user.
+		bootstrapKubeconfigs[n] = wl.BootstrapKubeconfig(t, wl.CreateBootstrapToken(t))
+		cfg, err := clientcmd.BuildConfigFromFlags("", bootstrapKubeconfigs[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		envs[n] = &signerEnv{mgmt: mgmt, wl: wl, bootstrap: kubernetes.NewForConfigOrDie(cfg)}
 	}
 	t.Logf("control planes ready in %s", time.Since(start).Round(time.Millisecond))
+	tpms := startTPMs()
+	manufacturer := tpms[0].Bundle
+	t.Logf("%d swtpm TPMs manufactured and started, %s after start", tpmCount, time.Since(start).Round(time.Millisecond))
 	// The replicas reach c1 through a proxy that can cut it off.
 	c1, err := url.Parse(envs["c1"].wl.URL)
 	if err != nil {
@@ -121,6 +173,7 @@ func TestSignerFaults(t *testing.T) {
 			o.ShardLeaseDuration = lease
 			o.ProbePeriod = time.Second
 			o.MaxClientCertificateLifetime = 24 * time.Hour
+			o.TPM.ManufacturerCAs = []string{manufacturer} // one manufacturer made them all
 		})
 		live = append(live, id)
 	}
@@ -137,18 +190,43 @@ func TestSignerFaults(t *testing.T) {
 		csr                       *certificatesv1.CertificateSigningRequest
 		impostor                  bool // no Machine when decided: must be denied
 		orphan                    bool // its Machine is deleted while its CSR is pending
+		tpm                       *tpmNode
 	}
 	var nodes []*node
-	// newNodes makes a wave of wave nodes per Cluster of in, with an
-	// impostor (never a Machine) and an orphan (a Machine, deleted
-	// while its request is pending) per Cluster when asked for.
-	newNodes := func(label string, in []string, impostors, orphans bool) []*node {
+	var tpmNodes []*tpmNode
+	// newTPMNode makes a TPM node on the next swtpm, or on twin's.
+	newTPMNode := func(c, label string, twin *tpmNode) *node {
+		n := &node{cluster: c, name: c + "-" + label, providerID: fmt.Sprintf("test:///%s/%s", c, label)}
+		m := mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
+		var dev *harness.Swtpm
+		if twin != nil {
+			dev = twin.dev
+		} else {
+			dev, tpms = tpms[0], tpms[1:]
+		}
+		n.tpm = newTPMSource(t, c, n.name, n.providerID, m.UID, dev, bootstrapKubeconfigs[c])
+		if twin != nil {
+			twin.twin, n.tpm.twin = n.tpm, twin
+		}
+		tpmNodes = append(tpmNodes, n.tpm)
+		return n
+	}
+	// newNodes makes a wave of wave nodes per Cluster of in, and tpmPer
+	// TPM nodes in Cluster tpmIn, with an impostor (never a Machine) and
+	// an orphan (a Machine, deleted while its request is pending) per
+	// Cluster when asked for.
+	newNodes := func(label string, in []string, impostors, orphans bool, tpmIn string) []*node {
 		var out []*node
 		for _, c := range in {
 			for i := range wave {
 				n := &node{cluster: c, name: fmt.Sprintf("%s-%s-%d", c, label, i), providerID: fmt.Sprintf("test:///%s/%s/%d", c, label, i)}
 				mgmt.CreateMachine(t, ns, c, n.name, n.providerID, true)
 				out = append(out, n)
+			}
+			for i := range tpmPer {
+				if c == tpmIn {
+					out = append(out, newTPMNode(c, fmt.Sprintf("%s-tpm-%d", label, i), nil))
+				}
 			}
 			if impostors {
 				out = append(out, &node{cluster: c, name: fmt.Sprintf("%s-%s-impostor", c, label), providerID: fmt.Sprintf("test:///%s/%s/impostor", c, label), impostor: true})
@@ -160,6 +238,9 @@ func TestSignerFaults(t *testing.T) {
 			}
 		}
 		for _, n := range out {
+			if n.tpm != nil {
+				continue // its node attestor files its own
+			}
 			b, _ := signertest.Request{NodeName: n.name, ProviderID: n.providerID}.Build(t)
 			n.csr = signertest.CSR(n.name, b)
 			n.csr.Spec.Username, n.csr.Spec.Groups = "", nil
@@ -168,13 +249,18 @@ func TestSignerFaults(t *testing.T) {
 		return out
 	}
 	waves := map[string][]*node{}
-	for _, w := range []string{"calm", "kill1", "kill2", "mgmt", "wl", "cut"} {
-		waves[w] = newNodes(w, names, w == "kill1", false)
+	for _, s := range specs {
+		waves[s.name] = newNodes(s.name, s.in, s.impostors, s.orphans, s.tpm)
 	}
-	// The faults of one cluster hit its joins only.
-	waves["expire"] = newNodes("expire", []string{"c1"}, false, false)
-	waves["delay"] = newNodes("delay", []string{"c1"}, false, false)
-	waves["optout"] = newNodes("optout", []string{"c0"}, false, true)
+	twin := newTPMNode("c0", "mgmt-twin", nil)
+	waves["mgmt"] = append(waves["mgmt"], twin, newTPMNode("c2", "mgmt-twin", twin.tpm))
+	nodes = append(nodes, waves["mgmt"][len(waves["mgmt"])-2:]...)
+	// Each TPM node's first answer to a challenge is filed a second time
+	// under another name, by its cluster's bootstrap token, as it is seen.
+	replays := map[string]*answerReplayer{}
+	for _, c := range names {
+		replays[c] = replayAnswers(t, envs[c].wl, envs[c].bootstrap)
+	}
 
 	// join files every CSR of ns at once (retrying, as kubelet does, while
 	// the API server is away) and waits until all are decided; it returns
@@ -186,7 +272,13 @@ func TestSignerFaults(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, n := range ns {
 			wg.Go(func() {
-				decided, err := joinOne(envs[n.cluster], n.csr, n.impostor, within)
+				var decided time.Time
+				var err error
+				if n.tpm != nil {
+					decided, err = n.tpm.join(within)
+				} else {
+					decided, err = joinOne(envs[n.cluster], n.csr, n.impostor, within)
+				}
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -359,6 +451,9 @@ func TestSignerFaults(t *testing.T) {
 	fault("optout", 0, restartRecovery, func() time.Time {
 		for _, n := range waves["optout"] {
 			if err := pollFor(30*time.Second, func() bool {
+				if n.tpm != nil {
+					return len(tpmRequestsOf(t, envs["c0"].wl, n.name)) > 0
+				}
 				_, err := envs["c0"].wl.Client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), n.name, metav1.GetOptions{})
 				return err == nil
 			}); err != nil {
@@ -367,6 +462,15 @@ func TestSignerFaults(t *testing.T) {
 		}
 		time.Sleep(time.Second) // no replica decides it
 		for _, n := range waves["optout"] {
+			if n.tpm != nil {
+				// Not challenged either.
+				for _, r := range tpmRequestsOf(t, envs["c0"].wl, n.name) {
+					if _, ok := r.Annotations[attestor.AnnotationChallenge]; ok || len(r.Status.Conditions) != 0 {
+						t.Errorf("%s: request %s challenged or decided while its Cluster was opted out: %+v", n.name, r.Name, r.Status.Conditions)
+					}
+				}
+				continue
+			}
 			if c := envs["c0"].get(t, n.name).Status.Conditions; len(c) != 0 {
 				t.Errorf("%s decided while its Cluster was opted out: %+v", n.name, c)
 			}
@@ -380,6 +484,11 @@ func TestSignerFaults(t *testing.T) {
 		setEnabled(t, mgmt, ns, "c0", true)
 		return time.Now()
 	})
+	// The answers are all filed: no more copies (and the copier's
+	// goroutines gone before the leak check).
+	for _, r := range replays {
+		r.stop()
+	}
 
 	// After the faults: each Cluster served by exactly one live replica,
 	// which its claim names too.
@@ -411,16 +520,18 @@ func TestSignerFaults(t *testing.T) {
 
 	// Every node with a Machine has its certificate, checked in full.
 	for _, n := range nodes {
-		if !n.impostor {
+		if !n.impostor && n.tpm == nil {
 			envs[n.cluster].expectIssued(t, n.name, n.name, n.providerID, 24*time.Hour)
 		}
 	}
 	// The API servers' records: each request approved once and issued
 	// once, each impostor denied once with a reason.
+	allWrites := map[string]map[string]*csrWrites{}
 	for _, c := range names {
 		writes := csrWritesOf(t, envs[c].wl)
+		allWrites[c] = writes
 		for _, n := range nodes {
-			if n.cluster != c {
+			if n.cluster != c || n.tpm != nil {
 				continue
 			}
 			w := writes[n.name]
@@ -476,6 +587,13 @@ func TestSignerFaults(t *testing.T) {
 			}
 		}
 	}
+
+	// The TPM nodes: no challenge accepted twice, every one joined (one
+	// of the twins), trust on first use without a conflict.
+	tst := checkTPMJoins(t, mgmt, metav1.NamespaceSystem, envs, allWrites, tpmNodes, replays)
+	t.Logf("TPM nodes: %d (two of them twins on one TPM: %s joined), %d challenges written (%d first-round requests challenged twice), %d answers filed, %d of them copies; "+
+		"%d challenges answered twice, each accepted once: %d copies approved in place of the node's answer, %d node answers denied %s and filed anew",
+		len(tpmNodes), tst.twinJoined, tst.challenges, tst.rechallenged, tst.answers, tst.copies, tst.answeredTwice, tst.copiesApproved, tst.refiled, attestor.ReasonChallengeUsed)
 
 	keys := make([]string, 0, len(recovery))
 	for k := range recovery {
@@ -655,6 +773,7 @@ type csrWrites struct {
 	denials      []certificatesv1.CertificateSigningRequestCondition // Denied conditions perhaps stored
 	certificates map[string]bool                                     // every certificate sent, refused or not
 	stored       int                                                 // certificates stored
+	challenges   map[string]bool                                     // TPM challenges stored (kubelet-authenticator.x-k8s.io/challenge)
 	log          []string                                            // every write: subresource, condition, answer
 }
 
@@ -678,6 +797,9 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 			continue
 		}
 		var body struct {
+			Metadata struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
 			Status struct {
 				Conditions  []certificatesv1.CertificateSigningRequestCondition `json:"conditions"`
 				Certificate []byte                                              `json:"certificate"`
@@ -689,11 +811,20 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 		}
 		w := out[r.Name]
 		if w == nil {
-			w = &csrWrites{certificates: map[string]bool{}}
+			w = &csrWrites{certificates: map[string]bool{}, challenges: map[string]bool{}}
 			out[r.Name] = w
 		}
 		stored, perhaps := e.Code() >= 200 && e.Code() < 300, !refused(e.Code())
 		switch r.Subresource {
+		case "":
+			ch, ok := body.Metadata.Annotations[attestor.AnnotationChallenge]
+			if !ok {
+				continue
+			}
+			w.log = append(w.log, fmt.Sprintf("%s challenge: %d", e.Verb, e.Code()))
+			if stored {
+				w.challenges[ch] = true
+			}
 		case "approval":
 			// The write carries every condition: the last is the one added.
 			n := len(body.Status.Conditions)
