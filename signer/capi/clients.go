@@ -43,7 +43,7 @@ func newWorkloadClient(cfg *rest.Config) (*groupClients, error) {
 	}
 	if cfg.RateLimiter == nil && cfg.QPS > 0 {
 		if cfg.Burst <= 0 {
-			return nil, fmt.Errorf("burst is required to be greater than 0 when RateLimiter is not set and QPS is set to greater than 0")
+			return nil, fmt.Errorf("client QPS %v needs a burst above 0, not %d", cfg.QPS, cfg.Burst)
 		}
 		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
 	}
