@@ -52,10 +52,16 @@ type pending struct {
 }
 
 // record is the ConfigMap as read or written, and the state it holds;
-// neither is ever changed. cm is nil where the ConfigMap is missing.
+// neither is ever changed. cm is nil where the ConfigMap is missing, and
+// holds only the object's metadata otherwise (every write replaces its
+// data): the state is kept once, decoded.
 type record struct {
 	cm    *corev1.ConfigMap
 	state *State
+}
+
+func newRecord(cm *corev1.ConfigMap, s *State) *record {
+	return &record{cm: &corev1.ConfigMap{TypeMeta: cm.TypeMeta, ObjectMeta: cm.ObjectMeta, Immutable: cm.Immutable}, state: s}
 }
 
 // update applies change to the state and writes the state when change
@@ -188,7 +194,7 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			}
 			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
 		}
-		b.last = &record{cm: cm, state: s}
+		b.last = newRecord(cm, s)
 		out, base, written, rv = s, cur, true, cm.ResourceVersion
 		return nil
 	})
@@ -259,7 +265,7 @@ func (r *Revoker) read(ctx context.Context, fresh bool) (rec *record, readNow bo
 		b.last = nil
 		return nil, true, err
 	}
-	b.last = &record{cm: cm, state: s}
+	b.last = newRecord(cm, s)
 	return b.last, true, nil
 }
 
