@@ -204,4 +204,29 @@ func TestRevoker(t *testing.T) {
 		t.Fatalf("after the lifetime: dropped %q, left %+v", dropped, s.Entries)
 	}
 	old.eventually(t, false)
+
+	// Another replica writes between two of this Revoker's writes: what
+	// this one decides next is decided on the record as the replica left
+	// it, and the policy follows.
+	replica := &Revoker{Client: cp.Client, Lifetime: 24 * time.Hour, Clock: clock}
+	gone4 := Machine{Namespace: "team", Name: "n4", UID: "uid-4"}
+	n4 := newNode(t, cp, "n4")
+	if _, err := r.Accept(ctx, "n4", gone4, n4.cert, tpmAttested); err != nil {
+		t.Fatal(err)
+	}
+	if _, listed, err := replica.Revoke(ctx, gone4, nil, nil); err != nil || len(listed) != 1 {
+		t.Fatalf("Revoke by another replica: listed %q, %v", listed, err)
+	}
+	n4.eventually(t, true)
+	// Decided before the replica revoked it, signed after: refused, though
+	// this Revoker's last copy of the record knows nothing of it.
+	if _, err := r.Accept(ctx, "n4", gone4, n4.cert, tpmAttested); !errors.Is(err, ErrRevokedMachine) {
+		t.Fatalf("Accept for the Machine another replica revoked: %v, want ErrRevokedMachine", err)
+	}
+	fresh4 := newNode(t, cp, "n4")
+	if e, err := r.Accept(ctx, "n4", Machine{Namespace: "team", Name: "n4", UID: "uid-5"}, fresh4.cert, tpmAttested); err != nil || e == nil {
+		t.Fatalf("Accept for the new Machine after another replica's revocation: %+v, %v", e, err)
+	}
+	fresh4.eventually(t, false)
+	n4.eventually(t, true)
 }

@@ -66,7 +66,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	admissionregistrationv1client "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -506,7 +505,7 @@ type Client interface {
 }
 
 // Revoker keeps the revocations of one workload cluster. Its methods are
-// safe for concurrent use.
+// safe for concurrent use; a Revoker must not be copied after first use.
 type Revoker struct {
 	// Client talks to the workload cluster.
 	Client Client
@@ -515,6 +514,10 @@ type Revoker struct {
 	Lifetime time.Duration
 	// Clock; nil means the real clock.
 	Clock clock.PassiveClock
+
+	// batch is the writing of the record, one batch of changes at a time
+	// (update.go).
+	batch batcher
 }
 
 func (r *Revoker) now() time.Time {
@@ -713,81 +716,10 @@ func (r *Revoker) Deny(ctx context.Context, node, request, reason string) error 
 	return err
 }
 
-// update reads the state (a missing ConfigMap is an empty state), applies
-// change, and writes it when change reports a change or the ConfigMap is
-// missing (conflicts are retried); then, when it wrote or always is set, it
-// makes the policy say what the state says.
-func (r *Revoker) update(ctx context.Context, always bool, change func(*State) bool) (*State, error) {
-	var out *State
-	written := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		api := r.Client.CoreV1().ConfigMaps(Namespace)
-		cm, err := api.Get(ctx, ConfigMapName, metav1.GetOptions{})
-		missing := apierrors.IsNotFound(err)
-		if err != nil && !missing {
-			return fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
-		}
-		s := &State{Version: stateVersion}
-		if !missing {
-			if s, err = Decode(cm); err != nil {
-				return err
-			}
-		}
-		if !change(s) && !missing {
-			out = s
-			return nil
-		}
-		d, err := data(s)
-		if err != nil {
-			return err
-		}
-		if missing {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: ConfigMapName, Labels: managedLabels}, Data: d}
-			_, err = api.Create(ctx, cm, metav1.CreateOptions{FieldManager: FieldManager})
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
-			}
-		} else {
-			cm = cm.DeepCopy()
-			cm.Data, cm.BinaryData = d, nil
-			_, err = api.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
-		}
-		if err != nil {
-			if apierrors.IsConflict(err) {
-				return err
-			}
-			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
-		}
-		out, written = s, true
-		return nil
-	})
-	if err == nil && out == nil {
-		// retry.OnError takes an error of fn that wraps a context error
-		// (ctx canceled while a request was under way) for its own
-		// interruption and returns the last conflict instead: none.
-		if err = ctx.Err(); err == nil {
-			err = errors.New("the revocation state was neither read nor written")
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	if written || always {
-		if err := r.ensurePolicy(ctx, out); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
 // ensurePolicy creates, restores or updates the policy for s, then its
 // binding.
-func (r *Revoker) ensurePolicy(ctx context.Context, s *State) error {
+func (r *Revoker) ensurePolicy(ctx context.Context, want *admissionregistrationv1.ValidatingAdmissionPolicy) error {
 	api := r.Client.AdmissionregistrationV1()
-	want, err := Policy(s)
-	if err != nil {
-		return err
-	}
 	got, err := api.ValidatingAdmissionPolicies().Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):

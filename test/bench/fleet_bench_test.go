@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +62,9 @@ type fleetSide struct {
 	nodeCPU, signerCPU time.Duration
 	// shared is what the run cost the rest of the machine (sharedCPU).
 	shared sharedCPU
+	// requests counts the API servers' requests during the side's runs
+	// (apiRequests), by cluster, verb and resource.
+	requests map[string]float64
 	// server is, per CSR, from the API server announcing it to the
 	// certificate's arrival on a watch: the signer's share of a join (of
 	// its last round, where the signer challenges). challenged is the same
@@ -216,6 +221,7 @@ func runKCMSide(b *testing.B, env *scenario.Env, bootCfg *rest.Config, side *fle
 		return kubeletJoin(ctx, bootCfg, nil, "warm-"+side.name) == nil, nil
 	})
 	stop := watchCSRs(b, env, side)
+	requests := apiRequests(b, env)
 	self, kcm, shared := selfCPU(b), procCPU(b, p.PID()), readSharedCPU(b, env)
 	runFleet(b, side, n, c, func(i int) error {
 		return kubeletJoin(ctx, bootCfg, nil, side.name+"-"+name(i))
@@ -223,6 +229,7 @@ func runKCMSide(b *testing.B, env *scenario.Env, bootCfg *rest.Config, side *fle
 	side.nodeCPU += selfCPU(b) - self
 	side.signerCPU += procCPU(b, p.PID()) - kcm
 	side.shared.add(shared, readSharedCPU(b, env))
+	side.addRequests(requests, apiRequests(b, env))
 	stop()
 	p.Stop(10 * time.Second)
 }
@@ -237,6 +244,7 @@ func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID in
 	stop := watchCSRs(b, env, side)
 	var nodeCPU atomic.Int64
 	stderr := make([]string, len(nodes))
+	requests := apiRequests(b, env)
 	before, shared := procCPU(b, signerPID), readSharedCPU(b, env)
 	runFleet(b, side, len(nodes), c, func(i int) error {
 		cpu, out, err := credential(ctx, bin, env, nodes[i], args...)
@@ -247,6 +255,7 @@ func runCredentialSide(b *testing.B, env *scenario.Env, bin string, signerPID in
 	side.nodeCPU += time.Duration(nodeCPU.Load())
 	side.signerCPU += procCPU(b, signerPID) - before
 	side.shared.add(shared, readSharedCPU(b, env))
+	side.addRequests(requests, apiRequests(b, env))
 	side.stderr = append(side.stderr, stderr...)
 	stop()
 }
@@ -275,6 +284,81 @@ func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, side
 		b.ReportMetric(100*busy, key+"-machine-busy-%")
 		fmt.Fprintf(table, "  %-34s %8.1f %8.0fms %8.0fms %8.2fs %12.0fms %12.1fms %12.1fms %12.1fms %12.0f%%\n", s.name, s.perSecond(), ms(l.median()), ms(l.p99()), s.wall.Seconds(),
 			ms(s.server.median()), ms(nodeCPU), ms(signerCPU), ms(apiCPU), 100*busy)
+	}
+	for _, s := range sides {
+		if s.requests == nil {
+			continue
+		}
+		key := strings.TrimPrefix(s.name, "node-attestation-")
+		joins := float64(len(s.joins))
+		var total float64
+		var each []string
+		for _, k := range slices.Sorted(maps.Keys(s.requests)) {
+			if n := s.requests[k] / joins; n >= 0.05 {
+				total += n
+				each = append(each, fmt.Sprintf("%s %.2f", k, n))
+			}
+		}
+		b.ReportMetric(total, key+"-api-requests/join")
+		fmt.Fprintf(table, "  %s: %.1f API requests per join (%s)\n", s.name, total, strings.Join(each, ", "))
+	}
+}
+
+// apiRequests reads the requests each API server of env's clusters has
+// served so far (kube-apiserver's apiserver_request_total), by cluster
+// ("workload", "management"), verb and resource (with its subresource).
+// Requests for no resource (discovery, /metrics) are left out.
+func apiRequests(b *testing.B, env *scenario.Env) map[string]float64 {
+	b.Helper()
+	out := map[string]float64{}
+	for _, cp := range []struct {
+		name string
+		cp   *harness.ControlPlane
+	}{{"workload", env.Workload}, {"management", env.Mgmt.ControlPlane}} {
+		raw, err := cp.cp.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+		if err != nil {
+			b.Fatalf("%s API server's metrics: %v", cp.name, err)
+		}
+		for line := range strings.Lines(string(raw)) {
+			labels, ok := strings.CutPrefix(line, "apiserver_request_total{")
+			if !ok {
+				continue
+			}
+			labels, value, ok := strings.Cut(labels, "} ")
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+			if err != nil {
+				b.Fatalf("%s API server's metrics: %q: %v", cp.name, line, err)
+			}
+			l := map[string]string{}
+			for kv := range strings.SplitSeq(labels, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				l[k] = strings.Trim(v, `"`)
+			}
+			if l["resource"] == "" {
+				continue
+			}
+			res := l["resource"]
+			if l["subresource"] != "" {
+				res += "/" + l["subresource"]
+			}
+			out[cp.name+" "+l["verb"]+" "+res] += v
+		}
+	}
+	return out
+}
+
+// addRequests adds the difference between two readings of apiRequests.
+func (s *fleetSide) addRequests(before, after map[string]float64) {
+	if s.requests == nil {
+		s.requests = map[string]float64{}
+	}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			s.requests[k] += d
+		}
 	}
 }
 
