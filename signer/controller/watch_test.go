@@ -246,8 +246,15 @@ func TestRelistAfterWatchRefused(t *testing.T) {
 	// the informer's (a write elsewhere moved it on): the informer's watch
 	// ends, and resuming it is refused. (A watch that ends within its first
 	// second is listed again at once by client-go, which would not resume
-	// it: let the watches run a little first.)
-	time.Sleep(2 * time.Second)
+	// it: let the watch run a little first. It starts after the list, later
+	// still on a loaded machine.)
+	deadline := time.Now().Add(30 * time.Second)
+	for reset.watchingFor() < 2*time.Second {
+		if time.Now().After(deadline) {
+			t.Fatal("the informer has not watched for 2 s, 30 s after it synced")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	moved, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{})
 	if err != nil {
@@ -255,7 +262,7 @@ func TestRelistAfterWatchRefused(t *testing.T) {
 	}
 	reset.startOver(t, moved.ResourceVersion)
 	file("after")
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for !cached("after") {
 		if time.Now().After(deadline) {
 			t.Fatalf("a request filed after the watch was refused is not cached 30 s later (watches refused: %d)", reset.refused.Load())
@@ -279,7 +286,19 @@ type watchCacheReset struct {
 	mu      sync.Mutex
 	floor   uint64
 	cancels []context.CancelFunc
+	started time.Time // when the latest watch let through started
 	refused atomic.Int32
+}
+
+// watchingFor is how long the latest watch let through has run; zero
+// before any.
+func (w *watchCacheReset) watchingFor() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started.IsZero() {
+		return 0
+	}
+	return time.Since(w.started)
 }
 
 func (w *watchCacheReset) startOver(t *testing.T, rv string) {
@@ -315,6 +334,7 @@ func (w *watchCacheReset) wrap(next http.RoundTripper) http.RoundTripper {
 		ctx, cancel := context.WithCancel(req.Context())
 		w.mu.Lock()
 		w.cancels = append(w.cancels, cancel)
+		w.started = time.Now()
 		w.mu.Unlock()
 		resp, err := next.RoundTrip(req.WithContext(ctx))
 		if err != nil {
