@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -26,6 +27,20 @@ func sample() *State {
 		{Node: "ip-10-0-0-1.ec2.internal", Machine: Machine{Namespace: "team", Name: "md-0-x", UID: "u3"}, RevokedAt: t0, Until: t0.Add(time.Hour)},
 	}, Issued: []Credential{{SHA256: strings.Repeat("cd", 32), Node: "worker-b", Machine: Machine{Namespace: "team", Name: "worker-b", UID: "u4"}, NotAfter: t0.Add(24 * time.Hour)}},
 		Denied: []Denial{{Node: "worker-b", Request: "csr-b2", Reason: "SecureBootDisabled", At: t0.Add(time.Hour)}}}
+}
+
+// recorded reads and decodes the record in the cluster of c.
+func recorded(ctx context.Context, t *testing.T, c kubernetes.Interface) *State {
+	t.Helper()
+	cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Decode(cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func configMap(t *testing.T, s *State) *corev1.ConfigMap {
@@ -236,15 +251,7 @@ func TestDeny(t *testing.T) {
 	r := &Revoker{Client: c, Lifetime: 24 * time.Hour, Clock: clock}
 	read := func() *State {
 		t.Helper()
-		cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := Decode(cm)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return recorded(ctx, t, c)
 	}
 	m := Machine{Namespace: "team", Name: "worker-a", UID: "u1"}
 	cert := func(raw string) *x509.Certificate {

@@ -73,14 +73,7 @@ func TestAcceptBatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Decode(cm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := recorded(ctx, t, c)
 	if len(s.Issued) != n {
 		t.Errorf("%d certificates recorded, want %d", len(s.Issued), n)
 	}
@@ -115,14 +108,7 @@ func TestAcceptRecordDeleted(t *testing.T) {
 	if _, err := r.Accept(ctx, "worker-a", m, cert("second"), Attestation{Provider: "tpm"}); err != nil {
 		t.Fatal(err)
 	}
-	cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Decode(cm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := recorded(ctx, t, c)
 	if len(s.Issued) != 1 || s.Issued[0].SHA256 != Fingerprint(cert("second")) {
 		t.Errorf("recorded after the record was deleted: %+v, want the second certificate", s.Issued)
 	}
