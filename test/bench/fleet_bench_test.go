@@ -38,8 +38,10 @@ var (
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
 	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
+	fleetInProcess   = flag.Bool("fleet-in-process", true, "BenchmarkFleetJoin: also run the controller's side with the nodes' credential code in the benchmark's process, as kubelet's bootstrap runs for kube-controller-manager")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
 	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller, taken during its side's join (-fleet-profile-seconds), to this file")
+	fleetAPIProfile  = flag.String("fleet-api-profile", "", "BenchmarkFleetJoin: write a CPU profile of the workload API server during each side's join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
 )
 
@@ -144,7 +146,11 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 // and writes an SVG plot of every node's join latency over the run.
 func BenchmarkFleetJoin(b *testing.B) {
 	n, c := *fleetNodes, *fleetConcurrency
-	env := scenario.Start(b, scenario.Options{NoController: true})
+	var workload []harness.Option
+	if *fleetAPIProfile != "" {
+		workload = append(workload, harness.WithAPIServerArgs("--profiling=true"))
+	}
+	env := scenario.Start(b, scenario.Options{NoController: true, Workload: workload})
 	name := func(i int) string { return fmt.Sprintf("fleet-%05d", i) }
 	names := make([]string, n)
 	for i := range names {
@@ -175,22 +181,36 @@ func BenchmarkFleetJoin(b *testing.B) {
 
 	tuned := &fleetSide{name: "kcm-tuned", color: "#1f77b4"}
 	ours := &fleetSide{name: "node-attestation-controller", color: "#d62728"}
+	inProcess := &fleetSide{name: "node-attestation-controller-in-process", color: "#ff7f0e"}
 	dflt := &fleetSide{name: "kcm-default", color: "#7f7f7f"}
-	sides := []*fleetSide{tuned, ours, dflt}
+	sides := []*fleetSide{tuned, ours}
+	if *fleetInProcess {
+		sides = append(sides, inProcess)
+	}
+	if *fleetKCMDefault {
+		sides = append(sides, dflt)
+	}
 	for b.Loop() {
+		apiProfiled := fleetStartAPIProfile(b, env, tuned)
 		runKCMSide(b, env, bootCfg, tuned, n, c, name, kcmTunedArgs...)
+		apiProfiled()
 		clearCSRs(b, env)
 		profiled := fleetStartProfile(b, profiler)
+		apiProfiled = fleetStartAPIProfile(b, env, ours)
 		runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
+		apiProfiled()
 		profiled()
 		clearCSRs(b, env)
+		if *fleetInProcess {
+			apiProfiled = fleetStartAPIProfile(b, env, inProcess)
+			runInProcessSide(b, env, controller.PID(), inProcess, nodes, c)
+			apiProfiled()
+			clearCSRs(b, env)
+		}
 		if *fleetKCMDefault {
 			runKCMSide(b, env, bootCfg, dflt, n, c, name)
 			clearCSRs(b, env)
 		}
-	}
-	if !*fleetKCMDefault {
-		sides = sides[:2]
 	}
 	b.StopTimer()
 
@@ -204,8 +224,25 @@ func BenchmarkFleetJoin(b *testing.B) {
 		fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
 	}
 	table.WriteString("\n")
+	if *fleetInProcess {
+		fleetRatios(b, &table, inProcess, tuned)
+	}
+	fleetRatios(b, &table, ours, tuned)
 	table.WriteString(writeFleetFiles(b, env, *fleetPlot, "fleet-join.svg", n, c, sides))
 	fmt.Println(table.String())
+}
+
+// fleetRatios reports side's signer and API servers' CPU per join over
+// base's, and its throughput over base's.
+func fleetRatios(b *testing.B, table *strings.Builder, side, base *fleetSide) {
+	key := strings.TrimPrefix(side.name, "node-attestation-")
+	perJoin := func(d time.Duration, s *fleetSide) float64 { return float64(d) / float64(len(s.joins)) }
+	signer := perJoin(side.signerCPU, side) / perJoin(base.signerCPU, base)
+	api := perJoin(side.shared.api, side) / perJoin(base.shared.api, base)
+	rate := side.perSecond() / base.perSecond()
+	b.ReportMetric(signer, key+"-signer-cpu-x-"+base.name)
+	b.ReportMetric(api, key+"-api-cpu-x-"+base.name)
+	fmt.Fprintf(table, "  %s / %s: throughput %.2fx, signer CPU per join %.2fx, API servers' CPU per join %.2fx\n", side.name, base.name, rate, signer, api)
 }
 
 // runKCMSide runs side through kube-controller-manager (startKCM, with
@@ -672,6 +709,34 @@ func niceStep(span float64) float64 {
 		}
 	}
 	return p * 10
+}
+
+// fleetStartAPIProfile starts a CPU profile of the workload API server
+// (-fleet-api-profile) for side's run and returns a function that waits
+// for it and writes it.
+func fleetStartAPIProfile(b *testing.B, env *scenario.Env, side *fleetSide) (wait func()) {
+	b.Helper()
+	if *fleetAPIProfile == "" {
+		return func() {}
+	}
+	ext := filepath.Ext(*fleetAPIProfile)
+	path := strings.TrimSuffix(*fleetAPIProfile, ext) + "-" + side.name + ext
+	done := make(chan error, 1)
+	go func() {
+		data, err := env.Workload.Client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(*fleetProfileSecs)).Timeout(time.Duration(*fleetProfileSecs+60) * time.Second).DoRaw(context.Background())
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.Errorf("API server CPU profile: %v", err)
+			return
+		}
+		b.Logf("CPU profile of the workload API server during %s (%d s) in %s", side.name, *fleetProfileSecs, path)
+	}
 }
 
 // fleetStartProfile starts a CPU profile of the controller serving

@@ -112,6 +112,8 @@ type Options struct {
 	ControllerArgs []string
 	// NoController leaves the controller stopped (StartController starts it).
 	NoController bool
+	// Workload are options of the workload cluster's control plane.
+	Workload []harness.Option
 }
 
 // Start brings up the scenario. Everything stops when the test ends.
@@ -124,7 +126,7 @@ func Start(tb testing.TB, o Options) *Env {
 	e.BinDir = Binaries(tb)
 	e.K8sBin = harness.Binaries(tb)
 	e.Mgmt = harness.StartManagement(tb)
-	e.Workload = harness.StartControlPlane(tb, e.Cluster)
+	e.Workload = harness.StartControlPlane(tb, e.Cluster, o.Workload...)
 	e.Mgmt.AddWorkloadCluster(tb, e.Namespace, e.Cluster, e.Workload, map[string]string{
 		AnnotationEnabled:   "true",
 		AnnotationAttestors: o.Attestors,
