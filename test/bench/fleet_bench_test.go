@@ -138,6 +138,11 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 //   - node-attestation-controller: each node a whole `kubelet-authenticator
 //     credential` process from an empty cache (insecure attestor), through
 //     the controller with its default flags;
+//   - node-attestation-controller-in-process (-fleet-in-process): the
+//     same nodes through the same controller, each node's credential code
+//     run in the benchmark's process (runInProcessSide), as kubelet's
+//     bootstrap is for kube-controller-manager: both signers meet nodes
+//     that cost the machine alike;
 //   - kcm-default: the baseline again through kube-controller-manager's
 //     default flags.
 //
