@@ -328,6 +328,14 @@ func reportFleet(b *testing.B, table *strings.Builder, rate, metric string, side
 			ms(s.server.median()), ms(nodeCPU), ms(signerCPU), ms(apiCPU), 100*busy)
 	}
 	for _, s := range sides {
+		joins := time.Duration(len(s.joins))
+		var each []string
+		for _, k := range slices.Sorted(maps.Keys(s.shared.byProcess)) {
+			each = append(each, fmt.Sprintf("%s %.1f ms", k, ms(s.shared.byProcess[k]/joins)))
+		}
+		fmt.Fprintf(table, "  %s: API servers' CPU per join: %s\n", s.name, strings.Join(each, ", "))
+	}
+	for _, s := range sides {
 		if s.requests == nil {
 			continue
 		}
@@ -474,11 +482,20 @@ func procCPU(b *testing.B, pid int) time.Duration {
 // their time.
 type sharedCPU struct {
 	api, busy, all time.Duration
+	// byProcess is api by process: "workload kube-apiserver",
+	// "management etcd", ...
+	byProcess map[string]time.Duration
 }
 
 // add adds the difference between two readings of readSharedCPU.
 func (s *sharedCPU) add(before, after sharedCPU) {
 	s.api += after.api - before.api
+	if s.byProcess == nil {
+		s.byProcess = map[string]time.Duration{}
+	}
+	for k, v := range after.byProcess {
+		s.byProcess[k] += v - before.byProcess[k]
+	}
 	s.busy += after.busy - before.busy
 	s.all += after.all - before.all
 }
@@ -496,11 +513,13 @@ func (s *sharedCPU) busyShare() float64 {
 // (/proc/stat, summed over its CPUs).
 func readSharedCPU(b *testing.B, env *scenario.Env) sharedCPU {
 	b.Helper()
-	var s sharedCPU
-	for _, cp := range []*harness.ControlPlane{env.Workload, env.Mgmt.ControlPlane} {
+	s := sharedCPU{byProcess: map[string]time.Duration{}}
+	for cluster, cp := range map[string]*harness.ControlPlane{"workload": env.Workload, "management": env.Mgmt.ControlPlane} {
 		for _, p := range cp.Processes() {
 			if p.Name == "kube-apiserver" || p.Name == "etcd" {
-				s.api += procCPU(b, p.PID())
+				cpu := procCPU(b, p.PID())
+				s.api += cpu
+				s.byProcess[cluster+" "+p.Name] += cpu
 			}
 		}
 	}
