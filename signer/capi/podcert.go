@@ -108,7 +108,7 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 		logger.Error(err, "Unable to serve pod certificates")
 		return
 	}
-	pub, err := newPublisher(cfg, []string{podcert.DefaultSignerName})
+	pub, err := newPublisher(cfg, []string{podcert.DefaultSignerName}, cluster.UID)
 	if err != nil {
 		logger.Error(err, "Unable to serve pod certificates")
 		return

@@ -583,7 +583,7 @@ func (r *ClusterReconciler) newWorkload(s *clusterScope, servingCAs *trust.Autho
 		return nil, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}
 	authorized := s.policy.AuthorizedAttestors
-	pub, err := newPublisher(cfg, r.servingSignerNames(authorized))
+	pub, err := newPublisher(cfg, r.servingSignerNames(authorized), s.cluster.UID)
 	if err != nil {
 		return nil, fmt.Errorf("unable to build the workload cluster's client: %w", err)
 	}

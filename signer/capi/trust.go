@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -39,9 +41,15 @@ func (r *ClusterReconciler) servingSignerNames(authorized []string) []string {
 	return out
 }
 
-// newPublisher returns the publisher of a workload cluster's serving CAs.
-func newPublisher(cfg *rest.Config, signerNames []string) (*trust.Publisher, error) {
-	return trust.NewPublisher(cfg, signerNames)
+// newPublisher returns the publisher of a workload cluster's CAs for the
+// Cluster of UID owner (trust.Publisher.Owner).
+func newPublisher(cfg *rest.Config, signerNames []string, owner types.UID) (*trust.Publisher, error) {
+	pub, err := trust.NewPublisher(cfg, signerNames)
+	if err != nil {
+		return nil, err
+	}
+	pub.Owner = string(owner)
+	return pub, nil
 }
 
 // keepPublished keeps cas published in the workload cluster (Publisher.Keep)

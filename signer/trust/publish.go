@@ -27,6 +27,12 @@ import (
 // leaves every other bundle alone.
 const LabelServingCA = "kubelet-authenticator.x-k8s.io/serving-ca"
 
+// LabelOwner names, on a bundle the controller publishes, the Cluster it
+// publishes it for (the Cluster's UID). Two Clusters whose kubeconfigs
+// reach one workload cluster each keep their own bundles: neither removes
+// a bundle the other owns.
+const LabelOwner = "kubelet-authenticator.x-k8s.io/owner"
+
 // ClusterTrustBundle API.
 const (
 	group    = "certificates.k8s.io"
@@ -62,6 +68,14 @@ type Publisher struct {
 	// (the serving CA, the pod CA) use different labels, so that neither
 	// removes the other's bundles.
 	Label string
+	// Owner, when set, is written in each bundle's LabelOwner, and the
+	// publisher removes or takes over only bundles of its own or of no
+	// owner (published by a release before owners, or by standalone mode,
+	// which serves one cluster): a bundle another owner published stays,
+	// even one this publisher also wants (two Clusters sharing a CA), as
+	// long as it holds what this publisher would write. Empty: no owner,
+	// every labelled bundle is this publisher's.
+	Owner string
 
 	mu  sync.Mutex
 	gvr schema.GroupVersionResource
@@ -80,6 +94,10 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 	if label == "" {
 		label = LabelServingCA
 	}
+	labels := map[string]any{label: "true"}
+	if p.Owner != "" {
+		labels[LabelOwner] = p.Owner
+	}
 	want := map[string]*unstructured.Unstructured{}
 	for _, signer := range p.SignerNames {
 		for _, c := range cas {
@@ -87,7 +105,7 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 			want[name] = &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": gvr.GroupVersion().String(),
 				"kind":       "ClusterTrustBundle",
-				"metadata":   map[string]any{"name": name, "labels": map[string]any{label: "true"}},
+				"metadata":   map[string]any{"name": name, "labels": maps.Clone(labels)},
 				"spec":       map[string]any{"signerName": signer, "trustBundle": string(encodeCerts([]*x509.Certificate{c}))},
 			}}
 		}
@@ -115,7 +133,15 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 					err = update(ctx, res, o, w)
 				}
 			}
-		case !sameSpec(o, w):
+		case !p.owns(o):
+			// Another Cluster's, for the same CA: it stays its owner's;
+			// only what it holds is made right.
+			if !sameSpec(o, w) {
+				w = w.DeepCopy()
+				w.SetLabels(o.GetLabels())
+				err = update(ctx, res, o, w)
+			}
+		case !sameSpec(o, w) || o.GetLabels()[LabelOwner] != p.Owner:
 			err = update(ctx, res, o, w)
 		}
 		if err != nil {
@@ -123,7 +149,7 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(have)) {
-		if want[name] != nil {
+		if want[name] != nil || !p.owns(have[name]) {
 			continue
 		}
 		uid := have[name].GetUID()
@@ -132,6 +158,13 @@ func (p *Publisher) Publish(ctx context.Context, cas []*x509.Certificate) error 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// owns reports whether the labelled bundle o is this publisher's to change
+// and remove: its own, or of no owner.
+func (p *Publisher) owns(o *unstructured.Unstructured) bool {
+	owner := o.GetLabels()[LabelOwner]
+	return owner == "" || owner == p.Owner
 }
 
 func update(ctx context.Context, res dynamic.ResourceInterface, have, want *unstructured.Unstructured) error {

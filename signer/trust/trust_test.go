@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/x509"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -391,5 +392,90 @@ func waitAllowed(t *testing.T, cp *harness.ControlPlane, user string, attest boo
 			t.Fatalf("attest allowed = %t after 10s", r.Status.Allowed)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPublishOwners: two Clusters whose kubeconfigs reach one workload
+// cluster each keep their own bundles (LabelOwner): neither removes the
+// other's, a CA both publish stays with the first, and a bundle of no
+// owner (an older release's) is taken over where wanted and removed where
+// not.
+func TestPublishOwners(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	cp := harness.StartControlPlane(t, "trust-owners")
+	ctx := context.Background()
+	ctbs := cp.Client.CertificatesV1beta1().ClusterTrustBundles()
+	const user = "serving-ca-publisher"
+	certPEM, keyPEM := cp.IssueClientCert(t, user)
+	cfg := cp.RESTConfigFor(t, clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
+	grant(t, cp, user, true)
+	signers := []string{"cluster.x-k8s.io/kubelet-serving-tpm"}
+	a, b := newTestPublisher(t, cfg, signers), newTestPublisher(t, cfg, signers)
+	a.Owner, b.Owner = "uid-of-cluster-a", "uid-of-cluster-b"
+	clk := time.Now()
+	caA, caB, shared, legacyWanted, legacyGone := newCA(t, clk), newCA(t, clk), newCA(t, clk), newCA(t, clk), newCA(t, clk)
+
+	// Bundles an older release published: labelled, no owner.
+	for _, c := range []*x509.Certificate{legacyWanted, legacyGone} {
+		if _, err := ctbs.Create(ctx, &certificatesv1beta1.ClusterTrustBundle{
+			ObjectMeta: metav1.ObjectMeta{Name: BundleName(signers[0], c), Labels: map[string]string{LabelServingCA: "true"}},
+			Spec:       certificatesv1beta1.ClusterTrustBundleSpec{SignerName: signers[0], TrustBundle: string(encodeCerts([]*x509.Certificate{c}))},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owners := func() map[string]string {
+		t.Helper()
+		list, err := ctbs.List(ctx, metav1.ListOptions{LabelSelector: LabelServingCA + "=true"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, o := range list.Items {
+			out[o.Name] = o.Labels[LabelOwner]
+		}
+		return out
+	}
+	publish := func(p *Publisher, cas ...*x509.Certificate) {
+		t.Helper()
+		if err := p.Publish(ctx, cas); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := func(c *x509.Certificate) string { return BundleName(signers[0], c) }
+
+	publish(a, caA, shared, legacyWanted)
+	publish(b, caB, shared)
+	publish(a, caA, shared, legacyWanted)
+	want := map[string]string{name(caA): a.Owner, name(shared): a.Owner, name(legacyWanted): a.Owner, name(caB): b.Owner}
+	if got := owners(); !maps.Equal(got, want) {
+		t.Fatalf("bundles and their owners %v, want %v", got, want)
+	}
+
+	// A bundle of another owner that someone edited is made right, and
+	// stays its owner's.
+	o, err := ctbs.Get(ctx, name(shared), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Spec.TrustBundle = string(encodeCerts([]*x509.Certificate{caB}))
+	if _, err := ctbs.Update(ctx, o, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	publish(b, caB, shared)
+	if o, err = ctbs.Get(ctx, name(shared), metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if certs, err := parseCerts([]byte(o.Spec.TrustBundle)); err != nil || len(certs) != 1 || !certs[0].Equal(shared) || o.Labels[LabelOwner] != a.Owner {
+		t.Fatalf("shared bundle after b published: %d certificates (%v), owner %q; want the shared CA, owner a", len(certs), err, o.Labels[LabelOwner])
+	}
+
+	// b no longer publishes caB: its bundle goes, a's stay.
+	publish(b, shared)
+	delete(want, name(caB))
+	if got := owners(); !maps.Equal(got, want) {
+		t.Fatalf("bundles and their owners %v, want %v", got, want)
 	}
 }
