@@ -53,6 +53,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,8 +89,16 @@ const (
 	CredentialIDExtra = "authentication.kubernetes.io/credential-id"
 	// FieldManager is the manager of the controller's writes.
 	FieldManager = "node-attestation-controller"
-	// stateVersion is the version of State.json.
-	stateVersion = "v1"
+	// stateVersion is the version of State.json the controller writes:
+	// the record holds the entries, the shards the issued certificates
+	// and the denials. legacyVersion is the record of releases without
+	// shards, which held them all; it is read, and moved to shards at
+	// the first write.
+	stateVersion  = "v2"
+	legacyVersion = "v1"
+	// ShardCount is the number of shard ConfigMaps (ShardName) the issued
+	// certificates and the denials are spread over by node name.
+	ShardCount = 64
 	// maxAllowed bounds the certificates accepted per revoked name: a
 	// node renews a few times within a certificate lifetime.
 	maxAllowed = 32
@@ -185,7 +194,10 @@ func (a *Attestation) valid() bool {
 
 // State is what State.json holds.
 type State struct {
-	Version string  `json:"version"`
+	Version string `json:"version"`
+	// Shards is the number of shards (ShardCount) in the record and in
+	// each shard; absent in a legacy record.
+	Shards  int     `json:"shards,omitempty"`
 	Entries []Entry `json:"entries"`
 	// Issued are the unexpired client certificates the controller issued
 	// in the cluster, recorded before they were handed out, at most
@@ -304,9 +316,14 @@ func Unenforceable(err error) bool {
 // very Machine whose deletion revoked the name.
 var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Machine")
 
-// Decode reads the state of a ConfigMap: duplicate fields, field names
-// that differ from the state's only in case, trailing data and every value
-// this version reads but does not accept are errors.
+// Decode reads the state held by the record (the ConfigMap ConfigMapName)
+// and by shards, any of the shard ConfigMaps (ShardName): the entries of
+// the record, and the issued certificates and denials of the shards given
+// (with those a legacy record still holds, not yet moved to their shards).
+// A nil record is a missing one. Duplicate fields, field names that differ
+// from the state's only in case, trailing data, a shard holding what
+// belongs to another (or entries), and every value this version reads but
+// does not accept are errors.
 //
 // Fields this version does not know are ignored: the record is written
 // only by controllers, of this version or a newer one during a rolling
@@ -316,7 +333,32 @@ var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Ma
 // fields are written back as read (data); unknown fields inside an entry
 // are dropped when this version rewrites the record, so a newer version
 // adds what an older replica must keep at the top level.
-func Decode(cm *corev1.ConfigMap) (*State, error) {
+func Decode(record *corev1.ConfigMap, shards ...*corev1.ConfigMap) (*State, error) {
+	s := &State{Version: stateVersion, Shards: ShardCount}
+	if record != nil {
+		var err error
+		if s, err = decodeObject(record, -1); err != nil {
+			return nil, err
+		}
+	}
+	parts := make([]*State, ShardCount)
+	for _, cm := range shards {
+		k, ok := shardIndex(cm.Name)
+		if !ok {
+			return nil, fmt.Errorf("ConfigMap %s/%s is not a shard of the record", cm.Namespace, cm.Name)
+		}
+		p, err := decodeObject(cm, k)
+		if err != nil {
+			return nil, err
+		}
+		parts[k] = p
+	}
+	return merge(s, parts), nil
+}
+
+// decodeObject decodes and validates the record (shard < 0) or the shard
+// of that index.
+func decodeObject(cm *corev1.ConfigMap, shard int) (*State, error) {
 	raw, ok := cm.Data[StateKey]
 	if !ok {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no %s: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
@@ -325,31 +367,99 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s: %w: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
 	}
-	if s.Version != stateVersion {
-		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)
+	switch {
+	case shard < 0 && s.Version == legacyVersion && s.Shards == 0:
+	case s.Version == stateVersion && s.Shards == ShardCount:
+	default:
+		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q of %d shards, want %q of %d: %w", cm.Namespace, cm.Name, StateKey, s.Version, s.Shards,
+			stateVersion, ShardCount, ErrMalformed)
+	}
+	if shard >= 0 && len(s.Entries) > 0 {
+		return nil, fmt.Errorf("ConfigMap %s/%s %s is a shard holding entries: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
 	}
 	for _, e := range s.Entries {
 		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 || !e.Machine.valid() {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q, Machine %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, e.Machine, ErrMalformed)
 		}
 		for _, c := range e.Accepted {
-			if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() {
+			if !validFingerprint(c.SHA256) || !c.Machine.valid() {
 				return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed fingerprint for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
 			}
 		}
 	}
 	for _, c := range s.Issued {
-		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() ||
-			len(validation.IsDNS1123Subdomain(c.Node)) > 0 || !c.Attested.valid() {
+		if !validFingerprint(c.SHA256) || !c.Machine.valid() || len(validation.IsDNS1123Subdomain(c.Node)) > 0 || !c.Attested.valid() ||
+			(shard >= 0 && ShardOf(c.Node) != shard) {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed issued certificate for node %q: %w", cm.Namespace, cm.Name, StateKey, c.Node, ErrMalformed)
 		}
 	}
 	for i, d := range s.Denied {
-		if !d.valid() || slices.ContainsFunc(s.Denied[:i], func(o Denial) bool { return o.Node == d.Node }) {
+		if !d.valid() || slices.ContainsFunc(s.Denied[:i], func(o Denial) bool { return o.Node == d.Node }) || (shard >= 0 && ShardOf(d.Node) != shard) {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed denial for node %q: %w", cm.Namespace, cm.Name, StateKey, d.Node, ErrMalformed)
 		}
 	}
 	return s, nil
+}
+
+func validFingerprint(fp string) bool {
+	b, err := hex.DecodeString(fp)
+	return err == nil && len(b) == sha256.Size && strings.ToLower(fp) == fp
+}
+
+// ShardOf returns the index of the shard holding node's issued
+// certificates and denial: the first byte of the SHA-256 of its name,
+// modulo ShardCount (a divisor of 256, so every shard is as likely).
+func ShardOf(node string) int {
+	sum := sha256.Sum256([]byte(node))
+	return int(sum[0]) % ShardCount
+}
+
+// ShardName returns the name of the ConfigMap, next to the record, that
+// is the shard of that index.
+func ShardName(shard int) string { return fmt.Sprintf("%s-%02d", ConfigMapName, shard) }
+
+// shardIndex returns the index of the shard named name.
+func shardIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, ConfigMapName+"-")
+	if !ok || len(rest) != 2 {
+		return 0, false
+	}
+	k, err := strconv.Atoi(rest)
+	if err != nil || k < 0 || k >= ShardCount || ShardName(k) != name {
+		return 0, false
+	}
+	return k, true
+}
+
+// merge returns the state of the record rec and of the shards given
+// (shards[k] nil: not read): rec's entries and unknown top-level fields,
+// the issued certificates and denials a legacy record still holds that no
+// shard given holds too (a move cut short), then those of each shard, in
+// shard order. The issued certificates of one node are in the order they
+// were recorded: a legacy record's are older than every shard's (the
+// record is moved to this version before any shard is written).
+func merge(rec *State, shards []*State) *State {
+	s := rec.clone()
+	s.Version, s.Shards = stateVersion, ShardCount
+	s.Issued, s.Denied = nil, nil
+	for _, c := range rec.Issued {
+		if p := shards[ShardOf(c.Node)]; p == nil || !slices.ContainsFunc(p.Issued, func(o Credential) bool { return o.SHA256 == c.SHA256 }) {
+			s.Issued = append(s.Issued, c)
+		}
+	}
+	for _, d := range rec.Denied {
+		if p := shards[ShardOf(d.Node)]; p == nil || p.FindDenial(d.Node) == nil {
+			s.Denied = append(s.Denied, d)
+		}
+	}
+	for _, p := range shards {
+		if p != nil {
+			s.Issued = append(s.Issued, p.Issued...)
+			s.Denied = append(s.Denied, p.Denied...)
+		}
+	}
+	s.Issued, s.Denied = cloneCredentials(s.Issued), slices.Clone(s.Denied)
+	return s
 }
 
 // decodeState parses raw: case-sensitive field names, no duplicate
@@ -482,8 +592,13 @@ func (s *State) prune(now time.Time) (dropped []string) {
 	for i := range s.Entries {
 		s.Entries[i].Accepted = slices.DeleteFunc(s.Entries[i].Accepted, func(c Credential) bool { return !now.Before(c.NotAfter) })
 	}
-	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
+	s.pruneIssued(now)
 	return dropped
+}
+
+// pruneIssued drops the issued certificates that have expired at now.
+func (s *State) pruneIssued(now time.Time) {
+	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
 }
 
 // pruneDenied drops the denials recorded keep or longer before now (every
@@ -532,7 +647,7 @@ func (r *Revoker) now() time.Time {
 // expired entries, and returns the state and the names it dropped.
 func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
-	s, err := r.update(ctx, true, func(s *State) bool {
+	s, err := r.update(ctx, scope{always: true}, func(s *State) bool {
 		n := len(s.Issued)
 		dropped = s.prune(r.now())
 		denied := s.pruneDenied(r.now(), r.Lifetime+Margin)
@@ -545,13 +660,14 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 }
 
 // Revoke lists names as revoked for the deleted Machine m, and with them
-// every name a certificate was issued for to m (State.Issued). A name
-// listed already (for an earlier Machine) is listed again from now. The
-// certificates issued or accepted for a name stay accepted only where
-// claims reports that their Machine, another than m, still claims the name
-// (a live Machine with that Hostname, say): every other certificate of the
-// name, m's above all, is refused. m's issued certificates are forgotten.
-// It returns the state written and the names listed.
+// every name a certificate was issued for to m (the shards' issued
+// certificates). A name listed already (for an earlier Machine) is listed
+// again from now. The certificates issued or accepted for a name stay
+// accepted only where claims reports that their Machine, another than m,
+// still claims the name (a live Machine with that Hostname, say): every
+// other certificate of the name, m's above all, is refused. m's issued
+// certificates are forgotten once the names are listed. It returns the
+// state written and the names listed.
 func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims func(node string, uid types.UID) bool) (*State, []string, error) {
 	if !m.valid() {
 		return nil, nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
@@ -565,21 +681,36 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 		claims = func(string, types.UID) bool { return false }
 	}
 	now := r.now()
+	revokedAt, until := now.UTC().Truncate(time.Second), now.Add(r.Lifetime+Margin).UTC().Truncate(time.Second).Add(time.Second)
 	var listed []string
-	s, err := r.update(ctx, false, func(s *State) bool {
+	s, err := r.update(ctx, scope{all: true}, func(s *State) bool {
 		all := slices.Clone(names)
 		for _, c := range s.Issued {
 			if c.Machine.UID == m.UID {
 				all = append(all, c.Node)
 			}
 		}
+		for _, e := range s.Entries {
+			// Listed by an earlier round of this call, whose issued
+			// certificates of m are forgotten since.
+			if e.Machine.UID == m.UID && e.RevokedAt.Equal(revokedAt) {
+				all = append(all, e.Node)
+			}
+		}
 		slices.Sort(all)
 		listed = slices.Compact(all)
+		// m's issued certificates tell which names it was issued for:
+		// they are forgotten only once every such name is listed in the
+		// record, so that a write cut short is done again in full.
+		committed := true
 		for _, n := range listed {
-			e := Entry{Node: n, Machine: m, RevokedAt: now.UTC().Truncate(time.Second), Until: now.Add(r.Lifetime + Margin).UTC().Truncate(time.Second).Add(time.Second)}
+			e := Entry{Node: n, Machine: m, RevokedAt: revokedAt, Until: until}
 			var kept []Credential
 			if old := s.Find(n); old != nil {
 				kept = old.Accepted
+				committed = committed && old.Machine.UID == m.UID && old.RevokedAt.Equal(revokedAt)
+			} else {
+				committed = false
 			}
 			for _, c := range s.Issued {
 				if c.Node == n {
@@ -597,8 +728,10 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 				s.Entries = append(s.Entries, e)
 			}
 		}
-		s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
-		s.pruneDenied(now, r.Lifetime+Margin)
+		if committed {
+			s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
+			s.pruneDenied(now, r.Lifetime+Margin)
+		}
 		slices.SortFunc(s.Entries, func(a, b Entry) int { return strings.Compare(a.Node, b.Node) })
 		return len(listed) > 0
 	})
@@ -630,17 +763,25 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 	}
 	var out *Entry
 	var refused error
-	_, err := r.update(ctx, false, func(s *State) bool {
+	now := r.now()
+	_, err := r.update(ctx, scope{nodes: []string{node}}, func(s *State) bool {
 		out, refused = nil, nil
 		fp := Fingerprint(cert)
 		e := s.Find(node)
 		if e != nil && e.Machine.UID == m.UID {
-			// Decided before the Machine was gone, signed after.
+			// Decided before the Machine was gone, signed after. Recorded
+			// by an earlier round, before the revocation was read: it is
+			// never handed out, and forgotten.
 			refused = fmt.Errorf("%w: node %s was revoked when its Machine %s was deleted", ErrRevokedMachine, node, m)
-			return false
+			n := len(s.Issued)
+			s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp })
+			return len(s.Issued) != n
 		}
 		changed := false
 		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp }) {
+			// The shard is written: the certificates expired in it go.
+			s.pruneIssued(now)
+			s.pruneDenied(now, r.Lifetime+Margin)
 			s.Issued = append(s.Issued, Credential{SHA256: fp, Node: node, Machine: m, NotAfter: cert.NotAfter.UTC(), Attested: &att})
 			changed = true
 			var mine []int
@@ -696,7 +837,7 @@ func (r *Revoker) Deny(ctx context.Context, node, request, reason string) error 
 	if !d.valid() {
 		return fmt.Errorf("denial of request %q for reason %q is not recordable", request, reason)
 	}
-	_, err := r.update(ctx, false, func(s *State) bool {
+	_, err := r.update(ctx, scope{nodes: []string{node}}, func(s *State) bool {
 		changed := s.pruneDenied(now, r.Lifetime+Margin)
 		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.Node == node && now.Before(c.NotAfter) }) {
 			return changed
