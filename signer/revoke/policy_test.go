@@ -169,7 +169,7 @@ func TestRevoker(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := cm.Data[StateKey]
-	cm.Data[StateKey] = strings.Replace(good, `{"version":"v1",`, `{"version":"v1","version":"v1",`, 1)
+	cm.Data[StateKey] = strings.Replace(good, `{"version":"v2",`, `{"version":"v2","version":"v2",`, 1)
 	if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -642,12 +642,13 @@ func (r *Revoker) now() time.Time {
 	return r.Clock.Now()
 }
 
-// Ensure makes the policy, its binding and its parameter exist as the
-// controller writes them (restoring what someone deleted or changed), drops
-// expired entries, and returns the state and the names it dropped.
+// Ensure makes the policy, its binding and its record exist as the
+// controller writes them (restoring what someone deleted or changed),
+// drops expired entries, and the expired certificates and denials of every
+// shard, and returns the state and the names it dropped.
 func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
-	s, err := r.update(ctx, scope{always: true}, func(s *State) bool {
+	s, err := r.update(ctx, scope{always: true, all: true}, func(s *State) bool {
 		n := len(s.Issued)
 		dropped = s.prune(r.now())
 		denied := s.pruneDenied(r.now(), r.Lifetime+Margin)

@@ -179,6 +179,9 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 		chain = b.ensured.spec != nil && b.ensured.rv != ""
 		ownRV = b.ensured.rv
 	)
+	// settled: the batch's last write was the record's, and the record
+	// cached is that write.
+	settled := false
 	backoff := retry.DefaultRetry
 	for round := 0; out == nil; round++ {
 		if err := ctx.Err(); err != nil {
@@ -224,7 +227,7 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			}
 		}
 		recDirty := rec.cm == nil || !sameData(rec.state, newRec)
-		wrote := false
+		wrote, recordLast := false, false
 		switch {
 		case len(dirty) > 0 && (rec.cm == nil || rec.state.Version != stateVersion):
 			// Shards are written only under a record of this version: an
@@ -233,7 +236,7 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			up := base.clone()
 			up.Version, up.Shards = stateVersion, ShardCount
 			err = r.writeRecord(ctx, rec, up, &chain, &ownRV)
-			wrote, written = err == nil, written || err == nil
+			wrote, written, recordLast = err == nil, written || err == nil, err == nil
 		default:
 			for _, k := range dirty {
 				if err = r.writeShard(ctx, k, shards[k], newShards[k]); err != nil {
@@ -245,22 +248,26 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 				wrote = true
 			}
 			if err == nil && recDirty {
-				for _, n := range changedEntries(rec.state, newRec) {
+				for _, n := range changedEntries(base, newRec) {
 					freshShards[ShardOf(n)], need[ShardOf(n)] = true, true
 				}
 				err = r.writeRecord(ctx, rec, newRec, &chain, &ownRV)
-				wrote, written = wrote || err == nil, written || err == nil
+				wrote, written, recordLast = wrote || err == nil, written || err == nil, err == nil
 			}
 		}
 		switch {
 		case errors.Is(err, errConflict):
-			freshRecord = true
+			freshRecord, settled = true, false
 			time.Sleep(backoff.Step())
 		case err != nil:
 			return nil, err
 		case wrote:
-			freshRecord = true
-		case recNow:
+			// The record as written last is as it was when written: read
+			// after the batch's other writes (conditional writes, the
+			// record last).
+			settled = recordLast
+			freshRecord = !settled
+		case recNow || settled:
 			out, final = s, rec
 		default:
 			freshRecord = true
