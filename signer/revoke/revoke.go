@@ -650,14 +650,17 @@ func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
 	s, err := r.update(ctx, scope{always: true, all: true}, func(s *State) bool {
 		n := len(s.Issued)
-		dropped = s.prune(r.now())
+		// Dropped by this round, or by an earlier one whose write stands.
+		now := s.prune(r.now())
+		dropped = append(dropped, now...)
 		denied := s.pruneDenied(r.now(), r.Lifetime+Margin)
-		return len(dropped) > 0 || len(s.Issued) != n || denied
+		return len(now) > 0 || len(s.Issued) != n || denied
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return s, dropped, nil
+	slices.Sort(dropped)
+	return s, slices.Compact(dropped), nil
 }
 
 // Revoke lists names as revoked for the deleted Machine m, and with them

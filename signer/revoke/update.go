@@ -94,9 +94,10 @@ const maxRounds = 10
 //
 // Concurrent calls are written together: the change of each is applied in
 // turn to the state the one before left, and each call returns once the
-// writes holding its change succeeded or failed. A change may run more
-// than once (once per round, each time on a fresh copy of the state) and
-// must set what it reports anew each time.
+// writes holding its change succeeded or failed. A change runs once per
+// round (write), each time on a fresh copy of the state as read then,
+// which holds what earlier rounds wrote: what it reports covers every
+// round.
 func (r *Revoker) update(ctx context.Context, sc scope, change func(*State) bool) (*State, error) {
 	b := &r.batch
 	p := &pending{scope: sc, change: change, done: make(chan struct{})}
