@@ -28,16 +28,83 @@
 // A name is lifted only for the certificates the controller signs for a
 // live Machine: a Machine object of that name alone lifts nothing.
 //
-// The controller's record is a ConfigMap (Namespace/ConfigMapName) whose key
-// State.json holds the entries (strict JSON, "version": "v1"). The policy is
-// derived from it on every change: the revoked names, their messages and the
-// accepted certificates are literals in the policy's CEL variables. The
-// policy does not take the ConfigMap as its parameter: kube-apiserver 1.36
-// stops its informer of a built-in parameter kind when the last binding
-// that uses it goes away and never restarts it (the shared informer
-// factory starts a type once), so after a binding is deleted and created
-// again, changes to the parameter are not seen until kube-apiserver
-// restarts. A policy that carries its data has no such cache.
+// # Where it is kept
+//
+// The record is a ConfigMap (Namespace/ConfigMapName) whose key State.json
+// holds the entries (strict JSON, "version": "v2", "shards": ShardCount).
+// The issued certificates and the denials, which grow with the fleet, are
+// in ShardCount shards next to it (ShardName: the record's name, a dash,
+// two digits), ConfigMaps of the same labels and format whose State.json
+// holds the certificates and denials of the node names that hash to it
+// (ShardOf: the first byte of the SHA-256 of the name). A certificate is
+// about 330 bytes: at 20,000 live certificates (5,000 nodes with renewals
+// overlapping) a shard holds about 310 of them, about 100 KiB; a shard
+// fills the API server's 1 MiB at about 3,000, near 190,000 in the
+// cluster. The record holds about 1 KB per revoked name. A join writes
+// its node's shard (and the record only when its name is revoked).
+//
+// The policy is derived from the record on every change: the revoked
+// names, their messages and the accepted certificates are literals in the
+// policy's CEL variables. The policy does not take the ConfigMap as its
+// parameter: kube-apiserver 1.36 stops its informer of a built-in
+// parameter kind when the last binding that uses it goes away and never
+// restarts it (the shared informer factory starts a type once), so after
+// a binding is deleted and created again, changes to the parameter are not
+// seen until kube-apiserver restarts. A policy that carries its data has
+// no such cache.
+//
+// # Accept against Revoke, across objects
+//
+// Accept records a certificate c for name X in X's shard, then reads the
+// record: if X is revoked (for another Machine), it accepts c there. Revoke
+// writes X's entry in the record, then reads X's shard: every certificate
+// recorded there for X whose Machine still claims X is accepted. Each
+// write is conditional on the version read (a conflict reads again), and
+// a read without a resourceVersion is served at the API server's latest
+// (etcd's linearizable read). A batch (update) ends only with a round that
+// has nothing left to write, decided on the record read after every
+// write of the batch, and, where it wrote entries, on their shards read
+// after that. So, for a concurrent Accept of c (Machine L, X) and Revoke of
+// X (Machine m):
+//
+//   - If Accept's last read of the record comes after Revoke's write of
+//     X's entry, Accept sees the entry: L is not m, so c is accepted; L is
+//     m, so Accept returns ErrRevokedMachine, c is not handed out, and its
+//     record is dropped.
+//   - Otherwise Accept's write of c came before that read, before Revoke's
+//     write, before Revoke's last read of X's shard: Revoke sees c and
+//     accepts it if L claims X (never if L is m).
+//
+// Both may see each other: accepting twice is one acceptance. Neither
+// ever accepts a certificate of m for a name m's deletion revoked.
+//
+// A batch cut short (a crash, a lost connection, conflicts given up on)
+// leaves the objects as its last round left them. A certificate recorded
+// in a shard and not accepted has not been handed out (Accept returns
+// only after its last round). An entry written in Revoke's first round
+// may lack a certificate that Revoke's next round would have accepted
+// (recorded between its read of the shards and its write): the policy,
+// derived from the record when the next Ensure runs, then refuses that
+// certificate until Revoke is done again, which the caller does right
+// after (a deleted Machine's revocation stays pending in the management
+// cluster until Revoke returns). Revoke forgets the deleted Machine's
+// issued certificates only in a round after every name they name is
+// listed, so a Revoke done again still finds them.
+//
+// # Other versions
+//
+// A record of version "v1" (releases without shards) holds the issued
+// certificates and denials itself. It is read as it is (its certificates
+// are honoured: Revoke finds them, the pod signer reads their
+// attestations), and the first write moves them to their shards: the
+// record is rewritten as "v2" first, still holding them, then the shards
+// are written, then the record without them; a move cut short leaves a
+// certificate in both, read once. A release without shards refuses a "v2"
+// record (ErrMalformed) and never overwrites it: during a rolling upgrade
+// an older replica serving a Cluster after a newer one signs without
+// recording (Unenforceable), retries its revocations (kept pending until
+// a newer replica writes them) and issues no pod certificate, rather than
+// decide on a record whose certificates it cannot see.
 package revoke
 
 import (
