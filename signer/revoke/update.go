@@ -164,10 +164,13 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			need[ShardOf(n)] = true
 		}
 	}
+	// freshShards are the shards read now in every round: those of the
+	// entries the batch wrote. With all, the first round reads every shard
+	// now.
 	freshShards := map[int]bool{}
 	if all {
 		for k := range ShardCount {
-			need[k], freshShards[k] = true, true
+			need[k] = true
 		}
 	}
 	freshRecord := always || all
@@ -208,7 +211,7 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 		shards := make([]*record, ShardCount)
 		parts := make([]*State, ShardCount)
 		for _, k := range slices.Sorted(maps.Keys(need)) {
-			if shards[k], err = r.readShard(ctx, k, freshShards[k]); err != nil {
+			if shards[k], err = r.readShard(ctx, k, freshShards[k] || (all && round == 0)); err != nil {
 				return nil, err
 			}
 			parts[k] = shards[k].copyState()
