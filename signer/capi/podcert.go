@@ -252,19 +252,11 @@ func (s *podSigner) issued(ctx context.Context, node, fingerprint string) (*revo
 	}) {
 		return st, nil
 	}
-	cms := s.cs.CoreV1().ConfigMaps(revoke.Namespace)
-	cm, err := cms.Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	st, err := revoke.Read(ctx, s.cs.CoreV1(), node)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read the issued client certificates: %w", err)
 	}
-	shard, err := cms.Get(ctx, revoke.ShardName(k), metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return revoke.Decode(cm) // nothing recorded in the shard yet
-	case err != nil:
-		return nil, fmt.Errorf("unable to read the issued client certificates: %w", err)
-	}
-	return revoke.Decode(cm, shard)
+	return st, nil
 }
 
 // watchedRecord returns the watched state of the record and shard k,

@@ -423,6 +423,38 @@ func Decode(record *corev1.ConfigMap, shards ...*corev1.ConfigMap) (*State, erro
 	return merge(s, parts), nil
 }
 
+// Read reads, as they are now, the record and the shards of nodes (every
+// shard when no node is given) and returns their state (Decode). A missing
+// shard holds nothing; a missing record is an error (NotFound). What it
+// reads is bounded by the number of ConfigMaps (at most ShardCount+1) and
+// the API server's bound on each.
+func Read(ctx context.Context, c corev1client.ConfigMapsGetter, nodes ...string) (*State, error) {
+	cms := c.ConfigMaps(Namespace)
+	rec, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+	}
+	want := map[int]bool{}
+	for _, n := range nodes {
+		want[ShardOf(n)] = true
+	}
+	var shards []*corev1.ConfigMap
+	for k := range ShardCount {
+		if len(nodes) > 0 && !want[k] {
+			continue
+		}
+		cm, err := cms.Get(ctx, ShardName(k), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ShardName(k), err)
+		}
+		shards = append(shards, cm)
+	}
+	return Decode(rec, shards...)
+}
+
 // decodeObject decodes and validates the record (shard < 0) or the shard
 // of that index.
 func decodeObject(cm *corev1.ConfigMap, shard int) (*State, error) {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -34,23 +33,7 @@ func sample() *State {
 // cluster of c.
 func recorded(ctx context.Context, t *testing.T, c kubernetes.Interface) *State {
 	t.Helper()
-	cms := c.CoreV1().ConfigMaps(Namespace)
-	cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var shards []*corev1.ConfigMap
-	for k := range ShardCount {
-		sh, err := cms.Get(ctx, ShardName(k), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		shards = append(shards, sh)
-	}
-	s, err := Decode(cm, shards...)
+	s, err := Read(ctx, c.CoreV1())
 	if err != nil {
 		t.Fatal(err)
 	}

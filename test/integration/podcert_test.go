@@ -556,11 +556,7 @@ func (e *podEnv) deniedRenewal(t *testing.T, k *kubelet, name string) {
 		t.Fatalf("renewal %s by %s: %+v, want denied", name, got.Spec.Username, got.Status.Conditions)
 	}
 	t.Logf("renewal %s denied %s: %s", name, d.Reason, d.Message)
-	cm, err := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := revoke.Decode(cm)
+	s, err := revoke.Read(ctx, e.wl.Client.CoreV1(), k.name)
 	if err != nil {
 		t.Fatal(err)
 	}
