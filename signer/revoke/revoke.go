@@ -36,10 +36,10 @@
 // in ShardCount shards next to it (ShardName: the record's name, a dash,
 // two digits), ConfigMaps of the same labels and format whose State.json
 // holds the certificates and denials of the node names that hash to it
-// (ShardOf: the first byte of the SHA-256 of the name). A certificate is
-// about 330 bytes: at 20,000 live certificates (5,000 nodes with renewals
-// overlapping) a shard holds about 310 of them, about 100 KiB; a shard
-// fills the API server's 1 MiB at about 3,000, near 190,000 in the
+// (ShardOf: the first byte of the SHA-256 of the name). A certificate
+// takes about 370 bytes: at 20,000 live certificates (5,000 nodes with
+// renewals overlapping) a shard holds about 310 of them, about 115 KiB; a
+// shard fills the API server's 1 MiB at about 2,800, near 170,000 in the
 // cluster. The record holds about 1 KB per revoked name. A join writes
 // its node's shard (and the record only when its name is revoked).
 //
