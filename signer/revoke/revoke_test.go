@@ -149,6 +149,41 @@ func TestDecodeRefuses(t *testing.T) {
 	}
 }
 
+// A shard holds only what hashes to it, never entries, and is read as
+// strictly as the record; Decode takes only the record's shards.
+func TestDecodeShardRefuses(t *testing.T) {
+	s := sample()
+	k := ShardOf("worker-b")
+	shard := &State{Version: stateVersion, Shards: ShardCount, Issued: s.Issued, Denied: s.Denied}
+	good := configMap(t, shard).Data[StateKey]
+	cm := func(name, raw string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name}, Data: map[string]string{StateKey: raw}}
+	}
+	rec := configMap(t, &State{Version: stateVersion, Shards: ShardCount})
+	got, err := Decode(rec, cm(ShardName(k), good))
+	if err != nil || len(got.Issued) != 1 || got.FindDenial("worker-b") == nil {
+		t.Fatalf("Decode of a record and a shard: %+v, %v", got, err)
+	}
+	other := (k + 1) % ShardCount
+	withEntries := configMap(t, &State{Version: stateVersion, Shards: ShardCount, Entries: s.Entries[:1], Issued: s.Issued}).Data[StateKey]
+	for name, c := range map[string]*corev1.ConfigMap{
+		"another shard's node": cm(ShardName(other), good),
+		"entries":              cm(ShardName(k), withEntries),
+		"legacy version":       cm(ShardName(k), strings.Replace(good, `"version":"v2","shards":64`, `"version":"v1"`, 1)),
+		"other count":          cm(ShardName(k), strings.Replace(good, `"shards":64`, `"shards":128`, 1)),
+		"duplicate field":      cm(ShardName(k), strings.Replace(good, `{"version":"v2",`, `{"version":"v2","version":"v2",`, 1)),
+	} {
+		if _, err := Decode(rec, c); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: Decode = %v, want ErrMalformed", name, err)
+		}
+	}
+	for _, name := range []string{ConfigMapName, ConfigMapName + "-64", ConfigMapName + "-7", "kube-proxy"} {
+		if _, err := Decode(rec, cm(name, good)); err == nil {
+			t.Errorf("Decode took %q for a shard", name)
+		}
+	}
+}
+
 // A record written by a newer controller, with fields this version does
 // not know, is read during a rolling upgrade (and written back with its
 // top-level ones kept), not refused as malformed: refusing it would stop

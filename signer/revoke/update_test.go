@@ -32,10 +32,10 @@ import (
 )
 
 // A fleet's joins, decided in parallel, are recorded in batches: the
-// callers that queue while one batch is written are written together, in
-// one write, and the record is not read again before each write. Every
-// certificate is recorded, and the policy, which none of them changes, is
-// written once.
+// callers that queue while one batch is written are written together,
+// each shard they touch once, then the record read once. Every certificate
+// is recorded, and the policy, which none of them changes, is written
+// once.
 func TestAcceptBatches(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset()
