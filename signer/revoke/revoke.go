@@ -268,12 +268,15 @@ type State struct {
 	Entries []Entry `json:"entries"`
 	// Issued are the unexpired client certificates the controller issued
 	// in the cluster, recorded before they were handed out, at most
-	// maxAllowed per Machine: when a Machine is deleted they tell its
-	// certificates from those of another Machine claiming its name.
+	// maxAllowed per Machine in a shard: when a Machine is deleted they
+	// tell its certificates from those of another Machine claiming its
+	// name. Kept in the shards of their node names (a legacy record holds
+	// them until its first write moves them); a state holds those of the
+	// shards it was read from, each node's in the order recorded.
 	Issued []Credential `json:"issued,omitempty"`
 	// Denied are the latest denied renewals of the nodes Issued holds a
 	// certificate of, at most one per node, recorded before the denial
-	// was written (Deny): the pod signer issues nothing for a node whose
+	// was written (Deny), kept with Issued: the pod signer issues nothing for a node whose
 	// renewal was denied after its current certificate, long after the
 	// workload cluster has deleted the denied request.
 	Denied []Denial `json:"denied,omitempty"`
@@ -712,7 +715,7 @@ func (s *State) pruneDenied(now time.Time, keep time.Duration) bool {
 }
 
 // Client is what a Revoker uses of a workload cluster's API: the
-// admission policy, its binding and its parameter ConfigMap.
+// admission policy, its binding, the record and its shards.
 type Client interface {
 	CoreV1() corev1client.CoreV1Interface
 	AdmissionregistrationV1() admissionregistrationv1client.AdmissionregistrationV1Interface
@@ -845,13 +848,13 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 }
 
 // Accept is called before a client certificate for node, issued for
-// Machine m, is handed out: the certificate is recorded as issued (so that
-// m's deletion refuses it and another Machine's deletion does not), and
-// when node is revoked it is accepted (it was issued after the revocation,
-// to a live Machine) and Accept returns the entry; otherwise it returns
-// nil. An error means the certificate must not be handed out yet. att is
-// what was verified before the certificate was issued; Accept records it
-// with the time.
+// Machine m, is handed out: the certificate is recorded as issued, in
+// node's shard (so that m's deletion refuses it and another Machine's
+// deletion does not), and when node is revoked it is accepted (it was
+// issued after the revocation, to a live Machine) and Accept returns the
+// entry; otherwise it returns nil. An error means the certificate must not
+// be handed out yet. att is what was verified before the certificate was
+// issued; Accept records it with the time.
 func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate, att Attestation) (*Entry, error) {
 	if !m.valid() {
 		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
