@@ -80,16 +80,20 @@ type podSigner struct {
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	logger  klog.Logger
 
-	// record watches revocation's record of the issued client
-	// certificates; decoded is its last version decoded.
+	// record watches revocation's record (its entries), shards its
+	// shards of the issued client certificates (revoke.ShardName), one
+	// informer each; decoded[k] is the state of the record and shard k
+	// last decoded.
 	record  cache.SharedIndexInformer
-	decoded atomic.Pointer[decodedRecord]
+	shards  []cache.SharedIndexInformer
+	decoded [revoke.ShardCount]atomic.Pointer[decodedRecord]
 }
 
-// decodedRecord is revocation's record at one resourceVersion.
+// decodedRecord is the state of revocation's record and of one of its
+// shards at their resourceVersions.
 type decodedRecord struct {
-	resourceVersion string
-	state           *revoke.State
+	recordVersion, shardVersion string
+	state                       *revoke.State
 }
 
 // keepPodCertificates serves pod certificates for cluster until ctx is
@@ -137,12 +141,16 @@ func (r *ClusterReconciler) keepPodCertificates(ctx context.Context, logger klog
 		return
 	}
 	s.lister = certlisters.NewPodCertificateRequestLister(inf.GetIndexer())
-	// The record is read from a watch, not once per decision; a decision
-	// it cannot serve reads the ConfigMap itself (issued).
-	s.record = coreinformers.NewFilteredConfigMapInformer(cs, revoke.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", revoke.ConfigMapName).String()
-	})
+	// The record and its shards are read from watches (by name: the
+	// workload role grants them by name), not once per decision; a
+	// decision they cannot serve reads the ConfigMaps itself (issued).
+	s.record = namedConfigMapInformer(cs, revoke.ConfigMapName)
 	go s.record.Run(ctx.Done())
+	for k := range revoke.ShardCount {
+		inf := namedConfigMapInformer(cs, revoke.ShardName(k))
+		s.shards = append(s.shards, inf)
+		go inf.Run(ctx.Done())
+	}
 	go inf.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return
@@ -223,43 +231,76 @@ func (s *podSigner) enqueue(obj any) {
 	}
 }
 
-// issued returns revocation's record of the client certificates issued:
-// the watched copy when it holds the certificate the request was made
-// with, else the ConfigMap read now (a node that just joined may be ahead
-// of the watch; the watch may not be allowed or synced yet).
+// namedConfigMapInformer watches the ConfigMap name next to revocation's
+// record.
+func namedConfigMapInformer(cs kubernetes.Interface, name string) cache.SharedIndexInformer {
+	return coreinformers.NewFilteredConfigMapInformer(cs, revoke.Namespace, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	})
+}
+
+// issued returns revocation's record of the client certificates issued
+// for node: its entries and the certificates and denials of node's shard.
+// It is the watched copy when that holds the certificate the request was
+// made with, else the ConfigMaps read now (a node that just joined may be
+// ahead of the watch; the watch may not be allowed or synced yet). It
+// reads two ConfigMaps, each bounded by the API server's object size.
 func (s *podSigner) issued(ctx context.Context, node, fingerprint string) (*revoke.State, error) {
-	if st := s.watchedRecord(); st != nil && slices.ContainsFunc(st.Issued, func(c revoke.Credential) bool {
+	k := revoke.ShardOf(node)
+	if st := s.watchedRecord(k); st != nil && slices.ContainsFunc(st.Issued, func(c revoke.Credential) bool {
 		return c.SHA256 == fingerprint && c.Node == node
 	}) {
 		return st, nil
 	}
-	cm, err := s.cs.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	st, err := revoke.Read(ctx, s.cs.CoreV1(), node)
 	if err != nil {
 		return nil, fmt.Errorf("unable to read the issued client certificates: %w", err)
 	}
-	return revoke.Decode(cm)
+	return st, nil
 }
 
-// watchedRecord returns the watched record, decoded once per version, or
-// nil when there is none.
-func (s *podSigner) watchedRecord() *revoke.State {
-	if s.record == nil {
+// watchedRecord returns the watched state of the record and shard k,
+// decoded once per version, or nil when there is none.
+func (s *podSigner) watchedRecord(k int) *revoke.State {
+	if s.record == nil || len(s.shards) != revoke.ShardCount {
 		return nil
 	}
-	obj, ok, err := s.record.GetStore().GetByKey(revoke.Namespace + "/" + revoke.ConfigMapName)
+	cm := watchedConfigMap(s.record, revoke.ConfigMapName)
+	if cm == nil {
+		return nil
+	}
+	shard := watchedConfigMap(s.shards[k], revoke.ShardName(k))
+	shardVersion := ""
+	if shard != nil {
+		shardVersion = shard.ResourceVersion
+	}
+	if d := s.decoded[k].Load(); d != nil && d.recordVersion == cm.ResourceVersion && d.shardVersion == shardVersion {
+		return d.state
+	}
+	var (
+		st  *revoke.State
+		err error
+	)
+	if shard != nil {
+		st, err = revoke.Decode(cm, shard)
+	} else {
+		st, err = revoke.Decode(cm)
+	}
+	if err != nil {
+		return nil // read again, and reported, by issued
+	}
+	s.decoded[k].Store(&decodedRecord{recordVersion: cm.ResourceVersion, shardVersion: shardVersion, state: st})
+	return st
+}
+
+// watchedConfigMap returns the ConfigMap name inf holds, or nil.
+func watchedConfigMap(inf cache.SharedIndexInformer, name string) *corev1.ConfigMap {
+	obj, ok, err := inf.GetStore().GetByKey(revoke.Namespace + "/" + name)
 	cm, isCM := obj.(*corev1.ConfigMap)
 	if err != nil || !ok || !isCM {
 		return nil
 	}
-	if d := s.decoded.Load(); d != nil && d.resourceVersion == cm.ResourceVersion {
-		return d.state
-	}
-	st, err := revoke.Decode(cm)
-	if err != nil {
-		return nil // read again, and reported, by issued
-	}
-	s.decoded.Store(&decodedRecord{resourceVersion: cm.ResourceVersion, state: st})
-	return st
+	return cm
 }
 
 // next decides and writes one request; false once the queue is shut down.

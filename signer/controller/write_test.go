@@ -69,11 +69,7 @@ func TestDeniedRenewalRecorded(t *testing.T) {
 	})
 	denied := func() []revoke.Denial {
 		t.Helper()
-		cm, err := r.cs.CoreV1().ConfigMaps(revoke.Namespace).Get(r.ctx, revoke.ConfigMapName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := revoke.Decode(cm)
+		s, err := revoke.Read(r.ctx, r.cs.CoreV1())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -228,12 +228,8 @@ func TestDecidePodAfterRecordedDenial(t *testing.T) {
 	decide := func(fp string) *Decision {
 		t.Helper()
 		return e.DecidePod(ctx, podRequest(t, fp), &PodSigner{SignerName: podcert.DefaultSignerName, Policy: pol, CA: ca, StampedSince: testNow.Add(-2 * time.Hour),
-			Issued: func(ctx context.Context, _, _ string) (*revoke.State, error) {
-				cm, err := rv.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
-				if err != nil {
-					return nil, err
-				}
-				return revoke.Decode(cm)
+			Issued: func(ctx context.Context, node, _ string) (*revoke.State, error) {
+				return revoke.Read(ctx, rv.Client.CoreV1(), node)
 			}})
 	}
 

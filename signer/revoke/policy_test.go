@@ -127,13 +127,10 @@ func TestRevoker(t *testing.T) {
 	}
 	// Every certificate is recorded with what was verified before it was
 	// issued and when: pod certificates carry it.
-	if cm, err := cp.Client.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{}); err != nil {
-		t.Fatal(err)
-	} else if s, err := Decode(cm); err != nil {
-		t.Fatal(err)
-	} else if i := slices.IndexFunc(s.Issued, func(c Credential) bool { return c.SHA256 == Fingerprint(other.cert) }); i < 0 {
-		t.Fatalf("certificate of n2 not recorded: %+v", s.Issued)
-	} else if a := s.Issued[i].Attested; a == nil || a.Provider != tpmAttested.Provider || a.PolicySHA256 != tpmAttested.PolicySHA256 ||
+	rec := recorded(ctx, t, cp.Client)
+	if i := slices.IndexFunc(rec.Issued, func(c Credential) bool { return c.SHA256 == Fingerprint(other.cert) }); i < 0 {
+		t.Fatalf("certificate of n2 not recorded: %+v", rec.Issued)
+	} else if a := rec.Issued[i].Attested; a == nil || a.Provider != tpmAttested.Provider || a.PolicySHA256 != tpmAttested.PolicySHA256 ||
 		!a.At.Equal(clock.Now().UTC().Truncate(time.Second)) {
 		t.Fatalf("attestation recorded for n2: %+v, want %+v at %s", a, tpmAttested, clock.Now())
 	}
@@ -169,7 +166,7 @@ func TestRevoker(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := cm.Data[StateKey]
-	cm.Data[StateKey] = strings.Replace(good, `{"version":"v1",`, `{"version":"v1","version":"v1",`, 1)
+	cm.Data[StateKey] = strings.Replace(good, `{"version":"v2",`, `{"version":"v2","version":"v2",`, 1)
 	if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

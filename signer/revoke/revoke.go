@@ -28,16 +28,83 @@
 // A name is lifted only for the certificates the controller signs for a
 // live Machine: a Machine object of that name alone lifts nothing.
 //
-// The controller's record is a ConfigMap (Namespace/ConfigMapName) whose key
-// State.json holds the entries (strict JSON, "version": "v1"). The policy is
-// derived from it on every change: the revoked names, their messages and the
-// accepted certificates are literals in the policy's CEL variables. The
-// policy does not take the ConfigMap as its parameter: kube-apiserver 1.36
-// stops its informer of a built-in parameter kind when the last binding
-// that uses it goes away and never restarts it (the shared informer
-// factory starts a type once), so after a binding is deleted and created
-// again, changes to the parameter are not seen until kube-apiserver
-// restarts. A policy that carries its data has no such cache.
+// # Where it is kept
+//
+// The record is a ConfigMap (Namespace/ConfigMapName) whose key State.json
+// holds the entries (strict JSON, "version": "v2", "shards": ShardCount).
+// The issued certificates and the denials, which grow with the fleet, are
+// in ShardCount shards next to it (ShardName: the record's name, a dash,
+// two digits), ConfigMaps of the same labels and format whose State.json
+// holds the certificates and denials of the node names that hash to it
+// (ShardOf: the first byte of the SHA-256 of the name). A certificate
+// takes about 370 bytes: at 20,000 live certificates (5,000 nodes with
+// renewals overlapping) a shard holds about 310 of them, about 115 KiB; a
+// shard fills the API server's 1 MiB at about 2,800, near 170,000 in the
+// cluster. The record holds about 1 KB per revoked name. A join writes
+// its node's shard (and the record only when its name is revoked).
+//
+// The policy is derived from the record on every change: the revoked
+// names, their messages and the accepted certificates are literals in the
+// policy's CEL variables. The policy does not take the ConfigMap as its
+// parameter: kube-apiserver 1.36 stops its informer of a built-in
+// parameter kind when the last binding that uses it goes away and never
+// restarts it (the shared informer factory starts a type once), so after
+// a binding is deleted and created again, changes to the parameter are not
+// seen until kube-apiserver restarts. A policy that carries its data has
+// no such cache.
+//
+// # Accept against Revoke, across objects
+//
+// Accept records a certificate c for name X in X's shard, then reads the
+// record: if X is revoked (for another Machine), it accepts c there. Revoke
+// writes X's entry in the record, then reads X's shard: every certificate
+// recorded there for X whose Machine still claims X is accepted. Each
+// write is conditional on the version read (a conflict reads again), and
+// a read without a resourceVersion is served at the API server's latest
+// (etcd's linearizable read). A batch (update) ends only with a round that
+// has nothing left to write, decided on the record read after every
+// write of the batch, and, where it wrote entries, on their shards read
+// after that. So, for a concurrent Accept of c (Machine L, X) and Revoke of
+// X (Machine m):
+//
+//   - If Accept's last read of the record comes after Revoke's write of
+//     X's entry, Accept sees the entry: L is not m, so c is accepted; L is
+//     m, so Accept returns ErrRevokedMachine, c is not handed out, and its
+//     record is dropped.
+//   - Otherwise Accept's write of c came before that read, before Revoke's
+//     write, before Revoke's last read of X's shard: Revoke sees c and
+//     accepts it if L claims X (never if L is m).
+//
+// Both may see each other: accepting twice is one acceptance. Neither
+// ever accepts a certificate of m for a name m's deletion revoked.
+//
+// A batch cut short (a crash, a lost connection, conflicts given up on)
+// leaves the objects as its last round left them. A certificate recorded
+// in a shard and not accepted has not been handed out (Accept returns
+// only after its last round). An entry written in Revoke's first round
+// may lack a certificate that Revoke's next round would have accepted
+// (recorded between its read of the shards and its write): the policy,
+// derived from the record when the next Ensure runs, then refuses that
+// certificate until Revoke is done again, which the caller does right
+// after (a deleted Machine's revocation stays pending in the management
+// cluster until Revoke returns). Revoke forgets the deleted Machine's
+// issued certificates only in a round after every name they name is
+// listed, so a Revoke done again still finds them.
+//
+// # Other versions
+//
+// A record of version "v1" (releases without shards) holds the issued
+// certificates and denials itself. It is read as it is (its certificates
+// are honoured: Revoke finds them, the pod signer reads their
+// attestations), and the first write moves them to their shards: the
+// record is rewritten as "v2" first, still holding them, then the shards
+// are written, then the record without them; a move cut short leaves a
+// certificate in both, read once. A release without shards refuses a "v2"
+// record (ErrMalformed) and never overwrites it: during a rolling upgrade
+// an older replica serving a Cluster after a newer one signs without
+// recording (Unenforceable), retries its revocations (kept pending until
+// a newer replica writes them) and issues no pod certificate, rather than
+// decide on a record whose certificates it cannot see.
 package revoke
 
 import (
@@ -53,6 +120,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,8 +156,16 @@ const (
 	CredentialIDExtra = "authentication.kubernetes.io/credential-id"
 	// FieldManager is the manager of the controller's writes.
 	FieldManager = "node-attestation-controller"
-	// stateVersion is the version of State.json.
-	stateVersion = "v1"
+	// stateVersion is the version of State.json the controller writes:
+	// the record holds the entries, the shards the issued certificates
+	// and the denials. legacyVersion is the record of releases without
+	// shards, which held them all; it is read, and moved to shards at
+	// the first write.
+	stateVersion  = "v2"
+	legacyVersion = "v1"
+	// ShardCount is the number of shard ConfigMaps (ShardName) the issued
+	// certificates and the denials are spread over by node name.
+	ShardCount = 64
 	// maxAllowed bounds the certificates accepted per revoked name: a
 	// node renews a few times within a certificate lifetime.
 	maxAllowed = 32
@@ -185,16 +261,22 @@ func (a *Attestation) valid() bool {
 
 // State is what State.json holds.
 type State struct {
-	Version string  `json:"version"`
+	Version string `json:"version"`
+	// Shards is the number of shards (ShardCount) in the record and in
+	// each shard; absent in a legacy record.
+	Shards  int     `json:"shards,omitempty"`
 	Entries []Entry `json:"entries"`
 	// Issued are the unexpired client certificates the controller issued
 	// in the cluster, recorded before they were handed out, at most
-	// maxAllowed per Machine: when a Machine is deleted they tell its
-	// certificates from those of another Machine claiming its name.
+	// maxAllowed per Machine in a shard: when a Machine is deleted they
+	// tell its certificates from those of another Machine claiming its
+	// name. Kept in the shards of their node names (a legacy record holds
+	// them until its first write moves them); a state holds those of the
+	// shards it was read from, each node's in the order recorded.
 	Issued []Credential `json:"issued,omitempty"`
 	// Denied are the latest denied renewals of the nodes Issued holds a
 	// certificate of, at most one per node, recorded before the denial
-	// was written (Deny): the pod signer issues nothing for a node whose
+	// was written (Deny), kept with Issued: the pod signer issues nothing for a node whose
 	// renewal was denied after its current certificate, long after the
 	// workload cluster has deleted the denied request.
 	Denied []Denial `json:"denied,omitempty"`
@@ -304,9 +386,14 @@ func Unenforceable(err error) bool {
 // very Machine whose deletion revoked the name.
 var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Machine")
 
-// Decode reads the state of a ConfigMap: duplicate fields, field names
-// that differ from the state's only in case, trailing data and every value
-// this version reads but does not accept are errors.
+// Decode reads the state held by the record (the ConfigMap ConfigMapName)
+// and by shards, any of the shard ConfigMaps (ShardName): the entries of
+// the record, and the issued certificates and denials of the shards given
+// (with those a legacy record still holds, not yet moved to their shards).
+// A nil record is a missing one. Duplicate fields, field names that differ
+// from the state's only in case, trailing data, a shard holding what
+// belongs to another (or entries), and every value this version reads but
+// does not accept are errors.
 //
 // Fields this version does not know are ignored: the record is written
 // only by controllers, of this version or a newer one during a rolling
@@ -316,7 +403,64 @@ var ErrRevokedMachine = errors.New("the certificate was issued to the deleted Ma
 // fields are written back as read (data); unknown fields inside an entry
 // are dropped when this version rewrites the record, so a newer version
 // adds what an older replica must keep at the top level.
-func Decode(cm *corev1.ConfigMap) (*State, error) {
+func Decode(record *corev1.ConfigMap, shards ...*corev1.ConfigMap) (*State, error) {
+	s := &State{Version: stateVersion, Shards: ShardCount}
+	if record != nil {
+		var err error
+		if s, err = decodeObject(record, -1); err != nil {
+			return nil, err
+		}
+	}
+	parts := make([]*State, ShardCount)
+	for _, cm := range shards {
+		k, ok := shardIndex(cm.Name)
+		if !ok {
+			return nil, fmt.Errorf("ConfigMap %s/%s is not a shard of the record", cm.Namespace, cm.Name)
+		}
+		p, err := decodeObject(cm, k)
+		if err != nil {
+			return nil, err
+		}
+		parts[k] = p
+	}
+	return merge(s, parts), nil
+}
+
+// Read reads, as they are now, the record and the shards of nodes (every
+// shard when no node is given) and returns their state (Decode). A missing
+// shard holds nothing; a missing record is an error (NotFound). What it
+// reads is bounded by the number of ConfigMaps (at most ShardCount+1) and
+// the API server's bound on each.
+func Read(ctx context.Context, c corev1client.ConfigMapsGetter, nodes ...string) (*State, error) {
+	cms := c.ConfigMaps(Namespace)
+	rec, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+	}
+	want := map[int]bool{}
+	for _, n := range nodes {
+		want[ShardOf(n)] = true
+	}
+	var shards []*corev1.ConfigMap
+	for k := range ShardCount {
+		if len(nodes) > 0 && !want[k] {
+			continue
+		}
+		cm, err := cms.Get(ctx, ShardName(k), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ShardName(k), err)
+		}
+		shards = append(shards, cm)
+	}
+	return Decode(rec, shards...)
+}
+
+// decodeObject decodes and validates the record (shard < 0) or the shard
+// of that index.
+func decodeObject(cm *corev1.ConfigMap, shard int) (*State, error) {
 	raw, ok := cm.Data[StateKey]
 	if !ok {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no %s: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
@@ -325,31 +469,99 @@ func Decode(cm *corev1.ConfigMap) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ConfigMap %s/%s %s: %w: %w", cm.Namespace, cm.Name, StateKey, err, ErrMalformed)
 	}
-	if s.Version != stateVersion {
-		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q, want %q: %w", cm.Namespace, cm.Name, StateKey, s.Version, stateVersion, ErrMalformed)
+	switch {
+	case shard < 0 && s.Version == legacyVersion && s.Shards == 0:
+	case s.Version == stateVersion && s.Shards == ShardCount:
+	default:
+		return nil, fmt.Errorf("ConfigMap %s/%s %s has version %q of %d shards, want %q of %d: %w", cm.Namespace, cm.Name, StateKey, s.Version, s.Shards,
+			stateVersion, ShardCount, ErrMalformed)
+	}
+	if shard >= 0 && len(s.Entries) > 0 {
+		return nil, fmt.Errorf("ConfigMap %s/%s %s is a shard holding entries: %w", cm.Namespace, cm.Name, StateKey, ErrMalformed)
 	}
 	for _, e := range s.Entries {
 		if len(validation.IsDNS1123Subdomain(e.Node)) > 0 || !e.Machine.valid() {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has an entry for node %q, Machine %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, e.Machine, ErrMalformed)
 		}
 		for _, c := range e.Accepted {
-			if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() {
+			if !validFingerprint(c.SHA256) || !c.Machine.valid() {
 				return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed fingerprint for node %q: %w", cm.Namespace, cm.Name, StateKey, e.Node, ErrMalformed)
 			}
 		}
 	}
 	for _, c := range s.Issued {
-		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.SHA256) != c.SHA256 || !c.Machine.valid() ||
-			len(validation.IsDNS1123Subdomain(c.Node)) > 0 || !c.Attested.valid() {
+		if !validFingerprint(c.SHA256) || !c.Machine.valid() || len(validation.IsDNS1123Subdomain(c.Node)) > 0 || !c.Attested.valid() ||
+			(shard >= 0 && ShardOf(c.Node) != shard) {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed issued certificate for node %q: %w", cm.Namespace, cm.Name, StateKey, c.Node, ErrMalformed)
 		}
 	}
 	for i, d := range s.Denied {
-		if !d.valid() || slices.ContainsFunc(s.Denied[:i], func(o Denial) bool { return o.Node == d.Node }) {
+		if !d.valid() || slices.ContainsFunc(s.Denied[:i], func(o Denial) bool { return o.Node == d.Node }) || (shard >= 0 && ShardOf(d.Node) != shard) {
 			return nil, fmt.Errorf("ConfigMap %s/%s %s has a malformed denial for node %q: %w", cm.Namespace, cm.Name, StateKey, d.Node, ErrMalformed)
 		}
 	}
 	return s, nil
+}
+
+func validFingerprint(fp string) bool {
+	b, err := hex.DecodeString(fp)
+	return err == nil && len(b) == sha256.Size && strings.ToLower(fp) == fp
+}
+
+// ShardOf returns the index of the shard holding node's issued
+// certificates and denial: the first byte of the SHA-256 of its name,
+// modulo ShardCount (a divisor of 256, so every shard is as likely).
+func ShardOf(node string) int {
+	sum := sha256.Sum256([]byte(node))
+	return int(sum[0]) % ShardCount
+}
+
+// ShardName returns the name of the ConfigMap, next to the record, that
+// is the shard of that index.
+func ShardName(shard int) string { return fmt.Sprintf("%s-%02d", ConfigMapName, shard) }
+
+// shardIndex returns the index of the shard named name.
+func shardIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, ConfigMapName+"-")
+	if !ok || len(rest) != 2 {
+		return 0, false
+	}
+	k, err := strconv.Atoi(rest)
+	if err != nil || k < 0 || k >= ShardCount || ShardName(k) != name {
+		return 0, false
+	}
+	return k, true
+}
+
+// merge returns the state of the record rec and of the shards given
+// (shards[k] nil: not read): rec's entries and unknown top-level fields,
+// the issued certificates and denials a legacy record still holds that no
+// shard given holds too (a move cut short), then those of each shard, in
+// shard order. The issued certificates of one node are in the order they
+// were recorded: a legacy record's are older than every shard's (the
+// record is moved to this version before any shard is written).
+func merge(rec *State, shards []*State) *State {
+	s := rec.clone()
+	s.Version, s.Shards = stateVersion, ShardCount
+	s.Issued, s.Denied = nil, nil
+	for _, c := range rec.Issued {
+		if p := shards[ShardOf(c.Node)]; p == nil || !slices.ContainsFunc(p.Issued, func(o Credential) bool { return o.SHA256 == c.SHA256 }) {
+			s.Issued = append(s.Issued, c)
+		}
+	}
+	for _, d := range rec.Denied {
+		if p := shards[ShardOf(d.Node)]; p == nil || p.FindDenial(d.Node) == nil {
+			s.Denied = append(s.Denied, d)
+		}
+	}
+	for _, p := range shards {
+		if p != nil {
+			s.Issued = append(s.Issued, p.Issued...)
+			s.Denied = append(s.Denied, p.Denied...)
+		}
+	}
+	s.Issued, s.Denied = cloneCredentials(s.Issued), slices.Clone(s.Denied)
+	return s
 }
 
 // decodeState parses raw: case-sensitive field names, no duplicate
@@ -482,8 +694,13 @@ func (s *State) prune(now time.Time) (dropped []string) {
 	for i := range s.Entries {
 		s.Entries[i].Accepted = slices.DeleteFunc(s.Entries[i].Accepted, func(c Credential) bool { return !now.Before(c.NotAfter) })
 	}
-	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
+	s.pruneIssued(now)
 	return dropped
+}
+
+// pruneIssued drops the issued certificates that have expired at now.
+func (s *State) pruneIssued(now time.Time) {
+	s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return !now.Before(c.NotAfter) })
 }
 
 // pruneDenied drops the denials recorded keep or longer before now (every
@@ -498,7 +715,7 @@ func (s *State) pruneDenied(now time.Time, keep time.Duration) bool {
 }
 
 // Client is what a Revoker uses of a workload cluster's API: the
-// admission policy, its binding and its parameter ConfigMap.
+// admission policy, its binding, the record and its shards.
 type Client interface {
 	CoreV1() corev1client.CoreV1Interface
 	AdmissionregistrationV1() admissionregistrationv1client.AdmissionregistrationV1Interface
@@ -527,31 +744,36 @@ func (r *Revoker) now() time.Time {
 	return r.Clock.Now()
 }
 
-// Ensure makes the policy, its binding and its parameter exist as the
-// controller writes them (restoring what someone deleted or changed), drops
-// expired entries, and returns the state and the names it dropped.
+// Ensure makes the policy, its binding and its record exist as the
+// controller writes them (restoring what someone deleted or changed),
+// drops expired entries, and the expired certificates and denials of every
+// shard, and returns the state and the names it dropped.
 func (r *Revoker) Ensure(ctx context.Context) (*State, []string, error) {
 	var dropped []string
-	s, err := r.update(ctx, true, func(s *State) bool {
+	s, err := r.update(ctx, scope{always: true, all: true}, func(s *State) bool {
 		n := len(s.Issued)
-		dropped = s.prune(r.now())
+		// Dropped by this round, or by an earlier one whose write stands.
+		now := s.prune(r.now())
+		dropped = append(dropped, now...)
 		denied := s.pruneDenied(r.now(), r.Lifetime+Margin)
-		return len(dropped) > 0 || len(s.Issued) != n || denied
+		return len(now) > 0 || len(s.Issued) != n || denied
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return s, dropped, nil
+	slices.Sort(dropped)
+	return s, slices.Compact(dropped), nil
 }
 
 // Revoke lists names as revoked for the deleted Machine m, and with them
-// every name a certificate was issued for to m (State.Issued). A name
-// listed already (for an earlier Machine) is listed again from now. The
-// certificates issued or accepted for a name stay accepted only where
-// claims reports that their Machine, another than m, still claims the name
-// (a live Machine with that Hostname, say): every other certificate of the
-// name, m's above all, is refused. m's issued certificates are forgotten.
-// It returns the state written and the names listed.
+// every name a certificate was issued for to m (the shards' issued
+// certificates). A name listed already (for an earlier Machine) is listed
+// again from now. The certificates issued or accepted for a name stay
+// accepted only where claims reports that their Machine, another than m,
+// still claims the name (a live Machine with that Hostname, say): every
+// other certificate of the name, m's above all, is refused. m's issued
+// certificates are forgotten once the names are listed. It returns the
+// state written and the names listed.
 func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims func(node string, uid types.UID) bool) (*State, []string, error) {
 	if !m.valid() {
 		return nil, nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
@@ -565,21 +787,36 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 		claims = func(string, types.UID) bool { return false }
 	}
 	now := r.now()
+	revokedAt, until := now.UTC().Truncate(time.Second), now.Add(r.Lifetime+Margin).UTC().Truncate(time.Second).Add(time.Second)
 	var listed []string
-	s, err := r.update(ctx, false, func(s *State) bool {
+	s, err := r.update(ctx, scope{all: true}, func(s *State) bool {
 		all := slices.Clone(names)
 		for _, c := range s.Issued {
 			if c.Machine.UID == m.UID {
 				all = append(all, c.Node)
 			}
 		}
+		for _, e := range s.Entries {
+			// Listed by an earlier round of this call, whose issued
+			// certificates of m are forgotten since.
+			if e.Machine.UID == m.UID && e.RevokedAt.Equal(revokedAt) {
+				all = append(all, e.Node)
+			}
+		}
 		slices.Sort(all)
 		listed = slices.Compact(all)
+		// m's issued certificates tell which names it was issued for:
+		// they are forgotten only once every such name is listed in the
+		// record, so that a write cut short is done again in full.
+		committed := true
 		for _, n := range listed {
-			e := Entry{Node: n, Machine: m, RevokedAt: now.UTC().Truncate(time.Second), Until: now.Add(r.Lifetime + Margin).UTC().Truncate(time.Second).Add(time.Second)}
+			e := Entry{Node: n, Machine: m, RevokedAt: revokedAt, Until: until}
 			var kept []Credential
 			if old := s.Find(n); old != nil {
 				kept = old.Accepted
+				committed = committed && old.Machine.UID == m.UID && old.RevokedAt.Equal(revokedAt)
+			} else {
+				committed = false
 			}
 			for _, c := range s.Issued {
 				if c.Node == n {
@@ -597,8 +834,10 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 				s.Entries = append(s.Entries, e)
 			}
 		}
-		s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
-		s.pruneDenied(now, r.Lifetime+Margin)
+		if committed {
+			s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.Machine.UID == m.UID })
+			s.pruneDenied(now, r.Lifetime+Margin)
+		}
 		slices.SortFunc(s.Entries, func(a, b Entry) int { return strings.Compare(a.Node, b.Node) })
 		return len(listed) > 0
 	})
@@ -609,13 +848,13 @@ func (r *Revoker) Revoke(ctx context.Context, m Machine, names []string, claims 
 }
 
 // Accept is called before a client certificate for node, issued for
-// Machine m, is handed out: the certificate is recorded as issued (so that
-// m's deletion refuses it and another Machine's deletion does not), and
-// when node is revoked it is accepted (it was issued after the revocation,
-// to a live Machine) and Accept returns the entry; otherwise it returns
-// nil. An error means the certificate must not be handed out yet. att is
-// what was verified before the certificate was issued; Accept records it
-// with the time.
+// Machine m, is handed out: the certificate is recorded as issued, in
+// node's shard (so that m's deletion refuses it and another Machine's
+// deletion does not), and when node is revoked it is accepted (it was
+// issued after the revocation, to a live Machine) and Accept returns the
+// entry; otherwise it returns nil. An error means the certificate must not
+// be handed out yet. att is what was verified before the certificate was
+// issued; Accept records it with the time.
 func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509.Certificate, att Attestation) (*Entry, error) {
 	if !m.valid() {
 		return nil, fmt.Errorf("%q is not a Machine's namespace and name", m)
@@ -630,17 +869,25 @@ func (r *Revoker) Accept(ctx context.Context, node string, m Machine, cert *x509
 	}
 	var out *Entry
 	var refused error
-	_, err := r.update(ctx, false, func(s *State) bool {
+	now := r.now()
+	_, err := r.update(ctx, scope{nodes: []string{node}}, func(s *State) bool {
 		out, refused = nil, nil
 		fp := Fingerprint(cert)
 		e := s.Find(node)
 		if e != nil && e.Machine.UID == m.UID {
-			// Decided before the Machine was gone, signed after.
+			// Decided before the Machine was gone, signed after. Recorded
+			// by an earlier round, before the revocation was read: it is
+			// never handed out, and forgotten.
 			refused = fmt.Errorf("%w: node %s was revoked when its Machine %s was deleted", ErrRevokedMachine, node, m)
-			return false
+			n := len(s.Issued)
+			s.Issued = slices.DeleteFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp })
+			return len(s.Issued) != n
 		}
 		changed := false
 		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.SHA256 == fp }) {
+			// The shard is written: the certificates expired in it go.
+			s.pruneIssued(now)
+			s.pruneDenied(now, r.Lifetime+Margin)
 			s.Issued = append(s.Issued, Credential{SHA256: fp, Node: node, Machine: m, NotAfter: cert.NotAfter.UTC(), Attested: &att})
 			changed = true
 			var mine []int
@@ -696,7 +943,7 @@ func (r *Revoker) Deny(ctx context.Context, node, request, reason string) error 
 	if !d.valid() {
 		return fmt.Errorf("denial of request %q for reason %q is not recordable", request, reason)
 	}
-	_, err := r.update(ctx, false, func(s *State) bool {
+	_, err := r.update(ctx, scope{nodes: []string{node}}, func(s *State) bool {
 		changed := s.pruneDenied(now, r.Lifetime+Margin)
 		if !slices.ContainsFunc(s.Issued, func(c Credential) bool { return c.Node == node && now.Before(c.NotAfter) }) {
 			return changed

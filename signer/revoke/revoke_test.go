@@ -21,7 +21,7 @@ import (
 var t0 = time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
 
 func sample() *State {
-	return &State{Version: stateVersion, Entries: []Entry{
+	return &State{Version: stateVersion, Shards: ShardCount, Entries: []Entry{
 		{Node: "worker-a", Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u1"}, RevokedAt: t0, Until: t0.Add(7 * 24 * time.Hour),
 			Accepted: []Credential{{SHA256: strings.Repeat("ab", 32), Machine: Machine{Namespace: "team", Name: "worker-a", UID: "u2"}, NotAfter: t0.Add(24 * time.Hour)}}},
 		{Node: "ip-10-0-0-1.ec2.internal", Machine: Machine{Namespace: "team", Name: "md-0-x", UID: "u3"}, RevokedAt: t0, Until: t0.Add(time.Hour)},
@@ -29,14 +29,11 @@ func sample() *State {
 		Denied: []Denial{{Node: "worker-b", Request: "csr-b2", Reason: "SecureBootDisabled", At: t0.Add(time.Hour)}}}
 }
 
-// recorded reads and decodes the record in the cluster of c.
+// recorded reads and decodes the record and all its shards in the
+// cluster of c.
 func recorded(ctx context.Context, t *testing.T, c kubernetes.Interface) *State {
 	t.Helper()
-	cm, err := c.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Decode(cm)
+	s, err := Read(ctx, c.CoreV1())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +108,10 @@ func TestCELMapRefuses(t *testing.T) {
 func TestDecodeRefuses(t *testing.T) {
 	good := configMap(t, sample()).Data[StateKey]
 	for name, raw := range map[string]string{
-		"duplicate key":     strings.Replace(good, `{"version":"v1",`, `{"version":"v1","version":"v1",`, 1),
+		"duplicate key":     strings.Replace(good, `{"version":"v2",`, `{"version":"v2","version":"v2",`, 1),
 		"case-folded field": strings.Replace(good, `"entries"`, `"Entries"`, 1),
 		"case-folded inner": strings.Replace(good, `"accepted"`, `"Accepted"`, 1),
-		"unknown case-fold": strings.Replace(good, `{"version":"v1",`, `{"version":"v1","DENIED":[],`, 1),
+		"unknown case-fold": strings.Replace(good, `{"version":"v2",`, `{"version":"v2","DENIED":[],`, 1),
 		"duplicate inner":   strings.Replace(good, `"reason":"SecureBootDisabled"`, `"reason":"SecureBootDisabled","reason":"Other"`, 1),
 		"denial bad node":   strings.Replace(good, `"node":"worker-b","request"`, `"node":"Worker_B","request"`, 1),
 		"denial no request": strings.Replace(good, `"request":"csr-b2"`, `"request":""`, 1),
@@ -122,7 +119,10 @@ func TestDecodeRefuses(t *testing.T) {
 		"denial no time":    strings.Replace(good, `"at":"2026-11-25T11:00:00Z"`, `"at":"0001-01-01T00:00:00Z"`, 1),
 		"denial twice":      strings.Replace(good, `"denied":[`, `"denied":[{"node":"worker-b","request":"csr-b1","reason":"Other","at":"2026-11-25T10:00:00Z"},`, 1),
 		"trailing data":     good + "{}",
-		"other version":     strings.Replace(good, `"v1"`, `"v2"`, 1),
+		"other version":     strings.Replace(good, `"v2"`, `"v3"`, 1),
+		"other shards":      strings.Replace(good, `"shards":64`, `"shards":32`, 1),
+		"legacy of shards":  strings.Replace(good, `"v2"`, `"v1"`, 1),
+		"no shards":         strings.Replace(good, `"shards":64,`, ``, 1),
 		"upper-case node":   strings.Replace(good, `"node":"worker-a"`, `"node":"Worker-A"`, 1),
 		"quote in Machine":  strings.Replace(good, `"name":"md-0-x"`, `"name":"md-0-x\\\""`, 1),
 		"empty node":        strings.Replace(good, `"node":"worker-a"`, `"node":""`, 1),
@@ -149,13 +149,48 @@ func TestDecodeRefuses(t *testing.T) {
 	}
 }
 
+// A shard holds only what hashes to it, never entries, and is read as
+// strictly as the record; Decode takes only the record's shards.
+func TestDecodeShardRefuses(t *testing.T) {
+	s := sample()
+	k := ShardOf("worker-b")
+	shard := &State{Version: stateVersion, Shards: ShardCount, Issued: s.Issued, Denied: s.Denied}
+	good := configMap(t, shard).Data[StateKey]
+	cm := func(name, raw string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name}, Data: map[string]string{StateKey: raw}}
+	}
+	rec := configMap(t, &State{Version: stateVersion, Shards: ShardCount})
+	got, err := Decode(rec, cm(ShardName(k), good))
+	if err != nil || len(got.Issued) != 1 || got.FindDenial("worker-b") == nil {
+		t.Fatalf("Decode of a record and a shard: %+v, %v", got, err)
+	}
+	other := (k + 1) % ShardCount
+	withEntries := configMap(t, &State{Version: stateVersion, Shards: ShardCount, Entries: s.Entries[:1], Issued: s.Issued}).Data[StateKey]
+	for name, c := range map[string]*corev1.ConfigMap{
+		"another shard's node": cm(ShardName(other), good),
+		"entries":              cm(ShardName(k), withEntries),
+		"legacy version":       cm(ShardName(k), strings.Replace(good, `"version":"v2","shards":64`, `"version":"v1"`, 1)),
+		"other count":          cm(ShardName(k), strings.Replace(good, `"shards":64`, `"shards":128`, 1)),
+		"duplicate field":      cm(ShardName(k), strings.Replace(good, `{"version":"v2",`, `{"version":"v2","version":"v2",`, 1)),
+	} {
+		if _, err := Decode(rec, c); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: Decode = %v, want ErrMalformed", name, err)
+		}
+	}
+	for _, name := range []string{ConfigMapName, ConfigMapName + "-64", ConfigMapName + "-7", "kube-proxy"} {
+		if _, err := Decode(rec, cm(name, good)); err == nil {
+			t.Errorf("Decode took %q for a shard", name)
+		}
+	}
+}
+
 // A record written by a newer controller, with fields this version does
 // not know, is read during a rolling upgrade (and written back with its
 // top-level ones kept), not refused as malformed: refusing it would stop
 // issuance and revocation in the cluster until the upgrade ends.
 func TestDecodeUnknownFields(t *testing.T) {
 	good := configMap(t, sample()).Data[StateKey]
-	raw := strings.Replace(good, `{"version":"v1",`, `{"version":"v1","quarantined":[{"node":"worker-c","n":12345678901234567890}],`, 1)
+	raw := strings.Replace(good, `{"version":"v2",`, `{"version":"v2","quarantined":[{"node":"worker-c","n":12345678901234567890}],`, 1)
 	raw = strings.Replace(raw, `"reason":"SecureBootDisabled"`, `"reason":"SecureBootDisabled","pcrs":[0,7]`, 1)
 	got, err := Decode(&corev1.ConfigMap{Data: map[string]string{StateKey: raw}})
 	if err != nil {
@@ -206,7 +241,8 @@ func FuzzDecode(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(d[StateKey])
-	f.Add(`{"version":"v1","entries":null}`)
+	f.Add(`{"version":"v2","shards":64,"entries":null}`)
+	f.Add(`{"version":"v1","entries":null,"issued":[]}`)
 	f.Fuzz(func(t *testing.T, raw string) {
 		s, err := Decode(&corev1.ConfigMap{Data: map[string]string{StateKey: raw}})
 		if err != nil {

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,12 +18,12 @@ import (
 	"k8s.io/client-go/util/retry"
 )
 
-// batcher writes a Revoker's record one batch of changes at a time: while
-// one caller writes, the others queue their changes, and the next of them
-// writes all that queued meanwhile. Every certificate handed out is
-// recorded first (Accept), so that a fleet's joins, decided in parallel,
-// would otherwise each read, decode, encode and write the whole record in
-// turn, and conflict with one another.
+// batcher writes a Revoker's record and shards one batch of changes at a
+// time: while one caller writes, the others queue their changes, and the
+// next of them writes all that queued meanwhile. Every certificate handed
+// out is recorded first (Accept), so that a fleet's joins, decided in
+// parallel, would otherwise each read, decode, encode and write in turn,
+// and conflict with one another.
 type batcher struct {
 	mu     sync.Mutex
 	queue  []*pending
@@ -30,8 +32,10 @@ type batcher struct {
 	// Held by the writer (the token's holder) only.
 	//
 	// last is the record as this Revoker last read or wrote it, nil when
-	// unknown (never read, or a write or read failed since).
-	last *record
+	// unknown (never read, or a write or read failed since); shards[k]
+	// likewise shard k.
+	last   *record
+	shards [ShardCount]*record
 	// ensured is what this Revoker knows of the policy: it made the
 	// policy say what the record at resourceVersion rv says (spec), and
 	// nobody wrote the record since but this Revoker, without changing
@@ -42,19 +46,31 @@ type batcher struct {
 	}
 }
 
+// scope is what a change reads and writes besides the record's entries.
+type scope struct {
+	// always: decide on the record as read now, and make the policy say
+	// what it says (Ensure, which restores a policy someone else deleted
+	// or changed).
+	always bool
+	// all: every shard, as read now (Revoke).
+	all bool
+	// nodes: the shards of these node names (Accept, Deny).
+	nodes []string
+}
+
 // pending is one caller's change, and what its batch returned.
 type pending struct {
-	always bool
+	scope
 	change func(*State) bool
 	done   chan struct{} // closed once out and err are set
 	out    *State
 	err    error
 }
 
-// record is the ConfigMap as read or written, and the state it holds;
-// neither is ever changed. cm is nil where the ConfigMap is missing, and
-// holds only the object's metadata otherwise (every write replaces its
-// data): the state is kept once, decoded.
+// record is a ConfigMap (the record or a shard) as read or written, and
+// the state it holds; neither is ever changed. cm is nil where the
+// ConfigMap is missing, and holds only the object's metadata otherwise
+// (every write replaces its data): the state is kept once, decoded.
 type record struct {
 	cm    *corev1.ConfigMap
 	state *State
@@ -64,27 +80,27 @@ func newRecord(cm *corev1.ConfigMap, s *State) *record {
 	return &record{cm: &corev1.ConfigMap{TypeMeta: cm.TypeMeta, ObjectMeta: cm.ObjectMeta, Immutable: cm.Immutable}, state: s}
 }
 
-// update applies change to the state and writes the state when change
-// reports a change or the ConfigMap is missing (conflicts are retried);
-// then, when always is set or it wrote something the policy says, it makes
-// the policy say what the state says. The state returned is shared: read
-// it, never change it.
+// maxRounds bounds the rounds of one batch (write): a batch that others'
+// writes keep from settling fails, and its callers retry.
+const maxRounds = 10
+
+// update applies change to the state and writes what it changed (the
+// record's entries, the shards' certificates and denials; conflicts are
+// retried); then, when always is set or it wrote the record, it makes the
+// policy say what the state says. The state change is given holds the
+// record's entries and the certificates and denials of the shards of
+// sc.nodes (every shard with sc.all); the state returned is that, shared:
+// read it, never change it.
 //
 // Concurrent calls are written together: the change of each is applied in
-// turn to the state the one before left, in one read and one write, and
-// each call returns once the write holding its change succeeded or failed.
-// A change may run more than once (once per try, each time on a fresh copy
-// of the state) and must set what it reports anew each time.
-//
-// The record is read again only when needed. A change to the record as
-// this Revoker last read or wrote it is written conditionally on that
-// version: if someone else wrote since, the write conflicts and the record
-// is read again. A change that writes nothing is decided on the record as
-// read now, and so is every call with always (the periodic Ensure, which
-// also restores a policy someone else deleted or changed).
-func (r *Revoker) update(ctx context.Context, always bool, change func(*State) bool) (*State, error) {
+// turn to the state the one before left, and each call returns once the
+// writes holding its change succeeded or failed. A change runs once per
+// round (write), each time on a fresh copy of the state as read then,
+// which holds what earlier rounds wrote: what it reports covers every
+// round.
+func (r *Revoker) update(ctx context.Context, sc scope, change func(*State) bool) (*State, error) {
 	b := &r.batch
-	p := &pending{always: always, change: change, done: make(chan struct{})}
+	p := &pending{scope: sc, change: change, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.writer == nil {
@@ -127,87 +143,139 @@ func (b *batcher) withdraw(p *pending) {
 	b.queue = slices.DeleteFunc(b.queue, func(q *pending) bool { return q == p })
 }
 
-// write applies a batch's changes and writes the state (update); the
-// caller holds the writer token.
+// errConflict ends a round whose conditional write conflicted.
+var errConflict = errors.New("written by someone else meanwhile")
+
+// write applies a batch's changes and writes what they change (update);
+// the caller holds the writer token. It works in rounds: read (the
+// record, the shards in scope), apply every change, write the shards that
+// changed, then the record if it changed. A batch ends with the first
+// round that has nothing to write, decided on the record read in that
+// round and, where the batch wrote entries, on their shards read in that
+// round: read after every write of the batch (the package comment says
+// why that orders Accept against Revoke).
 func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
-	always := slices.ContainsFunc(batch, func(p *pending) bool { return p.always })
-	apply := func(s *State) bool {
-		changed := false
-		for _, p := range batch {
-			if p.change(s) {
-				changed = true
-			}
-		}
-		return changed
-	}
 	b := &r.batch
+	var always, all bool
+	need := map[int]bool{}
+	for _, p := range batch {
+		always, all = always || p.always, all || p.all
+		for _, n := range p.nodes {
+			need[ShardOf(n)] = true
+		}
+	}
+	// freshShards are the shards read now in every round: those of the
+	// entries the batch wrote. With all, the first round reads every shard
+	// now.
+	freshShards := map[int]bool{}
+	if all {
+		for k := range ShardCount {
+			need[k] = true
+		}
+	}
+	freshRecord := always || all
 	var (
 		out     *State
-		base    *record // what the state was read from
-		written bool
-		rv      string // the resourceVersion written
+		final   *record // the record out was decided on
+		written bool    // the record was written
+		// chain: every write of the record since b.ensured.rv was this
+		// batch's, ownRV the last.
+		chain = b.ensured.spec != nil && b.ensured.rv != ""
+		ownRV = b.ensured.rv
 	)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		api := r.Client.CoreV1().ConfigMaps(Namespace)
-		cur, readNow, err := r.read(ctx, always)
+	// settled: the batch's last write was the record's, and the record
+	// cached is that write.
+	settled := false
+	backoff := retry.DefaultRetry
+	for round := 0; out == nil; round++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if round == maxRounds {
+			return nil, errors.New("the revocation record did not settle: written by others meanwhile")
+		}
+		rec, recNow, err := r.read(ctx, freshRecord)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		s := cur.copyState()
-		changed := apply(s)
-		if !changed && cur.cm != nil && !readNow {
-			// Nothing to write: decided on the record as it is now.
-			if cur, _, err = r.read(ctx, true); err != nil {
-				return err
+		if rec.cm == nil || rec.cm.ResourceVersion != ownRV {
+			chain = false
+		}
+		base := rec.copyState()
+		for _, c := range base.Issued { // a legacy record's: moved now
+			need[ShardOf(c.Node)] = true
+		}
+		for _, d := range base.Denied {
+			need[ShardOf(d.Node)] = true
+		}
+		shards := make([]*record, ShardCount)
+		parts := make([]*State, ShardCount)
+		for _, k := range slices.Sorted(maps.Keys(need)) {
+			if shards[k], err = r.readShard(ctx, k, freshShards[k] || (all && round == 0)); err != nil {
+				return nil, err
 			}
-			s = cur.copyState()
-			changed = apply(s)
+			parts[k] = shards[k].copyState()
 		}
-		if !changed && cur.cm != nil {
-			out, base = s, cur
-			return nil
+		s := merge(base, parts)
+		for _, p := range batch {
+			p.change(s)
 		}
-		d, err := data(s)
+		newRec, newShards, err := split(s, parts)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		var cm *corev1.ConfigMap
-		if cur.cm == nil {
-			cm, err = api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: ConfigMapName, Labels: managedLabels}, Data: d},
-				metav1.CreateOptions{FieldManager: FieldManager})
-			if apierrors.IsAlreadyExists(err) {
-				err = apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
-			}
-		} else {
-			cm = cur.cm.DeepCopy()
-			cm.Data, cm.BinaryData = d, nil
-			cm, err = api.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
-			if apierrors.IsNotFound(err) {
-				// Deleted since it was read: written anew on the next try.
-				err = apierrors.NewConflict(corev1.Resource("configmaps"), ConfigMapName, err)
+		var dirty []int
+		for k, p := range newShards {
+			if p != nil && shardChanged(shards[k], p) {
+				dirty = append(dirty, k)
 			}
 		}
-		if err != nil {
-			b.last = nil
-			if apierrors.IsConflict(err) {
-				return err
+		recDirty := rec.cm == nil || !sameData(rec.state, newRec)
+		wrote, recordLast := false, false
+		switch {
+		case len(dirty) > 0 && (rec.cm == nil || rec.state.Version != stateVersion):
+			// Shards are written only under a record of this version: an
+			// older replica, which reads no shard, stands off such a record
+			// (ErrMalformed) rather than decide without them.
+			up := base.clone()
+			up.Version, up.Shards = stateVersion, ShardCount
+			err = r.writeRecord(ctx, rec, up, &chain, &ownRV)
+			wrote, written, recordLast = err == nil, written || err == nil, err == nil
+		default:
+			for _, k := range dirty {
+				if err = r.writeShard(ctx, k, shards[k], newShards[k]); err != nil {
+					if errors.Is(err, errConflict) {
+						freshShards[k] = true
+					}
+					break
+				}
+				wrote = true
 			}
-			return fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+			if err == nil && recDirty {
+				for _, n := range changedEntries(base, newRec) {
+					freshShards[ShardOf(n)], need[ShardOf(n)] = true, true
+				}
+				err = r.writeRecord(ctx, rec, newRec, &chain, &ownRV)
+				wrote, written, recordLast = wrote || err == nil, written || err == nil, err == nil
+			}
 		}
-		b.last = newRecord(cm, s)
-		out, base, written, rv = s, cur, true, cm.ResourceVersion
-		return nil
-	})
-	if err == nil && out == nil {
-		// retry.OnError takes an error of fn that wraps a context error
-		// (ctx canceled while a request was under way) for its own
-		// interruption and returns the last conflict instead: none.
-		if err = ctx.Err(); err == nil {
-			err = errors.New("the revocation state was neither read nor written")
+		switch {
+		case errors.Is(err, errConflict):
+			freshRecord, settled = true, false
+			time.Sleep(backoff.Step())
+		case err != nil:
+			return nil, err
+		case wrote:
+			// The record as written last is as it was when written: read
+			// after the batch's other writes (conditional writes, the
+			// record last).
+			settled = recordLast
+			freshRecord = !settled
+		case recNow || settled:
+			out, final = s, rec
+		default:
+			freshRecord = true
 		}
-	}
-	if err != nil {
-		return nil, err
 	}
 	if !written && !always {
 		return out, nil
@@ -216,27 +284,144 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The record written replaced one whose policy this Revoker made the
-	// cluster's, and its policy says the same: the cluster's says it
-	// already. A policy someone else deleted or changed is restored by the
-	// next Ensure.
-	if !always && written && rv != "" && base.cm != nil && base.cm.ResourceVersion == b.ensured.rv && b.ensured.spec != nil &&
-		equality.Semantic.DeepEqual(want.Spec, *b.ensured.spec) {
-		b.ensured.rv = rv
+	// Every write of the record since the policy was last made the
+	// cluster's was this Revoker's, and the policy says the same: the
+	// cluster's says it already. A policy someone else deleted or changed
+	// is restored by the next Ensure.
+	if !always && chain && equality.Semantic.DeepEqual(want.Spec, *b.ensured.spec) {
+		b.ensured.rv = final.cm.ResourceVersion
 		return out, nil
 	}
 	b.ensured.rv, b.ensured.spec = "", nil
 	if err := r.ensurePolicy(ctx, want); err != nil {
 		return nil, err
 	}
-	b.ensured.rv, b.ensured.spec = rv, &want.Spec
-	if !written {
-		b.ensured.rv = base.cm.ResourceVersion
-	}
-	if b.ensured.rv == "" {
-		b.ensured.spec = nil
-	}
+	b.ensured.rv, b.ensured.spec = final.cm.ResourceVersion, &want.Spec
 	return out, nil
+}
+
+// split returns what the record and the shards read (parts[k] non-nil)
+// hold of s: the record its entries and unknown top-level fields, each
+// shard the certificates and denials of its nodes (a legacy record's move
+// to them). A certificate or denial of a shard not read is an error.
+func split(s *State, parts []*State) (*State, []*State, error) {
+	rec := &State{Version: stateVersion, Shards: ShardCount, Entries: s.Entries, unknown: s.unknown}
+	shards := make([]*State, ShardCount)
+	for k, p := range parts {
+		if p != nil {
+			shards[k] = &State{Version: stateVersion, Shards: ShardCount, unknown: p.unknown}
+		}
+	}
+	for _, c := range s.Issued {
+		p := shards[ShardOf(c.Node)]
+		if p == nil {
+			return nil, nil, fmt.Errorf("the certificate issued for node %s belongs to a shard not read", c.Node)
+		}
+		p.Issued = append(p.Issued, c)
+	}
+	for _, d := range s.Denied {
+		p := shards[ShardOf(d.Node)]
+		if p == nil {
+			return nil, nil, fmt.Errorf("the denial of node %s belongs to a shard not read", d.Node)
+		}
+		p.Denied = append(p.Denied, d)
+	}
+	return rec, shards, nil
+}
+
+// changedEntries returns the nodes whose entries differ between two
+// states.
+func changedEntries(before, after *State) []string {
+	var out []string
+	for _, e := range after.Entries {
+		if o := before.Find(e.Node); o == nil || !reflect.DeepEqual(*o, e) {
+			out = append(out, e.Node)
+		}
+	}
+	for _, e := range before.Entries {
+		if after.Find(e.Node) == nil {
+			out = append(out, e.Node)
+		}
+	}
+	return out
+}
+
+// sameData reports whether two states are written alike.
+func sameData(a, b *State) bool {
+	da, errA := data(a)
+	db, errB := data(b)
+	return errA == nil && errB == nil && da[StateKey] == db[StateKey]
+}
+
+// shardChanged reports whether shard st must be written over cur: a
+// missing shard is written once it holds something.
+func shardChanged(cur *record, st *State) bool {
+	if cur.cm == nil {
+		return len(st.Issued) > 0 || len(st.Denied) > 0 || len(st.unknown) > 0
+	}
+	return !sameData(cur.state, st)
+}
+
+// writeRecord writes st over the record cur, conditionally on its version
+// (errConflict); chain and ownRV follow the record's writes (write).
+func (r *Revoker) writeRecord(ctx context.Context, cur *record, st *State, chain *bool, ownRV *string) error {
+	b := &r.batch
+	next, err := r.writeObject(ctx, ConfigMapName, cur, st)
+	if err != nil {
+		b.last = nil
+		return err
+	}
+	b.last = next
+	if *chain {
+		*ownRV = next.cm.ResourceVersion
+	}
+	return nil
+}
+
+// writeShard writes st over shard k as cur holds it, conditionally on its
+// version (errConflict).
+func (r *Revoker) writeShard(ctx context.Context, k int, cur *record, st *State) error {
+	b := &r.batch
+	next, err := r.writeObject(ctx, ShardName(k), cur, st)
+	if err != nil {
+		b.shards[k] = nil
+		return err
+	}
+	b.shards[k] = next
+	return nil
+}
+
+// writeObject creates the ConfigMap name holding st, or updates it over
+// cur; a conflict (someone else wrote it since cur, created or deleted
+// it) is errConflict.
+func (r *Revoker) writeObject(ctx context.Context, name string, cur *record, st *State) (*record, error) {
+	api := r.Client.CoreV1().ConfigMaps(Namespace)
+	d, err := data(st)
+	if err != nil {
+		return nil, err
+	}
+	var cm *corev1.ConfigMap
+	if cur.cm == nil {
+		cm, err = api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name, Labels: managedLabels}, Data: d},
+			metav1.CreateOptions{FieldManager: FieldManager})
+		if apierrors.IsAlreadyExists(err) {
+			err = errConflict
+		}
+	} else {
+		cm = &corev1.ConfigMap{ObjectMeta: *cur.cm.ObjectMeta.DeepCopy(), Data: d}
+		cm, err = api.Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			// Written or deleted since it was read: read again.
+			err = errConflict
+		}
+	}
+	if err != nil {
+		if errors.Is(err, errConflict) {
+			return nil, fmt.Errorf("ConfigMap %s/%s: %w", Namespace, name, err)
+		}
+		return nil, fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, name, err)
+	}
+	return newRecord(cm, st), nil
 }
 
 // read returns the record: as this Revoker last read or wrote it unless
@@ -248,32 +433,48 @@ func (r *Revoker) read(ctx context.Context, fresh bool) (rec *record, readNow bo
 	if !fresh && b.last != nil {
 		return b.last, false, nil
 	}
-	cm, err := r.Client.CoreV1().ConfigMaps(Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	rec, err = r.readObject(ctx, ConfigMapName, -1, b.last)
+	b.last = rec
+	return rec, true, err
+}
+
+// readShard returns shard k: as this Revoker last read or wrote it unless
+// fresh is set or it has none, else as read now.
+func (r *Revoker) readShard(ctx context.Context, k int, fresh bool) (*record, error) {
+	b := &r.batch
+	if !fresh && b.shards[k] != nil {
+		return b.shards[k], nil
+	}
+	rec, err := r.readObject(ctx, ShardName(k), k, b.shards[k])
+	b.shards[k] = rec
+	return rec, err
+}
+
+// readObject reads and decodes the record (shard < 0) or a shard; last is
+// its copy, reused when the version read is the same. Nil on an error.
+func (r *Revoker) readObject(ctx context.Context, name string, shard int, last *record) (*record, error) {
+	cm, err := r.Client.CoreV1().ConfigMaps(Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		b.last = nil
-		return &record{}, true, nil
+		return &record{}, nil
 	}
 	if err != nil {
-		b.last = nil
-		return nil, true, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, ConfigMapName, err)
+		return nil, fmt.Errorf("unable to read ConfigMap %s/%s: %w", Namespace, name, err)
 	}
-	if b.last != nil && cm.ResourceVersion != "" && b.last.cm.ResourceVersion == cm.ResourceVersion {
-		return b.last, true, nil
+	if last != nil && last.cm != nil && cm.ResourceVersion != "" && last.cm.ResourceVersion == cm.ResourceVersion {
+		return last, nil
 	}
-	s, err := Decode(cm)
+	s, err := decodeObject(cm, shard)
 	if err != nil {
-		b.last = nil
-		return nil, true, err
+		return nil, err
 	}
-	b.last = newRecord(cm, s)
-	return b.last, true, nil
+	return newRecord(cm, s), nil
 }
 
 // copyState returns a copy of the record's state to change, or a new
 // state where the ConfigMap is missing.
 func (rec *record) copyState() *State {
 	if rec.state == nil {
-		return &State{Version: stateVersion}
+		return &State{Version: stateVersion, Shards: ShardCount}
 	}
 	return rec.state.clone()
 }

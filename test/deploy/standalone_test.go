@@ -108,13 +108,9 @@ func TestStandaloneManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 60*time.Second, func() (bool, error) {
-		cm, err := wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+		s, err := revoke.Read(ctx, wl.Client.CoreV1())
 		if err != nil {
 			return false, client.IgnoreNotFound(err)
-		}
-		s, err := revoke.Decode(cm)
-		if err != nil {
-			return false, err
 		}
 		return s.Find("node-1") != nil, nil
 	})

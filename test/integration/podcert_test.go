@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -373,6 +374,20 @@ func TestPodCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	certB := e.expectIssuedPod(t, "api-b", b, keyB, "api")
+	// What the pod signer read: the nodes' certificates and attestations
+	// are in the shards of their names, not in the record.
+	if rec := e.recordAlone(t); len(rec.Issued) != 0 {
+		t.Fatalf("the record holds issued certificates %+v; want them in its shards", rec.Issued)
+	}
+
+	// A record written by a release without shards (every certificate in
+	// it, version v1): the pod signer honours it as it is.
+	e.rewriteAsLegacy(t)
+	keyL, _, err := e.request(t, b, apiB, nodeB, "api-b-legacy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.expectIssuedPod(t, "api-b-legacy", b, keyL, "api")
 
 	// The two pods authenticate each other with the published bundle; a
 	// certificate of a CA the controller does not publish is refused.
@@ -482,6 +497,10 @@ func TestPodCertificates(t *testing.T) {
 	// worker-a renews: its previous certificate no longer gets pod
 	// certificates.
 	renewed := e.join(t, "worker-a-2", "worker-a", "test:///worker-a")
+	// Its record was moved to the shards by that join's write.
+	if rec := e.recordAlone(t); len(rec.Issued) != 0 {
+		t.Fatalf("after a join, the legacy record still holds issued certificates %+v", rec.Issued)
+	}
 	if _, _, err := e.request(t, a, apiA, nodeA, "api-a-superseded", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +575,25 @@ func (e *podEnv) deniedRenewal(t *testing.T, k *kubelet, name string) {
 		t.Fatalf("renewal %s by %s: %+v, want denied", name, got.Spec.Username, got.Status.Conditions)
 	}
 	t.Logf("renewal %s denied %s: %s", name, d.Reason, d.Message)
-	cm, err := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	s, err := revoke.Read(ctx, e.wl.Client.CoreV1(), k.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := s.FindDenial(k.name); rec == nil || rec.Request != name || rec.Reason != d.Reason {
+		t.Fatalf("record's denial of %s: %+v, want request %s, reason %s (recorded before the denial was written)", k.name, rec, name, d.Reason)
+	}
+	if rec := e.recordAlone(t); len(rec.Denied) != 0 {
+		t.Fatalf("the record holds denials %+v; want them in its shards", rec.Denied)
+	}
+	if err := e.wl.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordAlone returns what revocation's record holds without its shards.
+func (e *podEnv) recordAlone(t *testing.T) *revoke.State {
+	t.Helper()
+	cm, err := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(context.Background(), revoke.ConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,11 +601,37 @@ func (e *podEnv) deniedRenewal(t *testing.T, k *kubelet, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec := s.FindDenial(k.name); rec == nil || rec.Request != name || rec.Reason != d.Reason {
-		t.Fatalf("record's denial of %s: %+v, want request %s, reason %s (recorded before the denial was written)", k.name, rec, name, d.Reason)
-	}
-	if err := e.wl.Client.CertificatesV1().CertificateSigningRequests().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	return s
+}
+
+// rewriteAsLegacy rewrites revocation's record as a release without
+// shards writes it (version v1, every certificate and denial in it) and
+// deletes the shards.
+func (e *podEnv) rewriteAsLegacy(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	cms := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace)
+	s, err := revoke.Read(ctx, e.wl.Client.CoreV1())
+	if err != nil {
 		t.Fatal(err)
+	}
+	s.Version, s.Shards = "v1", 0
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := cms.Get(ctx, revoke.ConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data = map[string]string{revoke.StateKey: string(raw)}
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for k := range revoke.ShardCount {
+		if err := cms.Delete(ctx, revoke.ShardName(k), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
 	}
 }
 

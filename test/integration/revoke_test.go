@@ -166,11 +166,7 @@ func (k *kubelet) expectWorks(t *testing.T) {
 // revocationState reads what the controller keeps in the workload cluster.
 func (e *signerEnv) revocationState(t *testing.T) *revoke.State {
 	t.Helper()
-	cm, err := e.wl.Client.CoreV1().ConfigMaps(revoke.Namespace).Get(context.Background(), revoke.ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := revoke.Decode(cm)
+	s, err := revoke.Read(context.Background(), e.wl.Client.CoreV1())
 	if err != nil {
 		t.Fatal(err)
 	}
