@@ -31,7 +31,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
@@ -289,24 +288,8 @@ func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSi
 }
 
 // byRequester indexes CSRs by requester, and by requester and the node name
-// they ask for.
+// they ask for (csrStore.requesterKeys).
 const byRequester = "requester"
-
-func requesterKeys(obj any) ([]string, error) {
-	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
-	if !ok {
-		return nil, nil
-	}
-	keys := []string{requesterKey(csr.Spec.Username, "")}
-	// A decided request's spec.request is not cached, and it is never
-	// counted: only pending ones are parsed.
-	if !engine.Decided(csr) {
-		if node, ok := checks.RequestedNodeName(csr.Spec.Request); ok {
-			keys = append(keys, requesterKey(csr.Spec.Username, node))
-		}
-	}
-	return keys, nil
-}
 
 func requesterKey(username, nodeName string) string {
 	if nodeName == "" {
