@@ -287,49 +287,23 @@ func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSi
 	return csr, nil
 }
 
-// byRequester indexes CSRs by requester, and by requester and the node name
-// they ask for (csrStore.requesterKeys).
-const byRequester = "requester"
-
-func requesterKey(username, nodeName string) string {
-	if nodeName == "" {
-		return username
-	}
-	return username + "\x00" + nodeName
+// ByRequester implements engine.CSRs from the stores' indexes
+// (csrStore.requesterKeys).
+func (c *Controller) ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return c.byIndex(byRequester, username)
 }
 
-// ByRequester implements engine.CSRs from the stores' indexes.
-func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+// Waiting implements engine.CSRs from the stores' indexes
+// (csrStore.waitingKeys).
+func (c *Controller) Waiting(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return c.byIndex(waiting, waitingKey(username, nodeName))
+}
+
+// byIndex returns the CSRs of every store under key of index.
+func (c *Controller) byIndex(index, key string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
 	for signer, s := range c.stores {
-		objs, err := s.ByIndex(byRequester, requesterKey(username, nodeName))
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range objs {
-			if csr, ok := o.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == signer {
-				out = append(out, csr)
-			}
-		}
-	}
-	return out, nil
-}
-
-// waiting indexes the CSRs waiting on a challenge under one key.
-const waiting = "waiting"
-
-func waitingKeys(obj any) ([]string, error) {
-	if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && engine.WaitingOnChallenge(csr) {
-		return []string{waiting}, nil
-	}
-	return nil, nil
-}
-
-// Waiting implements engine.CSRs from the stores' indexes.
-func (c *Controller) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) {
-	var out []*certificatesv1.CertificateSigningRequest
-	for signer, s := range c.stores {
-		objs, err := s.ByIndex(waiting, waiting)
+		objs, err := s.ByIndex(index, key)
 		if err != nil {
 			return nil, err
 		}

@@ -29,19 +29,19 @@ type csrStore struct {
 	changed func(old, obj *certificatesv1.CertificateSigningRequest)
 	synced  atomic.Bool
 
-	// nodes holds the node name each cached pending request asks for,
-	// parsed once as the request is stored: the requester index reads it
-	// for the old and the new version of every change, which would
-	// otherwise parse each request's PKCS#10 about four times in its life.
-	// It is keyed by the cached value itself (what the index is handed),
-	// so that an entry can never describe another version of a request,
-	// and an entry goes when its value leaves the store.
+	// nodes holds the node name each cached request waiting on a
+	// challenge asks for, parsed once as the request is stored: the
+	// waiting index reads it for the old and the new version of every
+	// change, which would otherwise parse the request's PKCS#10 again each
+	// time. It is keyed by the cached value itself (what the index is
+	// handed), so that an entry can never describe another version of a
+	// request, and an entry goes when its value leaves the store.
 	mu    sync.Mutex
 	nodes map[*certificatesv1.CertificateSigningRequest]requested
 }
 
-// requested is the node name a pending request asks for, ok false when
-// its spec.request names none (checks.RequestedNodeName).
+// requested is the node name a request asks for, ok false when its
+// spec.request names none (checks.RequestedNodeName).
 type requested struct {
 	node string
 	ok   bool
@@ -49,30 +49,52 @@ type requested struct {
 
 func newCSRStore(changed func(old, obj *certificatesv1.CertificateSigningRequest)) *csrStore {
 	s := &csrStore{changed: changed, nodes: map[*certificatesv1.CertificateSigningRequest]requested{}}
-	s.Indexer = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{byRequester: s.requesterKeys, waiting: waitingKeys})
+	s.Indexer = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{byRequester: requesterKeys, waiting: s.waitingKeys})
 	return s
 }
 
-// requesterKeys indexes a CSR by its requester, and a pending one also by
-// its requester and the node name it asks for.
-func (s *csrStore) requesterKeys(obj any) ([]string, error) {
+// byRequester indexes CSRs, decided ones too, by requester.
+const byRequester = "requester"
+
+func requesterKeys(obj any) ([]string, error) {
+	if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok {
+		return []string{csr.Spec.Username}, nil
+	}
+	return nil, nil
+}
+
+// waiting indexes the CSRs waiting on a challenge (engine.WaitingOnChallenge):
+// all of them under one key, and each under its requester's and under its
+// requester's and the node name it asks for. These are the only requests
+// the pending bounds count, so that counting them reads none of the many
+// decided ones a fleet's shared bootstrap token leaves in the cache, and
+// only they are parsed for a node name.
+const waiting = "waiting"
+
+func waitingKey(username, nodeName string) string {
+	switch {
+	case username == "":
+		return "all"
+	case nodeName == "":
+		return "requester:" + username
+	}
+	return "node:" + username + "\x00" + nodeName
+}
+
+func (s *csrStore) waitingKeys(obj any) ([]string, error) {
 	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
-	if !ok {
+	if !ok || !engine.WaitingOnChallenge(csr) {
 		return nil, nil
 	}
-	keys := []string{requesterKey(csr.Spec.Username, "")}
-	// A decided request's spec.request is not cached, and it is never
-	// counted: only pending ones are parsed.
-	if !engine.Decided(csr) {
-		s.mu.Lock()
-		r, known := s.nodes[csr]
-		s.mu.Unlock()
-		if !known {
-			r = requestedNode(csr)
-		}
-		if r.ok {
-			keys = append(keys, requesterKey(csr.Spec.Username, r.node))
-		}
+	keys := []string{waitingKey("", ""), waitingKey(csr.Spec.Username, "")}
+	s.mu.Lock()
+	r, known := s.nodes[csr]
+	s.mu.Unlock()
+	if !known {
+		r = requestedNode(csr)
+	}
+	if r.ok {
+		keys = append(keys, waitingKey(csr.Spec.Username, r.node))
 	}
 	return keys, nil
 }
@@ -82,11 +104,11 @@ func requestedNode(csr *certificatesv1.CertificateSigningRequest) requested {
 	return requested{node: node, ok: ok}
 }
 
-// remember parses the node name csr asks for, when it is pending, before
-// it is stored in place of old (nil when it is new). A new version of a
-// request with the same spec.request (its approval) takes old's.
+// remember parses the node name csr asks for, when it waits on a
+// challenge, before it is stored in place of old (nil when it is new). A
+// new version of a request with the same spec.request takes old's.
 func (s *csrStore) remember(csr, old *certificatesv1.CertificateSigningRequest) {
-	if engine.Decided(csr) {
+	if !engine.WaitingOnChallenge(csr) {
 		return
 	}
 	s.mu.Lock()
@@ -183,7 +205,7 @@ func (s *csrStore) Replace(list []any, resourceVersion string) error {
 		if csr := cut(obj); csr != nil {
 			csrs = append(csrs, csr)
 			items = append(items, csr)
-			if !engine.Decided(csr) {
+			if engine.WaitingOnChallenge(csr) {
 				nodes[csr] = requestedNode(csr)
 			}
 		}

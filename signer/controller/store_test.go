@@ -8,44 +8,60 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
 )
 
-// TestRequesterIndex: the requester index finds a pending request under
-// the node name it asks for through each change of its life (filed,
-// approved, issued, deleted, listed again), finds it under the node its
-// current version asks for even when a server sends another request under
-// the same name, and the store keeps nothing of a request once it is gone.
-func TestRequesterIndex(t *testing.T) {
+// TestIndexes: the pending bounds find a request waiting on a challenge
+// under its requester and the node name it asks for through each change
+// of its life (filed, challenged, answered, deleted, listed again), and
+// under the node its current version asks for even when a server sends
+// another request under the same name; a requester's requests are found,
+// decided ones too; and the store keeps nothing of a request once it is
+// gone.
+func TestIndexes(t *testing.T) {
 	s := newCSRStore(func(_, _ *certificatesv1.CertificateSigningRequest) {})
 	const user = "system:bootstrap:abcdef"
-	request := func(node string) []byte {
-		b, _ := signertest.Request{NodeName: node, ProviderID: "test:///" + node}.Build(t)
-		return b
+	csr := func(name, node string, challenged bool) *certificatesv1.CertificateSigningRequest {
+		var req []byte
+		if node != "" {
+			req, _ = signertest.Request{NodeName: node, ProviderID: "test:///" + node}.Build(t)
+		}
+		c := signertest.CSR(name, req)
+		if challenged {
+			c.Annotations = map[string]string{attestor.AnnotationChallengeSeal: "seal"}
+		}
+		return c
 	}
-	index := func(node string) []string {
+	names := func(index, key string) []string {
 		t.Helper()
-		objs, err := s.ByIndex(byRequester, requesterKey(user, node))
+		objs, err := s.ByIndex(index, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
+		var out []string
 		for _, o := range objs {
-			names = append(names, o.(*certificatesv1.CertificateSigningRequest).Name)
+			out = append(out, o.(*certificatesv1.CertificateSigningRequest).Name)
 		}
-		slices.Sort(names)
-		return names
+		slices.Sort(out)
+		return out
 	}
-	check := func(step string, node1, node2, all []string, remembered int) {
+	check := func(step string, node1, node2, waitingAll, requester []string, remembered int) {
 		t.Helper()
-		if got := index("node-1"); !slices.Equal(got, node1) {
-			t.Errorf("%s: requests for node-1 %q, want %q", step, got, node1)
-		}
-		if got := index("node-2"); !slices.Equal(got, node2) {
-			t.Errorf("%s: requests for node-2 %q, want %q", step, got, node2)
-		}
-		if got := index(""); !slices.Equal(got, all) {
-			t.Errorf("%s: requests of the requester %q, want %q", step, got, all)
+		for _, c := range []struct {
+			what       string
+			index, key string
+			want       []string
+		}{
+			{"waiting for node-1", waiting, waitingKey(user, "node-1"), node1},
+			{"waiting for node-2", waiting, waitingKey(user, "node-2"), node2},
+			{"waiting of the requester", waiting, waitingKey(user, ""), waitingAll},
+			{"waiting in all", waiting, waitingKey("", ""), waitingAll},
+			{"of the requester", byRequester, user, requester},
+		} {
+			if got := names(c.index, c.key); !slices.Equal(got, c.want) {
+				t.Errorf("%s: requests %s %q, want %q", step, c.what, got, c.want)
+			}
 		}
 		s.mu.Lock()
 		n := len(s.nodes)
@@ -54,36 +70,33 @@ func TestRequesterIndex(t *testing.T) {
 			t.Errorf("%s: %d requests remembered, want %d", step, n, remembered)
 		}
 	}
-	a1 := request("node-1")
 
-	must(t, s.Add(signertest.CSR("a", a1)))
-	must(t, s.Add(signertest.CSR("b", request("node-2"))))
-	check("filed", []string{"a"}, []string{"b"}, []string{"a", "b"}, 2)
+	must(t, s.Add(csr("a", "node-1", false)))
+	check("filed", nil, nil, nil, []string{"a"}, 0)
 
-	approved := signertest.CSR("a", a1)
-	approved.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
-	must(t, s.Update(approved))
-	check("approved", []string{"a"}, []string{"b"}, []string{"a", "b"}, 2)
+	a := csr("a", "node-1", true)
+	must(t, s.Update(a))
+	must(t, s.Add(csr("b", "node-2", true)))
+	check("challenged", []string{"a"}, []string{"b"}, []string{"a", "b"}, []string{"a", "b"}, 2)
 
 	// Another request under b's name: it is indexed as it is now.
-	must(t, s.Update(signertest.CSR("b", request("node-1"))))
-	check("b replaced", []string{"a", "b"}, nil, []string{"a", "b"}, 2)
+	must(t, s.Update(csr("b", "node-1", true)))
+	check("b replaced", []string{"a", "b"}, nil, []string{"a", "b"}, []string{"a", "b"}, 2)
 
-	issued := signertest.CSR("a", a1)
-	issued.Status.Conditions = approved.Status.Conditions
-	issued.Status.Certificate = []byte("issued")
-	must(t, s.Update(issued))
-	check("issued", []string{"b"}, nil, []string{"a", "b"}, 1)
+	answered := a.DeepCopy()
+	answered.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue}}
+	must(t, s.Update(answered))
+	check("a answered", []string{"b"}, nil, []string{"b"}, []string{"a", "b"}, 1)
 
-	must(t, s.Delete(cache.DeletedFinalStateUnknown{Key: "b", Obj: signertest.CSR("b", nil)}))
-	check("b deleted", nil, nil, []string{"a"}, 0)
+	must(t, s.Delete(cache.DeletedFinalStateUnknown{Key: "b", Obj: csr("b", "", false)}))
+	check("b deleted", nil, nil, nil, []string{"a"}, 0)
 
-	must(t, s.Replace([]any{signertest.CSR("c", request("node-2")), issued}, "2"))
-	check("listed", nil, []string{"c"}, []string{"a", "c"}, 1)
+	must(t, s.Replace([]any{csr("c", "node-2", true), answered}, "2"))
+	check("listed", nil, []string{"c"}, []string{"c"}, []string{"a", "c"}, 1)
 
-	must(t, s.Delete(signertest.CSR("c", nil)))
-	must(t, s.Delete(issued))
-	check("all deleted", nil, nil, nil, 0)
+	must(t, s.Delete(csr("c", "", false)))
+	must(t, s.Delete(answered))
+	check("all deleted", nil, nil, nil, nil, 0)
 }
 
 func must(t *testing.T, err error) {
@@ -94,29 +107,48 @@ func must(t *testing.T, err error) {
 }
 
 // BenchmarkRequestLife measures what the store costs a request through
-// its life in a fleet's join: filed, approved, issued and deleted, each a
-// new version from the watch.
+// its life, each change a new version from the watch: a one-round join
+// (filed, approved, issued, deleted) and a challenged first round (filed,
+// challenged, answered, deleted).
 func BenchmarkRequestLife(b *testing.B) {
-	s := newCSRStore(func(_, _ *certificatesv1.CertificateSigningRequest) {})
 	req, _ := signertest.Request{NodeName: "node-1", ProviderID: "test:///node-1"}.Build(b)
-	approval := []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
-	for b.Loop() {
-		if err := s.Add(signertest.CSR("a", req)); err != nil {
-			b.Fatal(err)
-		}
-		approved := signertest.CSR("a", req)
-		approved.Status.Conditions = approval
-		if err := s.Update(approved); err != nil {
-			b.Fatal(err)
-		}
-		issued := signertest.CSR("a", req)
-		issued.Status.Conditions = approval
-		issued.Status.Certificate = []byte("issued")
-		if err := s.Update(issued); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Delete(issued); err != nil {
-			b.Fatal(err)
-		}
+	approved := []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
+	denied := []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue}}
+	challenge := map[string]string{attestor.AnnotationChallengeSeal: "seal"}
+	for _, bc := range []struct {
+		name  string
+		steps []func(*certificatesv1.CertificateSigningRequest)
+	}{
+		{"one-round", []func(*certificatesv1.CertificateSigningRequest){
+			func(*certificatesv1.CertificateSigningRequest) {},
+			func(c *certificatesv1.CertificateSigningRequest) { c.Status.Conditions = approved },
+			func(c *certificatesv1.CertificateSigningRequest) {
+				c.Status.Conditions, c.Status.Certificate = approved, []byte("issued")
+			},
+		}},
+		{"challenged", []func(*certificatesv1.CertificateSigningRequest){
+			func(*certificatesv1.CertificateSigningRequest) {},
+			func(c *certificatesv1.CertificateSigningRequest) { c.Annotations = challenge },
+			func(c *certificatesv1.CertificateSigningRequest) {
+				c.Annotations, c.Status.Conditions = challenge, denied
+			},
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := newCSRStore(func(_, _ *certificatesv1.CertificateSigningRequest) {})
+			for b.Loop() {
+				var last *certificatesv1.CertificateSigningRequest
+				for _, step := range bc.steps {
+					last = signertest.CSR("a", req)
+					step(last)
+					if err := s.Update(last); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.Delete(last); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
