@@ -349,8 +349,8 @@ func (c *Controller) HasSynced() bool {
 }
 
 // Run watches CSRs and decides them until ctx is done. Workers run only
-// while there are requests to decide: an idle workload cluster costs the
-// goroutine running Run and its watches'.
+// while there are requests to decide, and up to workerLinger after: an
+// idle workload cluster costs the goroutine running Run and its watches'.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("cluster", c.cfg.Cluster)
 	ctx = klog.NewContext(ctx, logger)
@@ -370,23 +370,64 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// dispatch hands each queued request to a worker of its own, at most
-// Workers at a time, until the queue is shut down.
+// workerLinger is how long a worker waits for another request once it has
+// decided one before it ends: during a burst each worker decides request
+// after request on the stack it has grown (a fresh goroutine grows its
+// stack anew through the TLS, HTTP/2 and crypto calls of each decision),
+// and an idle workload cluster is left with none within this long.
+const workerLinger = time.Second
+
+// dispatch hands each queued request to a worker, at most Workers at a
+// time, until the queue is shut down.
 func (c *Controller) dispatch(ctx context.Context) {
-	slots := make(chan struct{}, c.cfg.Workers)
+	dispatch(c.queue, c.cfg.Workers, workerLinger, func(k key) {
+		defer utilruntime.HandleCrash()
+		c.process(ctx, k)
+	})
+}
+
+// dispatch hands each key of q to an idle worker, or to a new one while
+// fewer than workers run, until q is shut down. A worker decides keys
+// until none comes within linger.
+func dispatch(q interface{ Get() (key, bool) }, workers int, linger time.Duration, process func(key)) {
+	slots := make(chan struct{}, workers)
+	idle := make(chan key)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(idle)
+	work := func(k key) {
+		defer func() { <-slots }()
+		t := time.NewTimer(linger)
+		defer t.Stop()
+		for {
+			process(k)
+			t.Reset(linger)
+			var ok bool
+			select {
+			case k, ok = <-idle:
+				if !ok {
+					return
+				}
+			case <-t.C:
+				return
+			}
+		}
+	}
 	for {
-		slots <- struct{}{}
-		k, quit := c.queue.Get()
+		k, quit := q.Get()
 		if quit {
 			return
 		}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			defer utilruntime.HandleCrash()
-			c.process(ctx, k)
-		})
+		select {
+		case idle <- k:
+			continue
+		default:
+		}
+		select {
+		case idle <- k:
+		case slots <- struct{}{}:
+			wg.Go(func() { work(k) })
+		}
 	}
 }
 
