@@ -31,7 +31,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
-	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
@@ -288,65 +287,23 @@ func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSi
 	return csr, nil
 }
 
-// byRequester indexes CSRs by requester, and by requester and the node name
-// they ask for.
-const byRequester = "requester"
-
-func requesterKeys(obj any) ([]string, error) {
-	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
-	if !ok {
-		return nil, nil
-	}
-	keys := []string{requesterKey(csr.Spec.Username, "")}
-	// A decided request's spec.request is not cached, and it is never
-	// counted: only pending ones are parsed.
-	if !engine.Decided(csr) {
-		if node, ok := checks.RequestedNodeName(csr.Spec.Request); ok {
-			keys = append(keys, requesterKey(csr.Spec.Username, node))
-		}
-	}
-	return keys, nil
+// ByRequester implements engine.CSRs from the stores' indexes
+// (csrStore.requesterKeys).
+func (c *Controller) ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return c.byIndex(byRequester, username)
 }
 
-func requesterKey(username, nodeName string) string {
-	if nodeName == "" {
-		return username
-	}
-	return username + "\x00" + nodeName
+// Waiting implements engine.CSRs from the stores' indexes
+// (csrStore.waitingKeys).
+func (c *Controller) Waiting(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return c.byIndex(waiting, waitingKey(username, nodeName))
 }
 
-// ByRequester implements engine.CSRs from the stores' indexes.
-func (c *Controller) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+// byIndex returns the CSRs of every store under key of index.
+func (c *Controller) byIndex(index, key string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
 	for signer, s := range c.stores {
-		objs, err := s.ByIndex(byRequester, requesterKey(username, nodeName))
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range objs {
-			if csr, ok := o.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == signer {
-				out = append(out, csr)
-			}
-		}
-	}
-	return out, nil
-}
-
-// waiting indexes the CSRs waiting on a challenge under one key.
-const waiting = "waiting"
-
-func waitingKeys(obj any) ([]string, error) {
-	if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && engine.WaitingOnChallenge(csr) {
-		return []string{waiting}, nil
-	}
-	return nil, nil
-}
-
-// Waiting implements engine.CSRs from the stores' indexes.
-func (c *Controller) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) {
-	var out []*certificatesv1.CertificateSigningRequest
-	for signer, s := range c.stores {
-		objs, err := s.ByIndex(waiting, waiting)
+		objs, err := s.ByIndex(index, key)
 		if err != nil {
 			return nil, err
 		}
@@ -392,8 +349,8 @@ func (c *Controller) HasSynced() bool {
 }
 
 // Run watches CSRs and decides them until ctx is done. Workers run only
-// while there are requests to decide: an idle workload cluster costs the
-// goroutine running Run and its watches'.
+// while there are requests to decide, and up to workerLinger after: an
+// idle workload cluster costs the goroutine running Run and its watches'.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("cluster", c.cfg.Cluster)
 	ctx = klog.NewContext(ctx, logger)
@@ -413,23 +370,64 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// dispatch hands each queued request to a worker of its own, at most
-// Workers at a time, until the queue is shut down.
+// workerLinger is how long a worker waits for another request once it has
+// decided one before it ends: during a burst each worker decides request
+// after request on the stack it has grown (a fresh goroutine grows its
+// stack anew through the TLS, HTTP/2 and crypto calls of each decision),
+// and an idle workload cluster is left with none within this long.
+const workerLinger = time.Second
+
+// dispatch hands each queued request to a worker, at most Workers at a
+// time, until the queue is shut down.
 func (c *Controller) dispatch(ctx context.Context) {
-	slots := make(chan struct{}, c.cfg.Workers)
+	dispatch(c.queue, c.cfg.Workers, workerLinger, func(k key) {
+		defer utilruntime.HandleCrash()
+		c.process(ctx, k)
+	})
+}
+
+// dispatch hands each key of q to an idle worker, or to a new one while
+// fewer than workers run, until q is shut down. A worker decides keys
+// until none comes within linger.
+func dispatch(q interface{ Get() (key, bool) }, workers int, linger time.Duration, process func(key)) {
+	slots := make(chan struct{}, workers)
+	idle := make(chan key)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(idle)
+	work := func(k key) {
+		defer func() { <-slots }()
+		t := time.NewTimer(linger)
+		defer t.Stop()
+		for {
+			process(k)
+			t.Reset(linger)
+			var ok bool
+			select {
+			case k, ok = <-idle:
+				if !ok {
+					return
+				}
+			case <-t.C:
+				return
+			}
+		}
+	}
 	for {
-		slots <- struct{}{}
-		k, quit := c.queue.Get()
+		k, quit := q.Get()
 		if quit {
 			return
 		}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			defer utilruntime.HandleCrash()
-			c.process(ctx, k)
-		})
+		select {
+		case idle <- k:
+			continue
+		default:
+		}
+		select {
+		case idle <- k:
+		case slots <- struct{}{}:
+			wg.Go(func() { work(k) })
+		}
 	}
 }
 

@@ -3,13 +3,18 @@ package controller
 import (
 	"bytes"
 	"fmt"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/signertest"
@@ -145,4 +150,111 @@ func TestForgetUnread(t *testing.T) {
 			t.Errorf("cached annotations %d, want none", len(a))
 		}
 	})
+}
+
+// TestDispatch: every queued request is decided once, never more than
+// Workers at a time; a worker left idle ends within the linger, so that an
+// idle workload cluster runs none; and a shut-down queue ends every worker
+// at once, however long the linger.
+func TestDispatch(t *testing.T) {
+	for _, linger := range []time.Duration{20 * time.Millisecond, time.Hour} {
+		t.Run(linger.String(), func(t *testing.T) {
+			before := runtime.NumGoroutine()
+			q := newRetryQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[key](time.Millisecond, time.Second))
+			const workers, n = 3, 200
+			var mu sync.Mutex
+			running, most := 0, 0
+			decided := map[key]int{}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				dispatch(q, workers, linger, func(k key) {
+					defer q.Done(k)
+					mu.Lock()
+					running++
+					most = max(most, running)
+					decided[k]++
+					mu.Unlock()
+					time.Sleep(100 * time.Microsecond)
+					mu.Lock()
+					running--
+					mu.Unlock()
+				})
+			}()
+			for i := range n {
+				q.Add(key{signer: "s", name: strconv.Itoa(i)})
+			}
+			waitFor(t, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(decided) == n
+			})
+			mu.Lock()
+			for k, times := range decided {
+				if times != 1 {
+					t.Errorf("%s decided %d times", k.name, times)
+				}
+			}
+			if most > workers {
+				t.Errorf("%d requests decided at once, want at most %d", most, workers)
+			}
+			mu.Unlock()
+			// The dispatcher waits for the queue: its goroutine and no worker.
+			if linger < time.Second {
+				waitFor(t, func() bool { return runtime.NumGoroutine() <= before+1 })
+			}
+			q.ShutDown()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("dispatch did not end when the queue was shut down")
+			}
+			waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
+		})
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines; condition not met within 5s", runtime.NumGoroutine())
+		}
+	}
+}
+
+// BenchmarkDispatch decides requests whose work grows the stack as a
+// decision does (TLS, HTTP/2, ASN.1 and ECDSA calls), one worker at a
+// time: on a fresh goroutine each (no linger) or on workers that wait for
+// the next one.
+func BenchmarkDispatch(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		linger time.Duration
+	}{{"fresh", 0}, {"linger", workerLinger}} {
+		b.Run(bc.name, func(b *testing.B) {
+			q := newRetryQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[key](time.Millisecond, time.Second))
+			for i := range b.N {
+				q.Add(key{signer: "s", name: strconv.Itoa(i)})
+			}
+			q.ShutDown()
+			b.ResetTimer()
+			dispatch(q, 1, bc.linger, func(k key) {
+				deepStack(64)
+				q.Done(k)
+			})
+		})
+	}
+}
+
+// deepStack uses about depth KiB of stack.
+//
+//go:noinline
+func deepStack(depth int) byte {
+	var pad [1024]byte
+	pad[depth%len(pad)] = byte(depth)
+	if depth == 0 {
+		return pad[0]
+	}
+	return deepStack(depth-1) + pad[depth%len(pad)]
 }

@@ -58,10 +58,12 @@ type noCSRs struct{}
 func (noCSRs) Get(_, name string) (*certificatesv1.CertificateSigningRequest, error) {
 	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}, name)
 }
-func (noCSRs) ByRequester(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
+func (noCSRs) ByRequester(string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	return nil, nil
 }
-func (noCSRs) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) { return nil, nil }
+func (noCSRs) Waiting(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return nil, nil
+}
 
 // binder is trust on first use that answers err.
 type binder struct{ err error }

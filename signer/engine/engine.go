@@ -109,12 +109,13 @@ type CSRs interface {
 	// apierrors.IsNotFound when there is no such CSR.
 	Get(signerName, name string) (*certificatesv1.CertificateSigningRequest, error)
 	// ByRequester returns the CSRs of every served signer name that
-	// username filed (decided ones too); with a nodeName, only those that
-	// ask for that node's certificate (checks.RequestedNodeName).
-	ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error)
-	// Waiting returns the CSRs of every served signer name, of every
-	// requester, that wait on a challenge (WaitingOnChallenge).
-	Waiting() ([]*certificatesv1.CertificateSigningRequest, error)
+	// username filed, decided ones too.
+	ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error)
+	// Waiting returns the CSRs of every served signer name that wait on a
+	// challenge (WaitingOnChallenge): of every requester when username is
+	// empty, else of username; with a nodeName, only those that ask for
+	// that node's certificate (checks.RequestedNodeName).
+	Waiting(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error)
 }
 
 // Profile is what one signer name issues, and how.

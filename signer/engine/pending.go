@@ -31,19 +31,18 @@ import (
 // nil Decision when the request is admitted, and retries when the
 // requests cannot be read.
 func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSigningRequest, nodeName string) (*Decision, time.Duration) {
-	forNode, err := e.olderPending(csr, nodeName)
+	forNode, err := e.olderPending(csr, csr.Spec.Username, nodeName)
 	if err != nil {
 		return retry(d, err), 0
 	}
-	all, err := e.olderPending(csr, "")
+	all, err := e.olderPending(csr, csr.Spec.Username, "")
 	if err != nil {
 		return retry(d, err), 0
 	}
-	waiting, err := e.cfg.CSRs.Waiting()
+	inCluster, err := e.olderPending(csr, "", "")
 	if err != nil {
-		return retry(d, fmt.Errorf("unable to count the requests waiting on a challenge: %w", err)), 0
+		return retry(d, err), 0
 	}
-	inCluster := e.countOlder(waiting, csr)
 	grace := e.cfg.PendingGrace
 	short := false
 	for _, b := range []struct {
@@ -87,14 +86,15 @@ func (e *Engine) pendingBound(d *Decision, csr *certificatesv1.CertificateSignin
 // last PendingGrace.
 type pendingCount struct{ live, recent int }
 
-// olderPending counts the requests of csr's requester (for nodeName, when
-// set) filed before csr that wait on a challenge this signer wrote.
-func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, nodeName string) (pendingCount, error) {
-	all, err := e.cfg.CSRs.ByRequester(csr.Spec.Username, nodeName)
+// olderPending counts the requests filed before csr that wait on a
+// challenge this signer wrote: of every requester when username is empty,
+// else of username (for nodeName, when set).
+func (e *Engine) olderPending(csr *certificatesv1.CertificateSigningRequest, username, nodeName string) (pendingCount, error) {
+	waiting, err := e.cfg.CSRs.Waiting(username, nodeName)
 	if err != nil {
-		return pendingCount{}, fmt.Errorf("unable to count the pending requests of %q: %w", csr.Spec.Username, err)
+		return pendingCount{}, fmt.Errorf("unable to count the requests waiting on a challenge: %w", err)
 	}
-	return e.countOlder(all, csr), nil
+	return e.countOlder(waiting, csr), nil
 }
 
 // countOlder counts the requests of all filed before csr that wait on a

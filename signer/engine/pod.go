@@ -175,9 +175,8 @@ func (e *Engine) renewalDenied(s *revoke.State, node string, at time.Time) error
 	if d := s.FindDenial(node); d != nil {
 		request, reason = d.Request, d.Reason
 	} else {
-		// Decided requests are indexed by requester alone (their
-		// spec.request is not cached): the requester is the node.
-		csrs, err := e.cfg.CSRs.ByRequester(attestor.NodeUserPrefix+node, "")
+		// The node files its renewals with its own credential.
+		csrs, err := e.cfg.CSRs.ByRequester(attestor.NodeUserPrefix + node)
 		if err != nil {
 			return fmt.Errorf("unable to read the renewals of node %s: %w", node, err)
 		}

@@ -173,18 +173,18 @@ func (n nodeCSRs) Get(signer, name string) (*certificatesv1.CertificateSigningRe
 	return noCSRs{}.Get(signer, name)
 }
 
-// ByRequester keeps the controller's index: a decided request is found by
-// its requester alone (its spec.request is not cached).
-func (n nodeCSRs) ByRequester(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error) {
+func (n nodeCSRs) ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
 	for _, csr := range n {
-		if csr.Spec.Username == username && (nodeName == "" || !Decided(csr)) {
+		if csr.Spec.Username == username {
 			out = append(out, csr)
 		}
 	}
 	return out, nil
 }
-func (nodeCSRs) Waiting() ([]*certificatesv1.CertificateSigningRequest, error) { return nil, nil }
+func (nodeCSRs) Waiting(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
+	return nil, nil
+}
 
 // renewal is a request of testNode to signer that this signer denied at.
 func renewal(signer string, at time.Time) *certificatesv1.CertificateSigningRequest {
