@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -783,6 +784,62 @@ func refused(code int) bool {
 	return code == http.StatusConflict || code == http.StatusUnprocessableEntity
 }
 
+// csrWrite is what a write to a CSR sets that csrWritesOf looks at.
+type csrWrite struct {
+	Metadata struct {
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Status struct {
+		Conditions  []certificatesv1.CertificateSigningRequestCondition `json:"conditions"`
+		Certificate []byte                                              `json:"certificate"`
+	} `json:"status"`
+}
+
+// decodeCSRWrite reads the body of a write to a CSR: an object (an update
+// or a merge patch) or a JSON patch, whose "add" and "replace" operations
+// on the fields of csrWrite are taken as they would be set.
+func decodeCSRWrite(raw []byte) (*csrWrite, error) {
+	var w csrWrite
+	if !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("[")) {
+		return &w, json.Unmarshal(raw, &w)
+	}
+	var ops []struct {
+		Op    string          `json:"op"`
+		Path  string          `json:"path"`
+		Value json.RawMessage `json:"value"`
+	}
+	if err := json.Unmarshal(raw, &ops); err != nil {
+		return nil, err
+	}
+	unescape := strings.NewReplacer("~1", "/", "~0", "~")
+	for _, op := range ops {
+		if op.Op != "add" && op.Op != "replace" {
+			continue
+		}
+		var err error
+		switch {
+		case op.Path == "/status/conditions":
+			err = json.Unmarshal(op.Value, &w.Status.Conditions)
+		case op.Path == "/status/certificate":
+			err = json.Unmarshal(op.Value, &w.Status.Certificate)
+		case op.Path == "/metadata/annotations":
+			err = json.Unmarshal(op.Value, &w.Metadata.Annotations)
+		case strings.HasPrefix(op.Path, "/metadata/annotations/"):
+			var v string
+			if err = json.Unmarshal(op.Value, &v); err == nil {
+				if w.Metadata.Annotations == nil {
+					w.Metadata.Annotations = map[string]string{}
+				}
+				w.Metadata.Annotations[unescape.Replace(strings.TrimPrefix(op.Path, "/metadata/annotations/"))] = v
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("operation %s %s: %w", op.Op, op.Path, err)
+		}
+	}
+	return &w, nil
+}
+
 // csrWritesOf reads the audit log of cp (started WithAuditLog): the writes
 // of conditions and certificates to each CSR, and the answers to them.
 func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
@@ -796,16 +853,8 @@ func csrWritesOf(t *testing.T, cp *harness.ControlPlane) map[string]*csrWrites {
 		if e.Verb != "update" && e.Verb != "patch" {
 			continue
 		}
-		var body struct {
-			Metadata struct {
-				Annotations map[string]string `json:"annotations"`
-			} `json:"metadata"`
-			Status struct {
-				Conditions  []certificatesv1.CertificateSigningRequestCondition `json:"conditions"`
-				Certificate []byte                                              `json:"certificate"`
-			} `json:"status"`
-		}
-		if err := json.Unmarshal(e.RequestObject, &body); err != nil {
+		body, err := decodeCSRWrite(e.RequestObject)
+		if err != nil {
 			t.Errorf("audit event %s: unreadable request body: %v", e.AuditID, err)
 			continue
 		}
