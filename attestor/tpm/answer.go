@@ -34,7 +34,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 	if err != nil || first.Attestation == nil {
 		return nil, attestor.Deny(attestor.ReasonChallengeNotFound, "the challenged CSR %q carries no first-round TPM attestation", round.Name)
 	}
-	if clusterBound(version) != clusterBound(first.Version) {
+	if clusterBound(version) != clusterBound(first.Version) || deflatesLog(version) != deflatesLog(first.Version) {
 		return nil, attestor.Deny(attestor.ReasonChallengeMismatch,
 			"the response is evidence %s, the challenged CSR %q evidence %s: answer in the version of the challenged request", version, round.Name, first.Version)
 	}
@@ -73,7 +73,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 	}}, nil
 }
 
-// checkFreshQuote verifies the fresh quote of a response (v3): by the
+// checkFreshQuote verifies the fresh quote of a response (v3, v4): by the
 // first round's AK, over the first round's selection, qualified by the
 // answered challenge, its PCR values those the TPM quoted; where the
 // Cluster's boot policy reads PCRs, the fresh values must pass it, with
@@ -84,8 +84,8 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 	if r.Quote == nil {
 		if pol != nil && pol.needsQuote() {
 			return attestor.Deny(ReasonFreshQuoteRequired,
-				"the Cluster's TPM boot policy reads PCRs, and the answer carries no fresh quote of them (evidence %s): upgrade the node's kubelet-authenticator",
-				VersionV3)
+				"the Cluster's TPM boot policy reads PCRs, and the answer carries no fresh quote of them (evidence %s or %s): upgrade the node's kubelet-authenticator",
+				VersionV4, VersionV3)
 		}
 		return nil
 	}
@@ -114,5 +114,5 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 				"the PCRs quoted in the answer are not those the first round's event log leads to (the machine booted again, or extended them since): %v", err)
 		}
 	}
-	return pol.evaluate(VersionV3, r.PCRs, sel, state, noState)
+	return pol.evaluate(VersionV3, r.PCRs, sel, state, noState) // a fresh quote: any quoting version
 }

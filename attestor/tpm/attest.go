@@ -163,8 +163,9 @@ func New(open Opener, cfg AttestorConfig) (*Attestor, error) {
 	return a, nil
 }
 
-// Versions implements attestor.Attestor: the node produces v2 only.
-func (*Attestor) Versions() []string { return []string{VersionV3, VersionV2} }
+// Versions implements attestor.Attestor: the node produces v4, and v3 or
+// v2 for older signers.
+func (*Attestor) Versions() []string { return []string{VersionV4, VersionV3, VersionV2} }
 
 // EK certificate NV indices (TCG EK Credential Profile 2.x, 2.2.1.4) with
 // the template the certified key is made from and the handle where
@@ -281,7 +282,7 @@ func (k *key) auth(s tpm2.Session) tpm2.AuthHandle {
 }
 
 // Attest implements attestor.Attestor: a quote by the AK of the configured
-// PCRs, qualified by the binding of the version (v3: the CSR key and the
+// PCRs, qualified by the binding of the version (v4 and v3: the CSR key and the
 // cluster CA; v2: the CSR key), with the EK annotation for the CSR.
 func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attestor.Attestation, err error) {
 	version, err := producedVersion(req)
@@ -325,18 +326,22 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	if err != nil {
 		return nil, err
 	}
-	ev, err := json.Marshal(Evidence{
-		Version: version,
-		Attestation: &Attestation{
-			EKCertificate:  cert,
-			EKPublic:       ek.raw,
-			AKPublic:       ak.raw,
-			Quote:          q.quoted,
-			QuoteSignature: q.signature,
-			PCRs:           q.values,
-			EventLog:       eventLog,
-		},
-	})
+	at := &Attestation{
+		EKCertificate:  cert,
+		EKPublic:       ek.raw,
+		AKPublic:       ak.raw,
+		Quote:          q.quoted,
+		QuoteSignature: q.signature,
+		PCRs:           q.values,
+		EventLog:       eventLog,
+	}
+	if deflatesLog(version) && eventLog != nil {
+		if at.EventLogDeflated, err = deflateEventLog(eventLog); err != nil {
+			return nil, fmt.Errorf("unable to compress the measured-boot event log: %w", err)
+		}
+		at.EventLog = nil
+	}
+	ev, err := json.Marshal(Evidence{Version: version, Attestation: at})
 	if err != nil {
 		return nil, fmt.Errorf("unable to encode the evidence: %w", err)
 	}
@@ -549,7 +554,7 @@ func (a *Attestor) Respond(ctx context.Context, req *attestor.Request, ch *attes
 		return nil, fmt.Errorf("unable to activate the challenge credential (challenge not made for this TPM's EK and AK?): %w", err)
 	}
 	resp := &Response{CSRName: ch.CSRName, Proof: proof(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID)}
-	if version == VersionV3 {
+	if freshQuotes(version) {
 		// The fresh quote: the PCRs of the boot answering this challenge,
 		// by the same AK over the same selection as the first round.
 		q, err := s.quote(ak, freshQualifier(rsp.CertInfo.Buffer, req.SPKI, ch.CSRUID), a.pcrs)
@@ -645,15 +650,15 @@ func (s *session) restore(h *heldKeys) (ek, ak *key, err error) {
 // isPersistent reports whether h is a persistent object handle.
 func isPersistent(h tpm2.TPMHandle) bool { return uint32(h)>>24 == uint32(tpm2.TPMHTPersistent) }
 
-// producedVersion returns the evidence version req asks for: v3, or v2 for
-// a signer that accepts no v3 ("" means v3, or v2 when the node knows no
-// cluster CA).
+// producedVersion returns the evidence version req asks for: v4, or v3 or
+// v2 for a signer that accepts no v4 ("" means v4, or v2 when the node
+// knows no cluster CA).
 func producedVersion(req *attestor.Request) (string, error) {
-	switch v := req.Newest(VersionV3, VersionV2); v {
-	case VersionV3, VersionV2:
+	switch v := req.Newest(VersionV4, VersionV2); v {
+	case VersionV4, VersionV3, VersionV2:
 		return v, nil
 	}
-	return "", fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s and %s)", req.Version, VersionV3, VersionV2)
+	return "", fmt.Errorf("tpm attestor cannot produce evidence version %q (only %s, %s and %s)", req.Version, VersionV4, VersionV3, VersionV2)
 }
 
 // checkRequest requires req to carry the CSR's public key and its binding.

@@ -66,7 +66,7 @@ func (v *Verifier) checkAttestation(version string, a *Attestation, csrKey crypt
 	switch version {
 	case VersionV1:
 		err = checkCertification(at, a, csrKey, bindings)
-	case VersionV2, VersionV3:
+	case VersionV2, VersionV3, VersionV4:
 		sel, err = checkQuote(at, a, bindings)
 		if err == nil && len(a.EventLog) > 0 {
 			state, err = v.replays.replay(a.EventLog, a.PCRs)

@@ -223,8 +223,8 @@ func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[stri
 	if err != nil {
 		t.Fatalf("Attest: %v", err)
 	}
-	if att.Version != VersionV3 {
-		t.Fatalf("Attest produced version %q, want %s", att.Version, VersionV3)
+	if att.Version != VersionV4 {
+		t.Fatalf("Attest produced version %q, want %s", att.Version, VersionV4)
 	}
 	if want, err := EndorsementKeyAnnotation(att.Evidence); err != nil || att.Annotations[attestor.AnnotationEndorsementKey] != want {
 		t.Fatalf("Attest returned annotations %v, want the EK %q (%v)", att.Annotations, want, err)
@@ -245,8 +245,8 @@ func roundTripPolicy(t testing.TB, node *Attestor, v *Verifier, machine map[stri
 	if strings.Contains(string(att2.Evidence), "secret") {
 		t.Fatalf("second-round evidence mentions a secret: %s", att2.Evidence)
 	}
-	if att2.Version != VersionV3 {
-		t.Fatalf("Respond produced version %q, want %s", att2.Version, VersionV3)
+	if att2.Version != VersionV4 {
+		t.Fatalf("Respond produced version %q, want %s", att2.Version, VersionV4)
 	}
 	csr2DER, _ := csrFor(t, key, testNode, testProviderID)
 	second := e.file(t, "csr-2", csr2DER, att2.Evidence, att2.Annotations)

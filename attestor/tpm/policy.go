@@ -289,8 +289,8 @@ func (p *Policy) evaluate(version string, pcrs []PCRValue, sel map[string][]int,
 	if !quotes(version) {
 		if p.needsQuote() {
 			return attestor.Deny(attestor.ReasonUnsupportedEvidenceVersion,
-				"the Cluster's TPM boot policy requires %s or %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator", VersionV3,
-				VersionV2, version)
+				"the Cluster's TPM boot policy requires %s, %s or %s evidence (a quote of the boot PCRs); this node sent %s: upgrade its kubelet-authenticator",
+				VersionV4, VersionV3, VersionV2, version)
 		}
 		return nil
 	}
@@ -445,21 +445,22 @@ func formatSelection(sel map[string][]int) string {
 }
 
 // SupportedVersions lists the evidence versions the verifier accepts under
-// a Cluster's policy document (nil for none), newest first: v3, v2 and v1,
-// or only v3 and v2 when the policy reads quoted PCRs. The signer can write
+// a Cluster's policy document (nil for none), newest first: v4, v3, v2 and
+// v1, or only v4, v3 and v2 when the policy reads quoted PCRs. The signer can write
 // it as the supported-versions annotation on a request denied
 // UnsupportedEvidenceVersion, so that a node able to produce a quote files
 // anew.
 func SupportedVersions(policy []byte) ([]string, error) {
+	all := (*Verifier)(nil).Versions()
 	if policy == nil {
-		return []string{VersionV3, VersionV2, VersionV1}, nil
+		return all, nil
 	}
 	p, err := ParsePolicy(policy)
 	if err != nil {
 		return nil, err
 	}
 	if p.needsQuote() {
-		return []string{VersionV3, VersionV2}, nil
+		return slices.DeleteFunc(all, func(v string) bool { return !quotes(v) }), nil
 	}
-	return []string{VersionV3, VersionV2, VersionV1}, nil
+	return all, nil
 }

@@ -275,10 +275,10 @@ func TestSupportedVersions(t *testing.T) {
 		policy string
 		want   string
 	}{
-		{"", "v3,v2,v1"},
-		{policyHeader, "v3,v2,v1"},
-		{policyHeader + "requireSecureBoot: true\n", "v3,v2"},
-		{policyHeader + "pcrs: {bank: sha256, indices: [7]}\n", "v3,v2"},
+		{"", "v4,v3,v2,v1"},
+		{policyHeader, "v4,v3,v2,v1"},
+		{policyHeader + "requireSecureBoot: true\n", "v4,v3,v2"},
+		{policyHeader + "pcrs: {bank: sha256, indices: [7]}\n", "v4,v3,v2"},
 	} {
 		var doc []byte
 		if c.policy != "" {

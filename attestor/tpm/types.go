@@ -37,6 +37,8 @@
 package tpm
 
 import (
+	"bytes"
+	"compress/flate"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -49,6 +51,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"time"
 
@@ -60,8 +63,8 @@ import (
 // Name is the provider name on the wire.
 const Name = "tpm"
 
-// Evidence versions. The node produces VersionV3 (and VersionV2 for older
-// signers); the signer accepts all three.
+// Evidence versions. The node produces VersionV4 (VersionV3 or VersionV2
+// for older signers); the signer accepts all four.
 const (
 	// VersionV1 carries TPM2_Certify of the CSR key (which the node had to
 	// load into the TPM with its private part).
@@ -73,18 +76,32 @@ const (
 	// quote's qualifying data is attestor.ClusterBinding(SPKI, cluster CA),
 	// and evidence copied into another cluster does not verify there.
 	VersionV3 = "v3"
+	// VersionV4 is VersionV3 with the event log deflated (eventLogDeflated,
+	// raw DEFLATE): a log compresses to about two thirds, and CSR #1, which
+	// the API server stores and sends on every write to it, shrinks with it.
+	VersionV4 = "v4"
 )
 
 // quotes reports whether evidence of version carries a quote (the v2
-// shape: v2 and v3) rather than a certification of the CSR key (v1).
-func quotes(version string) bool { return version == VersionV2 || version == VersionV3 }
+// shape: v2, v3 and v4) rather than a certification of the CSR key (v1).
+func quotes(version string) bool {
+	return version == VersionV2 || version == VersionV3 || version == VersionV4
+}
 
 // clusterBound reports whether evidence of version commits to the
-// workload cluster's CA (binding v2).
-func clusterBound(version string) bool { return version == VersionV3 }
+// workload cluster's CA (binding v2): v3 and v4.
+func clusterBound(version string) bool { return version == VersionV3 || version == VersionV4 }
+
+// freshQuotes reports whether the answer of evidence of version carries
+// the fresh quote: v3 and v4.
+func freshQuotes(version string) bool { return version == VersionV3 || version == VersionV4 }
+
+// deflatesLog reports whether evidence of version carries its event log
+// deflated (eventLogDeflated) rather than as is (eventLog): v4.
+func deflatesLog(version string) bool { return version == VersionV4 }
 
 // shape is the version whose fields evidence of version carries: v1, or
-// v2 for v2 and v3.
+// v2 for v2, v3 and v4 (v4's log in its own field).
 func shape(version string) string {
 	if quotes(version) {
 		return VersionV2
@@ -149,8 +166,17 @@ type Attestation struct {
 	// EventLog is the measured-boot event log (TCG PC Client format, as
 	// the kernel exposes it in binary_bios_measurements), where the host
 	// has one. When present it must replay against the quoted PCRs; the
-	// boot state it proves is what a Cluster's boot policy decides on.
+	// boot state it proves is what a Cluster's boot policy decides on. On
+	// the wire in v2 and v3 only; in v4 DecodeEvidence inflates it from
+	// EventLogDeflated.
 	EventLog []byte `json:"eventLog,omitempty"`
+
+	// v4 only.
+
+	// EventLogDeflated is the event log compressed as raw DEFLATE (RFC
+	// 1951, no zlib or gzip framing). It inflates to at most maxEventLog
+	// bytes, with no data after the final block.
+	EventLogDeflated []byte `json:"eventLogDeflated,omitempty"`
 }
 
 // PCRValue is the value of one PCR of one bank.
@@ -171,7 +197,7 @@ type Response struct {
 	// Proof is HMAC-SHA256(secret, DER(SPKI of the CSR key) || CSR #1 UID).
 	Proof []byte `json:"proof"`
 
-	// v3 only: the fresh quote. A TPM2_Quote by CSR #1's AK over CSR #1's
+	// v3 and v4: the fresh quote. A TPM2_Quote by CSR #1's AK over CSR #1's
 	// PCR selection, taken after ActivateCredential, with qualifyingData
 	// = freshQualifier(secret, SPKI, CSR #1 UID): the PCR values of the
 	// boot that answered this challenge. Required where the Cluster's
@@ -265,6 +291,13 @@ func DecodeEvidence(data attestor.Evidence) (*Evidence, error) {
 		if err := checkAttestationShape(ev.Version, ev.Attestation); err != nil {
 			return nil, err
 		}
+		if len(ev.Attestation.EventLogDeflated) > 0 {
+			log, err := inflateEventLog(ev.Attestation.EventLogDeflated)
+			if err != nil {
+				return nil, err
+			}
+			ev.Attestation.EventLog = log
+		}
 	default:
 		r := ev.Response
 		if r.CSRName == "" || len(r.CSRName) > 253 {
@@ -302,6 +335,14 @@ func checkAttestationShape(version string, a *Attestation) error {
 		{"quoteSignature", a.QuoteSignature, maxField, VersionV2, false},
 		{"eventLog", a.EventLog, maxEventLog, VersionV2, true},
 	}
+	switch {
+	case deflatesLog(version) && a.EventLog != nil:
+		return fmt.Errorf("a %s attestation carries its event log in eventLogDeflated, not eventLog", version)
+	case !deflatesLog(version) && a.EventLogDeflated != nil:
+		return fmt.Errorf("a %s attestation has the %s field eventLogDeflated", version, VersionV4)
+	case len(a.EventLogDeflated) > maxEventLog:
+		return fmt.Errorf("attestation eventLogDeflated is %d bytes, more than %d", len(a.EventLogDeflated), maxEventLog)
+	}
 	for _, f := range fields {
 		switch {
 		case f.in != "" && f.in != shape(version):
@@ -324,14 +365,14 @@ func checkAttestationShape(version string, a *Attestation) error {
 }
 
 // checkFreshQuoteShape requires a response's fresh quote to be whole
-// (quote and signature together, within bounds) and only in v3.
+// (quote and signature together, within bounds) and only in v3 and v4.
 func checkFreshQuoteShape(version string, r *Response) error {
 	if r.Quote == nil && r.QuoteSignature == nil && r.PCRs == nil {
 		return nil
 	}
 	switch {
-	case version != VersionV3:
-		return fmt.Errorf("a %s response carries the v3 fresh quote", version)
+	case !freshQuotes(version):
+		return fmt.Errorf("a %s response carries the fresh quote of %s and %s", version, VersionV3, VersionV4)
 	case len(r.Quote) == 0 || len(r.QuoteSignature) == 0:
 		return errors.New("the response's fresh quote needs quote and quoteSignature")
 	case len(r.Quote) > maxField || len(r.QuoteSignature) > maxField:
@@ -370,6 +411,42 @@ func checkPCRValues(pcrs []PCRValue) error {
 		seen[k] = true
 	}
 	return nil
+}
+
+// inflateEventLog inflates a v4 event log: raw DEFLATE of at most
+// maxEventLog bytes once inflated, one stream with nothing after its final
+// block, and not empty (a host without a log leaves the field out).
+func inflateEventLog(deflated []byte) ([]byte, error) {
+	in := bytes.NewReader(deflated)
+	r := flate.NewReader(in)
+	log, err := io.ReadAll(io.LimitReader(r, maxEventLog+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("attestation eventLogDeflated is not raw DEFLATE: %w", err)
+	case len(log) > maxEventLog:
+		return nil, fmt.Errorf("attestation eventLogDeflated inflates to more than %d bytes", maxEventLog)
+	case in.Len() != 0:
+		return nil, fmt.Errorf("attestation eventLogDeflated has %d bytes after its final block", in.Len())
+	case len(log) == 0:
+		return nil, errors.New("attestation eventLogDeflated inflates to an empty log (leave the field out where the host has none)")
+	}
+	return log, nil
+}
+
+// deflateEventLog compresses an event log for v4 evidence.
+func deflateEventLog(log []byte) ([]byte, error) {
+	var b bytes.Buffer
+	w, err := flate.NewWriter(&b, flate.DefaultCompression)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.Write(log); err != nil {
+		return nil, err
+	}
+	if err := w.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // maxPCRIndex bounds PCR numbers: PCR selections are at most four bytes.

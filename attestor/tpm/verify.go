@@ -160,10 +160,12 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	return v, nil
 }
 
-// Versions implements attestor.Verifier: v3, and v2 and v1 for older nodes.
-func (*Verifier) Versions() []string { return []string{VersionV3, VersionV2, VersionV1} }
+// Versions implements attestor.Verifier: v4, and v3, v2 and v1 for older
+// nodes.
+func (*Verifier) Versions() []string { return []string{VersionV4, VersionV3, VersionV2, VersionV1} }
 
-// ClusterBound implements attestor.ClusterBinder: v3 commits to the cluster.
+// ClusterBound implements attestor.ClusterBinder: v4 and v3 commit to the
+// cluster.
 func (*Verifier) ClusterBound(version string) bool { return clusterBound(version) }
 
 // ValidatePolicy reports every problem of a Cluster's TPM boot policy

@@ -664,7 +664,7 @@ func TestVerifyMalformedEvidence(t *testing.T) {
 		"unknown field":        `{"version":"v1","response":{"csrName":"a","proof":"` + z32 + `"},"extra":1}`,
 		"both rounds":          `{"version":"v1","attestation":{},"response":{}}`,
 		"neither":              `{"version":"v2"}`,
-		"other version":        `{"version":"v4","response":{"csrName":"a","proof":"` + z32 + `"}}`,
+		"other version":        `{"version":"v5","response":{"csrName":"a","proof":"` + z32 + `"}}`,
 		"short proof":          `{"version":"v2","response":{"csrName":"a","proof":"AAAA"}}`,
 		"empty ekPublic":       `{"version":"v1","attestation":{"akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,
 		"garbage structs":      `{"version":"v1","attestation":{"ekPublic":"AA==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"AA==","certifySignature":"AA=="}}`,

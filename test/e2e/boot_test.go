@@ -79,8 +79,8 @@ func TestBootState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.Version != tpm.VersionV3 || len(ev.Attestation.Quote) == 0 || !bytes.Equal(ev.Attestation.EventLog, sbRaw) {
-			t.Errorf("CSR #1 carries evidence %s, quote %d bytes, event log %d bytes; want v3 with a quote and the node's %d-byte log",
+		if ev.Version != tpm.VersionV4 || len(ev.Attestation.Quote) == 0 || !bytes.Equal(ev.Attestation.EventLog, sbRaw) {
+			t.Errorf("CSR #1 carries evidence %s, quote %d bytes, event log %d bytes; want v4 with a quote and the node's %d-byte log",
 				ev.Version, len(ev.Attestation.Quote), len(ev.Attestation.EventLog), len(sbRaw))
 		}
 		// The answer quotes the PCRs again, for the boot that answered.

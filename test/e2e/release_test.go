@@ -64,12 +64,15 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 	awsNode := env.CloudNode(t, clouds, "skew-aws", "aws")
 	env.Machine(t, awsNode)
 	nodes := []struct {
-		n                      *scenario.Node
-		provider               string
-		released, clusterBound string
+		n        *scenario.Node
+		provider string
+		// released is the released node's version; clusterBound the
+		// current node's, and supported the cluster-bound versions the
+		// signer accepts.
+		released, clusterBound, supported string
 	}{
-		{tpmNode, "tpm", "v2", "v3"},
-		{awsNode, "aws", "v1", "v2"},
+		{tpmNode, "tpm", "v2", "v4", "v4,v3"},
+		{awsNode, "aws", "v1", "v2", "v2"},
 	}
 
 	// seen tracks each node's CSRs already looked at, so that each step
@@ -159,7 +162,7 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 				t.Fatalf("%s (released binary) got a certificate under requireClusterBinding", x.n.Name)
 			}
 			last := lastLine(r.Stderr)
-			for _, want := range []string{"no evidence version in common", attestor.ReasonUnsupportedEvidenceVersion, x.clusterBound} {
+			for _, want := range []string{"no evidence version in common", attestor.ReasonUnsupportedEvidenceVersion, x.supported} {
 				if !strings.Contains(last, want) {
 					t.Errorf("%s: the last stderr line does not say %q: %q", x.n.Name, want, last)
 				}
@@ -173,13 +176,13 @@ func TestReleasedNodeAgainstNewController(t *testing.T) {
 				t.Fatalf("%s %s: %q, want denied %s and nothing issued", x.n.Name, c.Name, cloudConditions(&c), attestor.ReasonUnsupportedEvidenceVersion)
 			}
 			msg := cloudConditions(&c)[0]
-			for _, want := range []string{`"` + x.released + `"`, "does not name the workload cluster", x.clusterBound, "upgrade the node's kubelet-authenticator"} {
+			for _, want := range []string{`"` + x.released + `"`, "does not name the workload cluster", x.supported, "upgrade the node's kubelet-authenticator"} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("%s: the denial does not say %q: %s", x.n.Name, want, msg)
 				}
 			}
-			if got := c.Annotations[attestor.AnnotationSupportedVersions]; got != x.clusterBound {
-				t.Errorf("%s %s: %s = %q, want %q", x.n.Name, c.Name, attestor.AnnotationSupportedVersions, got, x.clusterBound)
+			if got := c.Annotations[attestor.AnnotationSupportedVersions]; got != x.supported {
+				t.Errorf("%s %s: %s = %q, want %q", x.n.Name, c.Name, attestor.AnnotationSupportedVersions, got, x.supported)
 			}
 			t.Logf("%s (released binary): %s\nnode: %s", x.n.Name, msg, last)
 		}
