@@ -62,7 +62,7 @@ type ClusterAttestationSpec struct {
 	ApproveKubeletServing bool `json:"approveKubeletServing,omitempty"`
 
 	// RequireClusterBinding, when true, accepts only evidence that commits
-	// to the workload cluster's CA (binding v2: TPM evidence v3, cloud
+	// to the workload cluster's CA (binding v2: TPM evidence v3 and v4, cloud
 	// evidence v2); a node that files older evidence is told the versions
 	// to use and files anew. False accepts older evidence too, for nodes
 	// not yet upgraded.

@@ -21,6 +21,9 @@ func FuzzVerifyEvidence(f *testing.F) {
 	csrDER, csr := csrFor(f, key, testNode, testProviderID)
 	f.Add([]byte(evidenceOf(&testing.T{}, VersionV2, soft.quote(&testing.T{}, key), nil)))
 	f.Add([]byte(evidenceOf(&testing.T{}, VersionV1, soft.attest(&testing.T{}, key), nil)))
+	v4 := soft.quote(&testing.T{}, key)
+	v4.EventLogDeflated, v4.EventLog = deflated(&testing.T{}, v4.EventLog[:1024]), nil
+	f.Add([]byte(evidenceOf(&testing.T{}, VersionV4, v4, nil)))
 	f.Add([]byte(`{"version":"v2","response":{"csrName":"csr-1","proof":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`))
 	f.Add([]byte(`{"version":"v1","attestation":{"ekPublic":"AAEACw==","akPublic":"AA==","certifiedKey":"AA==","certifyInfo":"/1RDRw==","certifySignature":"AA=="}}`))
 	f.Add([]byte(`{"version":"v2","attestation":{"ekPublic":"AAEACw==","akPublic":"AA==","quote":"/1RDR4AYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABAAsD/wMAAAA=","quoteSignature":"AA==","pcrs":[{"bank":"sha256","index":0,"digest":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}]}}`))

@@ -12,7 +12,7 @@ import (
 // AnnotationRequireClusterBinding is the deprecated annotation of
 // ClusterAttestationSpec.RequireClusterBinding: "true" on an opted-in Cluster accepts
 // only evidence that commits to the workload cluster's CA (binding v2: TPM
-// evidence v3, cloud evidence v2) from every provider that has such a
+// evidence v3 and v4, cloud evidence v2) from every provider that has such a
 // version; a node that files older evidence is told the versions to use
 // (supported-versions) and files anew. Unset or "false": older evidence is
 // accepted too, for nodes not yet upgraded.
