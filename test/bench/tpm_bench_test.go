@@ -28,8 +28,8 @@ const bootLogName = "rhel8-uefi.bin"
 // real API server and the real controller), on swtpm TPMs whose PCRs hold a
 // real machine's boot (bootLogName extended into them):
 //
-//   - quote: TPM evidence v2 with the quote only (noEventLog), no policy;
-//   - quote+log: the same with the machine's event log, which the
+//   - quote: TPM evidence v4 with the quote only (noEventLog), no policy;
+//   - quote+log: the same with the machine's event log (deflated), which the
 //     controller replays against the quoted PCRs;
 //   - quote+log+policy: the same under the Cluster's golden policy for that
 //     boot (what tpm-boot-policy prints): replay, then every rule.
