@@ -38,9 +38,10 @@ var (
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
 	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
+	fleetProcess     = flag.Bool("fleet-process", true, "BenchmarkFleetJoin: also run the controller's side with a whole credential process per node (the slowest of the controller's sides)")
 	fleetInProcess   = flag.Bool("fleet-in-process", true, "BenchmarkFleetJoin: also run the controller's side with the nodes' credential code in the benchmark's process, as kubelet's bootstrap runs for kube-controller-manager")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
-	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller, taken during its side's join (-fleet-profile-seconds), to this file")
+	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller during each of its sides' join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetAPIProfile  = flag.String("fleet-api-profile", "", "BenchmarkFleetJoin: write a CPU profile of the workload API server during each side's join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
 )
@@ -135,9 +136,9 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 //     as each kubelet has its own) through kube-controller-manager's
 //     csrapproving and csrsigning with its client rate limit lifted
 //     (kcmTunedArgs);
-//   - node-attestation-controller: each node a whole `kubelet-authenticator
-//     credential` process from an empty cache (insecure attestor), through
-//     the controller with its default flags;
+//   - node-attestation-controller (-fleet-process): each node a whole
+//     `kubelet-authenticator credential` process from an empty cache
+//     (insecure attestor), through the controller with its default flags;
 //   - node-attestation-controller-in-process (-fleet-in-process): the
 //     same nodes through the same controller, each node's credential code
 //     run in the benchmark's process (runInProcessSide), as kubelet's
@@ -171,7 +172,10 @@ func BenchmarkFleetJoin(b *testing.B) {
 	}
 	controller := env.StartController(b, controllerFlags...)
 	// The node binary as released (no simulator, no test attestors).
-	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
+	var plugin string
+	if *fleetProcess {
+		plugin = buildRelease(b, "../../cmd/kubelet-authenticator")
+	}
 	autoApprove(b, env.Workload)
 	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
 
@@ -189,7 +193,10 @@ func BenchmarkFleetJoin(b *testing.B) {
 	ours := &fleetSide{name: "node-attestation-controller", color: "#d62728"}
 	inProcess := &fleetSide{name: "node-attestation-controller-in-process", color: "#ff7f0e"}
 	dflt := &fleetSide{name: "kcm-default", color: "#7f7f7f"}
-	sides := []*fleetSide{tuned, ours}
+	sides := []*fleetSide{tuned}
+	if *fleetProcess {
+		sides = append(sides, ours)
+	}
 	if *fleetInProcess {
 		sides = append(sides, inProcess)
 	}
@@ -201,16 +208,20 @@ func BenchmarkFleetJoin(b *testing.B) {
 		runKCMSide(b, env, bootCfg, tuned, n, c, name, kcmTunedArgs...)
 		apiProfiled()
 		clearCSRs(b, env)
-		profiled := fleetStartProfile(b, profiler)
-		apiProfiled = fleetStartAPIProfile(b, env, ours)
-		runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
-		apiProfiled()
-		profiled()
-		clearCSRs(b, env)
+		if *fleetProcess {
+			profiled := fleetStartProfile(b, profiler, ours)
+			apiProfiled = fleetStartAPIProfile(b, env, ours)
+			runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
+			apiProfiled()
+			profiled()
+			clearCSRs(b, env)
+		}
 		if *fleetInProcess {
+			profiled := fleetStartProfile(b, profiler, inProcess)
 			apiProfiled = fleetStartAPIProfile(b, env, inProcess)
 			runInProcessSide(b, env, controller.PID(), inProcess, nodes, c)
 			apiProfiled()
+			profiled()
 			clearCSRs(b, env)
 		}
 		if *fleetKCMDefault {
@@ -223,17 +234,21 @@ func BenchmarkFleetJoin(b *testing.B) {
 	var table strings.Builder
 	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n", n, c)
 	reportFleet(b, &table, "CSR/s", "csrs/s", sides)
-	r := ours.perSecond() / tuned.perSecond()
-	b.ReportMetric(r, "controller-x-kcm-tuned")
-	fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
-	if *fleetKCMDefault {
-		fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
+	if *fleetProcess {
+		r := ours.perSecond() / tuned.perSecond()
+		b.ReportMetric(r, "controller-x-kcm-tuned")
+		fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
+		if *fleetKCMDefault {
+			fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
+		}
+		table.WriteString("\n")
 	}
-	table.WriteString("\n")
 	if *fleetInProcess {
 		fleetRatios(b, &table, inProcess, tuned, idle)
 	}
-	fleetRatios(b, &table, ours, tuned, idle)
+	if *fleetProcess {
+		fleetRatios(b, &table, ours, tuned, idle)
+	}
 	table.WriteString(writeFleetFiles(b, env, *fleetPlot, "fleet-join.svg", n, c, sides))
 	fmt.Println(table.String())
 }
@@ -799,13 +814,16 @@ func fleetStartAPIProfile(b *testing.B, env *scenario.Env, side *fleetSide) (wai
 }
 
 // fleetStartProfile starts a CPU profile of the controller serving
-// net/http/pprof at addr (none when addr is empty), written to
-// -fleet-profile; the returned function waits for it.
-func fleetStartProfile(b *testing.B, addr string) (wait func()) {
+// net/http/pprof at addr (none when addr is empty) for side's run, written
+// to -fleet-profile with the side's name added before the extension; the
+// returned function waits for it.
+func fleetStartProfile(b *testing.B, addr string, side *fleetSide) (wait func()) {
 	b.Helper()
 	if addr == "" {
 		return func() {}
 	}
+	ext := filepath.Ext(*fleetProfile)
+	path := strings.TrimSuffix(*fleetProfile, ext) + "-" + side.name + ext
 	done := make(chan error, 1)
 	go func() {
 		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, *fleetProfileSecs))
@@ -819,7 +837,7 @@ func fleetStartProfile(b *testing.B, addr string) (wait func()) {
 			err = fmt.Errorf("%s", resp.Status)
 		}
 		if err == nil {
-			err = os.WriteFile(*fleetProfile, body, 0o644)
+			err = os.WriteFile(path, body, 0o644)
 		}
 		done <- err
 	}()
@@ -828,6 +846,6 @@ func fleetStartProfile(b *testing.B, addr string) (wait func()) {
 			b.Errorf("CPU profile: %v", err)
 			return
 		}
-		b.Logf("CPU profile of the controller's side (%d s) in %s", *fleetProfileSecs, *fleetProfile)
+		b.Logf("CPU profile of the controller during %s (%d s) in %s", side.name, *fleetProfileSecs, path)
 	}
 }
