@@ -41,7 +41,7 @@ var (
 	fleetProcess     = flag.Bool("fleet-process", true, "BenchmarkFleetJoin: also run the controller's side with a whole credential process per node (the slowest of the controller's sides)")
 	fleetInProcess   = flag.Bool("fleet-in-process", true, "BenchmarkFleetJoin: also run the controller's side with the nodes' credential code in the benchmark's process, as kubelet's bootstrap runs for kube-controller-manager")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
-	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller during each of its sides' join (-fleet-profile-seconds) to this path with the side's name added before the extension")
+	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller during each of its sides' join (-fleet-profile-seconds), and one of what it allocated meanwhile, to this path with the side's name (and -allocs) added before the extension")
 	fleetAPIProfile  = flag.String("fleet-api-profile", "", "BenchmarkFleetJoin: write a CPU profile of the workload API server during each side's join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
 )
@@ -814,38 +814,50 @@ func fleetStartAPIProfile(b *testing.B, env *scenario.Env, side *fleetSide) (wai
 }
 
 // fleetStartProfile starts a CPU profile of the controller serving
-// net/http/pprof at addr (none when addr is empty) for side's run, written
-// to -fleet-profile with the side's name added before the extension; the
-// returned function waits for it.
+// net/http/pprof at addr (none when addr is empty) for side's run, and a
+// profile of what it allocated meanwhile, written to -fleet-profile with
+// the side's name (and "-allocs") added before the extension; the
+// returned function waits for them.
 func fleetStartProfile(b *testing.B, addr string, side *fleetSide) (wait func()) {
 	b.Helper()
 	if addr == "" {
 		return func() {}
 	}
 	ext := filepath.Ext(*fleetProfile)
-	path := strings.TrimSuffix(*fleetProfile, ext) + "-" + side.name + ext
-	done := make(chan error, 1)
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, *fleetProfileSecs))
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("%s", resp.Status)
-		}
-		if err == nil {
-			err = os.WriteFile(path, body, 0o644)
-		}
-		done <- err
-	}()
-	return func() {
-		if err := <-done; err != nil {
-			b.Errorf("CPU profile: %v", err)
-			return
-		}
-		b.Logf("CPU profile of the controller during %s (%d s) in %s", side.name, *fleetProfileSecs, path)
+	base := strings.TrimSuffix(*fleetProfile, ext) + "-" + side.name
+	profiles := []struct{ what, url, path string }{
+		{"CPU profile", "profile", base + ext},
+		{"allocation profile", "allocs", base + "-allocs" + ext},
 	}
+	done := make(chan error, len(profiles))
+	for _, p := range profiles {
+		go func() {
+			done <- fetchProfile(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, p.url, *fleetProfileSecs), p.path)
+		}()
+	}
+	return func() {
+		for range profiles {
+			if err := <-done; err != nil {
+				b.Errorf("controller profile: %v", err)
+			}
+		}
+		b.Logf("profiles of the controller during %s (%d s) in %s and %s", side.name, *fleetProfileSecs, profiles[0].path, profiles[1].path)
+	}
+}
+
+// fetchProfile writes the profile net/http/pprof serves at url to path.
+func fetchProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	if err == nil {
+		err = os.WriteFile(path, body, 0o644)
+	}
+	return err
 }
