@@ -298,13 +298,13 @@ func seed(ctx context.Context, t *testing.T, r *Revoker, s *State) int {
 		if len(p.Issued)+len(p.Denied) == 0 {
 			continue
 		}
-		if _, err := r.writeObject(ctx, ShardName(k), &record{}, p); err != nil {
+		if _, err := r.writeObject(ctx, ShardName(k), &record{}, p, ""); err != nil {
 			t.Fatal(err)
 		}
 		d, _ := data(p)
 		largest = max(largest, len(d[StateKey]))
 	}
-	if _, err := r.writeObject(ctx, ConfigMapName, &record{}, rec); err != nil {
+	if _, err := r.writeObject(ctx, ConfigMapName, &record{}, rec, ""); err != nil {
 		t.Fatal(err)
 	}
 	return largest
