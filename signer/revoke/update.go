@@ -249,19 +249,19 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			if p == nil {
 				continue
 			}
-			changed, enc, err := shardChanged(shards[k], p)
+			must, enc, err := shardChanged(shards[k], p)
 			if err != nil {
 				return nil, err
 			}
-			if changed {
+			if must {
 				dirty, encoded[k] = append(dirty, k), enc
 			}
 		}
-		recEncoded, err := encode(newRec)
+		recDirty, recEncoded, err := changed(rec, newRec)
 		if err != nil {
 			return nil, err
 		}
-		recDirty := rec.cm == nil || !sameData(rec, recEncoded)
+		recDirty = recDirty || rec.cm == nil
 		wrote, recordLast := false, false
 		switch {
 		case len(dirty) > 0 && (rec.cm == nil || rec.state.Version != stateVersion):
@@ -386,25 +386,36 @@ func encode(s *State) (string, error) {
 	return d[StateKey], nil
 }
 
-// sameData reports whether the state of cur is written as encoded (a
-// state as encode writes it).
-func sameData(cur *record, encoded string) bool {
-	have, err := cur.encode()
-	return err == nil && have == encoded
-}
-
-// shardChanged reports whether shard st must be written over cur, and
-// returns st as encode writes it: a missing shard is written once it
-// holds something.
-func shardChanged(cur *record, st *State) (bool, string, error) {
+// changed reports whether st is written otherwise than cur's state, and
+// returns st as encode writes it where it is ("" where it is not). A
+// state equal to cur's (a round that changed nothing) is not encoded.
+func changed(cur *record, st *State) (bool, string, error) {
+	if cur.state != nil && reflect.DeepEqual(cur.state, st) {
+		return false, "", nil
+	}
 	enc, err := encode(st)
 	if err != nil {
 		return false, "", err
 	}
-	if cur.cm == nil {
-		return len(st.Issued) > 0 || len(st.Denied) > 0 || len(st.unknown) > 0, enc, nil
+	if cur.state == nil {
+		return true, enc, nil
 	}
-	return !sameData(cur, enc), enc, nil
+	have, err := cur.encode()
+	return err != nil || have != enc, enc, nil
+}
+
+// shardChanged reports whether shard st must be written over cur, and
+// returns st as encode writes it where it must: a missing shard is
+// written once it holds something.
+func shardChanged(cur *record, st *State) (bool, string, error) {
+	if cur.cm == nil {
+		if len(st.Issued) == 0 && len(st.Denied) == 0 && len(st.unknown) == 0 {
+			return false, "", nil
+		}
+		enc, err := encode(st)
+		return err == nil, enc, err
+	}
+	return changed(cur, st)
 }
 
 // writeRecord writes st over the record cur, conditionally on its version
