@@ -44,6 +44,7 @@ var (
 	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller during each of its sides' join (-fleet-profile-seconds), and one of what it allocated meanwhile, to this path with the side's name (and -allocs) added before the extension")
 	fleetAPIProfile  = flag.String("fleet-api-profile", "", "BenchmarkFleetJoin: write a CPU profile of the workload API server during each side's join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
+	fleetSettle      = flag.Duration("fleet-settle", 0, "BenchmarkFleetJoin: after each of the controller's sides, keep counting the controller's and the API servers' CPU for this long (work the side left queued, such as rate-limited writes, is its cost; net of idle figures take their idle CPU for as long off)")
 )
 
 // fleetJoin is one node's join in a fleet run.
@@ -58,6 +59,9 @@ type fleetSide struct {
 	color string
 	joins []fleetJoin
 	wall  time.Duration // first start to last end, summed over runs
+	// settled is how long the side's CPU was counted after its last join
+	// (-fleet-settle), summed over runs.
+	settled time.Duration
 	// nodeCPU is the CPU time the nodes' side spent (the exec plugin
 	// processes; the benchmark process itself for kubelet's in-process
 	// bootstrap); signerCPU the signer's (the controller's or
@@ -214,6 +218,7 @@ func BenchmarkFleetJoin(b *testing.B) {
 			runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
 			apiProfiled()
 			profiled()
+			fleetSettleSide(b, env, controller.PID(), ours)
 			clearCSRs(b, env)
 		}
 		if *fleetInProcess {
@@ -222,6 +227,7 @@ func BenchmarkFleetJoin(b *testing.B) {
 			runInProcessSide(b, env, controller.PID(), inProcess, nodes, c)
 			apiProfiled()
 			profiled()
+			fleetSettleSide(b, env, controller.PID(), inProcess)
 			clearCSRs(b, env)
 		}
 		if *fleetKCMDefault {
@@ -255,23 +261,43 @@ func BenchmarkFleetJoin(b *testing.B) {
 
 // fleetRatios reports side's signer and API servers' CPU per join over
 // base's, and its throughput over base's: as measured, and net of idle
-// (each side's CPU less what the same processes use in as long a time
-// with no join under way, idle; base's signer, kube-controller-manager,
-// is charged nothing for its idle time, in its favour).
+// (each side's CPU less what the same processes use in as long a time,
+// its joins' and -fleet-settle's, with no join under way, idle; base's
+// signer, kube-controller-manager, is charged nothing for its idle time,
+// in its favour).
 func fleetRatios(b *testing.B, table *strings.Builder, side, base *fleetSide, idle fleetIdle) {
 	key := strings.TrimPrefix(side.name, "node-attestation-")
 	perJoin := func(d time.Duration, s *fleetSide) float64 { return float64(d) / float64(len(s.joins)) }
 	signer := perJoin(side.signerCPU, side) / perJoin(base.signerCPU, base)
 	api := perJoin(side.shared.api, side) / perJoin(base.shared.api, base)
 	rate := side.perSecond() / base.perSecond()
-	netSigner := perJoin(side.signerCPU-idle.of(idle.signer, side.wall), side) / perJoin(base.signerCPU, base)
-	netAPI := perJoin(side.shared.api-idle.of(idle.api, side.wall), side) / perJoin(base.shared.api-idle.of(idle.api, base.wall), base)
+	counted := func(s *fleetSide) time.Duration { return s.wall + s.settled }
+	netSigner := perJoin(side.signerCPU-idle.of(idle.signer, counted(side)), side) / perJoin(base.signerCPU, base)
+	netAPI := perJoin(side.shared.api-idle.of(idle.api, counted(side)), side) / perJoin(base.shared.api-idle.of(idle.api, counted(base)), base)
 	b.ReportMetric(signer, key+"-signer-cpu-x-"+base.name)
 	b.ReportMetric(api, key+"-api-cpu-x-"+base.name)
 	b.ReportMetric(netSigner, key+"-net-signer-cpu-x-"+base.name)
 	b.ReportMetric(netAPI, key+"-net-api-cpu-x-"+base.name)
 	fmt.Fprintf(table, "  %s / %s: throughput %.2fx, signer CPU per join %.2fx (net of idle %.2fx), API servers' CPU per join %.2fx (net of idle %.2fx)\n",
 		side.name, base.name, rate, signer, netSigner, api, netAPI)
+}
+
+// fleetSettleSide adds to side what the controller (process signerPID)
+// and the API servers spend during -fleet-settle from now, after the
+// side's last join: what the side left queued is its cost (the
+// controller's Event client, for one, writes at most 10 a second).
+// kube-controller-manager leaves nothing queued once it has signed: its
+// sides are not settled.
+func fleetSettleSide(b *testing.B, env *scenario.Env, signerPID int, side *fleetSide) {
+	b.Helper()
+	if *fleetSettle <= 0 {
+		return
+	}
+	signer, shared := procCPU(b, signerPID), readSharedCPU(b, env)
+	time.Sleep(*fleetSettle)
+	side.signerCPU += procCPU(b, signerPID) - signer
+	side.shared.add(shared, readSharedCPU(b, env))
+	side.settled += *fleetSettle
 }
 
 // fleetIdle is the CPU the controller (signer) and the API servers and etcd
