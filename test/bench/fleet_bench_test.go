@@ -283,8 +283,8 @@ func fleetRatios(b *testing.B, table *strings.Builder, side, base *fleetSide, id
 }
 
 // fleetSettleSide adds to side what the controller (process signerPID)
-// and the API servers spend during -fleet-settle from now, after the
-// side's last join: what the side left queued is its cost (the
+// and the API servers spend, and the requests they serve, during
+// -fleet-settle from now, after the side's last join: what the side left queued is its cost (the
 // controller's Event client, for one, writes at most 10 a second).
 // kube-controller-manager leaves nothing queued once it has signed: its
 // sides are not settled.
@@ -293,10 +293,12 @@ func fleetSettleSide(b *testing.B, env *scenario.Env, signerPID int, side *fleet
 	if *fleetSettle <= 0 {
 		return
 	}
+	requests := apiRequests(b, env)
 	signer, shared := procCPU(b, signerPID), readSharedCPU(b, env)
 	time.Sleep(*fleetSettle)
 	side.signerCPU += procCPU(b, signerPID) - signer
 	side.shared.add(shared, readSharedCPU(b, env))
+	side.addRequests(requests, apiRequests(b, env))
 	side.settled += *fleetSettle
 }
 
