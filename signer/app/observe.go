@@ -123,10 +123,9 @@ const (
 func newEventRecorder(cfg *rest.Config, scheme *runtime.Scheme) (record.EventRecorder, func(), error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = eventClientQPS, eventClientBurst
-	// Protobuf, as kube-controller-manager writes its Events: an Event is
-	// written for most joins (an approval on its Machine), and encoding it
-	// and decoding the answer in JSON cost the controller, and the API
-	// server, several times what protobuf does. The Event is the same.
+	// Protobuf, as kube-controller-manager writes its Events: encoding an
+	// Event and decoding the answer in JSON cost the controller, and the
+	// API server, several times what protobuf does. The Event is the same.
 	cfg.ContentType = runtime.ContentTypeProtobuf
 	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	cs, err := kubernetes.NewForConfig(cfg)

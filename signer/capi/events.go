@@ -13,12 +13,20 @@ import (
 )
 
 // machineEvents records a workload cluster's CSR decisions: the last one
-// in the Cluster's status (fleet.go, written by status.go), and each as an
-// Event in the management cluster, on the Machine the request matched, or
-// on the Cluster when it matched none. Approvals are Normal, denials and
-// failures Warning; the reason is the decision's. It implements
-// controller.Recorder. The EventRecorder's broadcaster rate-limits and
-// aggregates them per object (see NewEventBroadcaster in package app).
+// in the Cluster's status (fleet.go, written by status.go), and each
+// denial and failure as a Warning Event in the management cluster, on the
+// Machine the request matched, or on the Cluster when it matched none,
+// with the decision's reason. It implements controller.Recorder. The
+// EventRecorder's broadcaster rate-limits and aggregates them per object
+// (see NewEventBroadcaster in package app).
+//
+// An approval is no Event: the request's Approved condition carries its
+// reason and message, the controller logs it, the Cluster's status shows
+// the last one and the decisions metric counts them. An Event per join
+// would be a management API write per node, sent at the Event client's
+// pace (10 a second for every Cluster together) for minutes after a
+// fleet joins, and ahead of the denials a person must act on, which wait
+// in the same queue and are dropped with the rest when it is full.
 type machineEvents struct {
 	rec     record.EventRecorder // nil: no Events
 	st      *state
@@ -33,7 +41,7 @@ func (e *machineEvents) Decided(csr string, m *engine.Machine, decision, reason,
 		last.Machine = m.Name
 	}
 	e.st.update(func(s *ClusterStatus) { s.LastDecision = last })
-	if e.rec == nil {
+	if e.rec == nil || decision == controller.DecisionApproved {
 		return
 	}
 	ref := &corev1.ObjectReference{
@@ -52,11 +60,7 @@ func (e *machineEvents) Decided(csr string, m *engine.Machine, decision, reason,
 			UID:        m.UID,
 		}
 	}
-	typ := corev1.EventTypeWarning
-	if decision == controller.DecisionApproved {
-		typ = corev1.EventTypeNormal
-	}
-	e.rec.Eventf(ref, typ, reason, "Kubelet client CSR %s in workload cluster %s %s: %s", csr, e.cluster, decision, message)
+	e.rec.Eventf(ref, corev1.EventTypeWarning, reason, "Kubelet client CSR %s in workload cluster %s %s: %s", csr, e.cluster, decision, message)
 }
 
 // decisionEvents returns the Recorder of cluster's CSR controller, which

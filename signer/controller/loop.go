@@ -77,8 +77,8 @@ type Config struct {
 	Engine engine.Config
 	// Metrics, when set, records decisions.
 	Metrics Metrics
-	// Events, when set, records every approval, denial and failure (an
-	// Event on the Machine).
+	// Events, when set, is told of every approval, denial and failure
+	// (Recorder).
 	Events Recorder
 	// Workers is the number of concurrent workers; 0 means 1.
 	Workers int

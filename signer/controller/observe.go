@@ -31,7 +31,8 @@ type VerificationMetrics interface {
 }
 
 // Recorder records each decision where the people who run the fleet look
-// for it: a Kubernetes Event on the Machine (package capi). machine is nil
+// for it: the Cluster's status, and a Kubernetes Event on the Machine for
+// a denial or failure (package capi). machine is nil
 // when the request matched none; decision is DecisionApproved,
 // DecisionDenied or DecisionFailed. Implementations must not block and may
 // drop or aggregate records.

@@ -74,10 +74,29 @@ type pending struct {
 type record struct {
 	cm    *corev1.ConfigMap
 	state *State
+	// encoded is state as data writes it, "" until known (encode).
+	// Records are used by the batch's writer alone.
+	encoded string
 }
 
-func newRecord(cm *corev1.ConfigMap, s *State) *record {
-	return &record{cm: &corev1.ConfigMap{TypeMeta: cm.TypeMeta, ObjectMeta: cm.ObjectMeta, Immutable: cm.Immutable}, state: s}
+// newRecord returns the record of cm holding s; encoded is s as data
+// writes it, "" when not known.
+func newRecord(cm *corev1.ConfigMap, s *State, encoded string) *record {
+	return &record{cm: &corev1.ConfigMap{TypeMeta: cm.TypeMeta, ObjectMeta: cm.ObjectMeta, Immutable: cm.Immutable}, state: s, encoded: encoded}
+}
+
+// encode returns the record's state as data writes it, encoded once: a
+// batch compares what it would write with what the objects hold in every
+// round, and what a batch wrote is what the next one compares with.
+func (rec *record) encode() (string, error) {
+	if rec.encoded == "" {
+		d, err := data(rec.state)
+		if err != nil {
+			return "", err
+		}
+		rec.encoded = d[StateKey]
+	}
+	return rec.encoded, nil
 }
 
 // maxRounds bounds the rounds of one batch (write): a batch that others'
@@ -225,12 +244,24 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			return nil, err
 		}
 		var dirty []int
+		encoded := make([]string, ShardCount) // of the dirty shards
 		for k, p := range newShards {
-			if p != nil && shardChanged(shards[k], p) {
-				dirty = append(dirty, k)
+			if p == nil {
+				continue
+			}
+			must, enc, err := shardChanged(shards[k], p)
+			if err != nil {
+				return nil, err
+			}
+			if must {
+				dirty, encoded[k] = append(dirty, k), enc
 			}
 		}
-		recDirty := rec.cm == nil || !sameData(rec.state, newRec)
+		recDirty, recEncoded, err := changed(rec, newRec)
+		if err != nil {
+			return nil, err
+		}
+		recDirty = recDirty || rec.cm == nil
 		wrote, recordLast := false, false
 		switch {
 		case len(dirty) > 0 && (rec.cm == nil || rec.state.Version != stateVersion):
@@ -239,11 +270,11 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 			// (ErrMalformed) rather than decide without them.
 			up := base.clone()
 			up.Version, up.Shards = stateVersion, ShardCount
-			err = r.writeRecord(ctx, rec, up, &chain, &ownRV)
+			err = r.writeRecord(ctx, rec, up, "", &chain, &ownRV)
 			wrote, written, recordLast = err == nil, written || err == nil, err == nil
 		default:
 			for _, k := range dirty {
-				if err = r.writeShard(ctx, k, shards[k], newShards[k]); err != nil {
+				if err = r.writeShard(ctx, k, shards[k], newShards[k], encoded[k]); err != nil {
 					if errors.Is(err, errConflict) {
 						freshShards[k] = true
 					}
@@ -255,7 +286,7 @@ func (r *Revoker) write(ctx context.Context, batch []*pending) (*State, error) {
 				for _, n := range changedEntries(base, newRec) {
 					freshShards[ShardOf(n)], need[ShardOf(n)] = true, true
 				}
-				err = r.writeRecord(ctx, rec, newRec, &chain, &ownRV)
+				err = r.writeRecord(ctx, rec, newRec, recEncoded, &chain, &ownRV)
 				wrote, written, recordLast = wrote || err == nil, written || err == nil, err == nil
 			}
 		}
@@ -346,27 +377,53 @@ func changedEntries(before, after *State) []string {
 	return out
 }
 
-// sameData reports whether two states are written alike.
-func sameData(a, b *State) bool {
-	da, errA := data(a)
-	db, errB := data(b)
-	return errA == nil && errB == nil && da[StateKey] == db[StateKey]
+// encode returns s as data writes it.
+func encode(s *State) (string, error) {
+	d, err := data(s)
+	if err != nil {
+		return "", err
+	}
+	return d[StateKey], nil
 }
 
-// shardChanged reports whether shard st must be written over cur: a
-// missing shard is written once it holds something.
-func shardChanged(cur *record, st *State) bool {
-	if cur.cm == nil {
-		return len(st.Issued) > 0 || len(st.Denied) > 0 || len(st.unknown) > 0
+// changed reports whether st is written otherwise than cur's state, and
+// returns st as encode writes it where it is ("" where it is not). A
+// state equal to cur's (a round that changed nothing) is not encoded.
+func changed(cur *record, st *State) (bool, string, error) {
+	if cur.state != nil && reflect.DeepEqual(cur.state, st) {
+		return false, "", nil
 	}
-	return !sameData(cur.state, st)
+	enc, err := encode(st)
+	if err != nil {
+		return false, "", err
+	}
+	if cur.state == nil {
+		return true, enc, nil
+	}
+	have, err := cur.encode()
+	return err != nil || have != enc, enc, nil
+}
+
+// shardChanged reports whether shard st must be written over cur, and
+// returns st as encode writes it where it must: a missing shard is
+// written once it holds something.
+func shardChanged(cur *record, st *State) (bool, string, error) {
+	if cur.cm == nil {
+		if len(st.Issued) == 0 && len(st.Denied) == 0 && len(st.unknown) == 0 {
+			return false, "", nil
+		}
+		enc, err := encode(st)
+		return err == nil, enc, err
+	}
+	return changed(cur, st)
 }
 
 // writeRecord writes st over the record cur, conditionally on its version
 // (errConflict); chain and ownRV follow the record's writes (write).
-func (r *Revoker) writeRecord(ctx context.Context, cur *record, st *State, chain *bool, ownRV *string) error {
+// encoded is st as encode writes it, "" to encode it here.
+func (r *Revoker) writeRecord(ctx context.Context, cur *record, st *State, encoded string, chain *bool, ownRV *string) error {
 	b := &r.batch
-	next, err := r.writeObject(ctx, ConfigMapName, cur, st)
+	next, err := r.writeObject(ctx, ConfigMapName, cur, st, encoded)
 	if err != nil {
 		b.last = nil
 		return err
@@ -379,10 +436,10 @@ func (r *Revoker) writeRecord(ctx context.Context, cur *record, st *State, chain
 }
 
 // writeShard writes st over shard k as cur holds it, conditionally on its
-// version (errConflict).
-func (r *Revoker) writeShard(ctx context.Context, k int, cur *record, st *State) error {
+// version (errConflict). encoded is st as encode writes it.
+func (r *Revoker) writeShard(ctx context.Context, k int, cur *record, st *State, encoded string) error {
 	b := &r.batch
-	next, err := r.writeObject(ctx, ShardName(k), cur, st)
+	next, err := r.writeObject(ctx, ShardName(k), cur, st, encoded)
 	if err != nil {
 		b.shards[k] = nil
 		return err
@@ -393,14 +450,21 @@ func (r *Revoker) writeShard(ctx context.Context, k int, cur *record, st *State)
 
 // writeObject creates the ConfigMap name holding st, or updates it over
 // cur; a conflict (someone else wrote it since cur, created or deleted
-// it) is errConflict.
-func (r *Revoker) writeObject(ctx context.Context, name string, cur *record, st *State) (*record, error) {
+// it) is errConflict. encoded is st as encode writes it, "" to encode it
+// here.
+func (r *Revoker) writeObject(ctx context.Context, name string, cur *record, st *State, encoded string) (*record, error) {
 	api := r.Client.CoreV1().ConfigMaps(Namespace)
-	d, err := data(st)
-	if err != nil {
-		return nil, err
+	if encoded == "" {
+		var err error
+		if encoded, err = encode(st); err != nil {
+			return nil, err
+		}
 	}
-	var cm *corev1.ConfigMap
+	d := map[string]string{StateKey: encoded}
+	var (
+		cm  *corev1.ConfigMap
+		err error
+	)
 	if cur.cm == nil {
 		cm, err = api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name, Labels: managedLabels}, Data: d},
 			metav1.CreateOptions{FieldManager: FieldManager})
@@ -421,7 +485,7 @@ func (r *Revoker) writeObject(ctx context.Context, name string, cur *record, st 
 		}
 		return nil, fmt.Errorf("unable to write ConfigMap %s/%s: %w", Namespace, name, err)
 	}
-	return newRecord(cm, st), nil
+	return newRecord(cm, st, encoded), nil
 }
 
 // read returns the record: as this Revoker last read or wrote it unless
@@ -467,7 +531,7 @@ func (r *Revoker) readObject(ctx context.Context, name string, shard int, last *
 	if err != nil {
 		return nil, err
 	}
-	return newRecord(cm, s), nil
+	return newRecord(cm, s, ""), nil
 }
 
 // copyState returns a copy of the record's state to change, or a new

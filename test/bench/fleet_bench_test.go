@@ -38,11 +38,13 @@ var (
 	fleetConcurrency = flag.Int("fleet-concurrency", 50, "BenchmarkFleetJoin: nodes joining at the same time")
 	fleetController  = flag.String("fleet-controller-flags", "", "BenchmarkFleetJoin, BenchmarkFleetJoinTPM: extra flags of the controller, space-separated (default: none, the controller's defaults)")
 	fleetKCMDefault  = flag.Bool("fleet-kcm-default", true, "BenchmarkFleetJoin: also run the default kube-controller-manager side (the slowest)")
+	fleetProcess     = flag.Bool("fleet-process", true, "BenchmarkFleetJoin: also run the controller's side with a whole credential process per node (the slowest of the controller's sides)")
 	fleetInProcess   = flag.Bool("fleet-in-process", true, "BenchmarkFleetJoin: also run the controller's side with the nodes' credential code in the benchmark's process, as kubelet's bootstrap runs for kube-controller-manager")
 	fleetPlot        = flag.String("fleet-plot", "", "BenchmarkFleetJoin: where to write the SVG plot of join latency (default bin/fleet-join.svg in the repository)")
-	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller, taken during its side's join (-fleet-profile-seconds), to this file")
+	fleetProfile     = flag.String("fleet-profile", "", "BenchmarkFleetJoin: write a CPU profile of the controller during each of its sides' join (-fleet-profile-seconds), and one of what it allocated meanwhile, to this path with the side's name (and -allocs) added before the extension")
 	fleetAPIProfile  = flag.String("fleet-api-profile", "", "BenchmarkFleetJoin: write a CPU profile of the workload API server during each side's join (-fleet-profile-seconds) to this path with the side's name added before the extension")
 	fleetProfileSecs = flag.Int("fleet-profile-seconds", 20, "BenchmarkFleetJoin: length of the -fleet-profile CPU profile")
+	fleetSettle      = flag.Duration("fleet-settle", 0, "BenchmarkFleetJoin: after each of the controller's sides, keep counting the controller's and the API servers' CPU for this long (work the side left queued, such as rate-limited writes, is its cost; net of idle figures take their idle CPU for as long off)")
 )
 
 // fleetJoin is one node's join in a fleet run.
@@ -57,6 +59,9 @@ type fleetSide struct {
 	color string
 	joins []fleetJoin
 	wall  time.Duration // first start to last end, summed over runs
+	// settled is how long the side's CPU was counted after its last join
+	// (-fleet-settle), summed over runs.
+	settled time.Duration
 	// nodeCPU is the CPU time the nodes' side spent (the exec plugin
 	// processes; the benchmark process itself for kubelet's in-process
 	// bootstrap); signerCPU the signer's (the controller's or
@@ -135,9 +140,9 @@ func runFleet(b *testing.B, side *fleetSide, n, c int, join func(i int) error) {
 //     as each kubelet has its own) through kube-controller-manager's
 //     csrapproving and csrsigning with its client rate limit lifted
 //     (kcmTunedArgs);
-//   - node-attestation-controller: each node a whole `kubelet-authenticator
-//     credential` process from an empty cache (insecure attestor), through
-//     the controller with its default flags;
+//   - node-attestation-controller (-fleet-process): each node a whole
+//     `kubelet-authenticator credential` process from an empty cache
+//     (insecure attestor), through the controller with its default flags;
 //   - node-attestation-controller-in-process (-fleet-in-process): the
 //     same nodes through the same controller, each node's credential code
 //     run in the benchmark's process (runInProcessSide), as kubelet's
@@ -171,7 +176,10 @@ func BenchmarkFleetJoin(b *testing.B) {
 	}
 	controller := env.StartController(b, controllerFlags...)
 	// The node binary as released (no simulator, no test attestors).
-	plugin := buildRelease(b, "../../cmd/kubelet-authenticator")
+	var plugin string
+	if *fleetProcess {
+		plugin = buildRelease(b, "../../cmd/kubelet-authenticator")
+	}
 	autoApprove(b, env.Workload)
 	bootCfg := restConfigFromFile(b, env.BootstrapKubeconfig)
 
@@ -189,7 +197,10 @@ func BenchmarkFleetJoin(b *testing.B) {
 	ours := &fleetSide{name: "node-attestation-controller", color: "#d62728"}
 	inProcess := &fleetSide{name: "node-attestation-controller-in-process", color: "#ff7f0e"}
 	dflt := &fleetSide{name: "kcm-default", color: "#7f7f7f"}
-	sides := []*fleetSide{tuned, ours}
+	sides := []*fleetSide{tuned}
+	if *fleetProcess {
+		sides = append(sides, ours)
+	}
 	if *fleetInProcess {
 		sides = append(sides, inProcess)
 	}
@@ -201,16 +212,22 @@ func BenchmarkFleetJoin(b *testing.B) {
 		runKCMSide(b, env, bootCfg, tuned, n, c, name, kcmTunedArgs...)
 		apiProfiled()
 		clearCSRs(b, env)
-		profiled := fleetStartProfile(b, profiler)
-		apiProfiled = fleetStartAPIProfile(b, env, ours)
-		runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
-		apiProfiled()
-		profiled()
-		clearCSRs(b, env)
+		if *fleetProcess {
+			profiled := fleetStartProfile(b, profiler, ours)
+			apiProfiled = fleetStartAPIProfile(b, env, ours)
+			runCredentialSide(b, env, plugin, controller.PID(), ours, nodes, c)
+			apiProfiled()
+			profiled()
+			fleetSettleSide(b, env, controller.PID(), ours)
+			clearCSRs(b, env)
+		}
 		if *fleetInProcess {
+			profiled := fleetStartProfile(b, profiler, inProcess)
 			apiProfiled = fleetStartAPIProfile(b, env, inProcess)
 			runInProcessSide(b, env, controller.PID(), inProcess, nodes, c)
 			apiProfiled()
+			profiled()
+			fleetSettleSide(b, env, controller.PID(), inProcess)
 			clearCSRs(b, env)
 		}
 		if *fleetKCMDefault {
@@ -223,40 +240,66 @@ func BenchmarkFleetJoin(b *testing.B) {
 	var table strings.Builder
 	fmt.Fprintf(&table, "fleet join, %d nodes %d at a time per side:\n", n, c)
 	reportFleet(b, &table, "CSR/s", "csrs/s", sides)
-	r := ours.perSecond() / tuned.perSecond()
-	b.ReportMetric(r, "controller-x-kcm-tuned")
-	fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
-	if *fleetKCMDefault {
-		fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
+	if *fleetProcess {
+		r := ours.perSecond() / tuned.perSecond()
+		b.ReportMetric(r, "controller-x-kcm-tuned")
+		fmt.Fprintf(&table, "  controller / kcm-tuned throughput: %.2fx (kcm-tuned / controller: %.2fx)", r, 1/r)
+		if *fleetKCMDefault {
+			fmt.Fprintf(&table, "; controller / kcm-default: %.2fx", ours.perSecond()/dflt.perSecond())
+		}
+		table.WriteString("\n")
 	}
-	table.WriteString("\n")
 	if *fleetInProcess {
 		fleetRatios(b, &table, inProcess, tuned, idle)
 	}
-	fleetRatios(b, &table, ours, tuned, idle)
+	if *fleetProcess {
+		fleetRatios(b, &table, ours, tuned, idle)
+	}
 	table.WriteString(writeFleetFiles(b, env, *fleetPlot, "fleet-join.svg", n, c, sides))
 	fmt.Println(table.String())
 }
 
 // fleetRatios reports side's signer and API servers' CPU per join over
 // base's, and its throughput over base's: as measured, and net of idle
-// (each side's CPU less what the same processes use in as long a time
-// with no join under way, idle; base's signer, kube-controller-manager,
-// is charged nothing for its idle time, in its favour).
+// (each side's CPU less what the same processes use in as long a time,
+// its joins' and -fleet-settle's, with no join under way, idle; base's
+// signer, kube-controller-manager, is charged nothing for its idle time,
+// in its favour).
 func fleetRatios(b *testing.B, table *strings.Builder, side, base *fleetSide, idle fleetIdle) {
 	key := strings.TrimPrefix(side.name, "node-attestation-")
 	perJoin := func(d time.Duration, s *fleetSide) float64 { return float64(d) / float64(len(s.joins)) }
 	signer := perJoin(side.signerCPU, side) / perJoin(base.signerCPU, base)
 	api := perJoin(side.shared.api, side) / perJoin(base.shared.api, base)
 	rate := side.perSecond() / base.perSecond()
-	netSigner := perJoin(side.signerCPU-idle.of(idle.signer, side.wall), side) / perJoin(base.signerCPU, base)
-	netAPI := perJoin(side.shared.api-idle.of(idle.api, side.wall), side) / perJoin(base.shared.api-idle.of(idle.api, base.wall), base)
+	counted := func(s *fleetSide) time.Duration { return s.wall + s.settled }
+	netSigner := perJoin(side.signerCPU-idle.of(idle.signer, counted(side)), side) / perJoin(base.signerCPU, base)
+	netAPI := perJoin(side.shared.api-idle.of(idle.api, counted(side)), side) / perJoin(base.shared.api-idle.of(idle.api, counted(base)), base)
 	b.ReportMetric(signer, key+"-signer-cpu-x-"+base.name)
 	b.ReportMetric(api, key+"-api-cpu-x-"+base.name)
 	b.ReportMetric(netSigner, key+"-net-signer-cpu-x-"+base.name)
 	b.ReportMetric(netAPI, key+"-net-api-cpu-x-"+base.name)
 	fmt.Fprintf(table, "  %s / %s: throughput %.2fx, signer CPU per join %.2fx (net of idle %.2fx), API servers' CPU per join %.2fx (net of idle %.2fx)\n",
 		side.name, base.name, rate, signer, netSigner, api, netAPI)
+}
+
+// fleetSettleSide adds to side what the controller (process signerPID)
+// and the API servers spend, and the requests they serve, during
+// -fleet-settle from now, after the side's last join: what the side left queued is its cost (the
+// controller's Event client, for one, writes at most 10 a second).
+// kube-controller-manager leaves nothing queued once it has signed: its
+// sides are not settled.
+func fleetSettleSide(b *testing.B, env *scenario.Env, signerPID int, side *fleetSide) {
+	b.Helper()
+	if *fleetSettle <= 0 {
+		return
+	}
+	requests := apiRequests(b, env)
+	signer, shared := procCPU(b, signerPID), readSharedCPU(b, env)
+	time.Sleep(*fleetSettle)
+	side.signerCPU += procCPU(b, signerPID) - signer
+	side.shared.add(shared, readSharedCPU(b, env))
+	side.addRequests(requests, apiRequests(b, env))
+	side.settled += *fleetSettle
 }
 
 // fleetIdle is the CPU the controller (signer) and the API servers and etcd
@@ -799,35 +842,50 @@ func fleetStartAPIProfile(b *testing.B, env *scenario.Env, side *fleetSide) (wai
 }
 
 // fleetStartProfile starts a CPU profile of the controller serving
-// net/http/pprof at addr (none when addr is empty), written to
-// -fleet-profile; the returned function waits for it.
-func fleetStartProfile(b *testing.B, addr string) (wait func()) {
+// net/http/pprof at addr (none when addr is empty) for side's run, and a
+// profile of what it allocated meanwhile, written to -fleet-profile with
+// the side's name (and "-allocs") added before the extension; the
+// returned function waits for them.
+func fleetStartProfile(b *testing.B, addr string, side *fleetSide) (wait func()) {
 	b.Helper()
 	if addr == "" {
 		return func() {}
 	}
-	done := make(chan error, 1)
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, *fleetProfileSecs))
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("%s", resp.Status)
-		}
-		if err == nil {
-			err = os.WriteFile(*fleetProfile, body, 0o644)
-		}
-		done <- err
-	}()
-	return func() {
-		if err := <-done; err != nil {
-			b.Errorf("CPU profile: %v", err)
-			return
-		}
-		b.Logf("CPU profile of the controller's side (%d s) in %s", *fleetProfileSecs, *fleetProfile)
+	ext := filepath.Ext(*fleetProfile)
+	base := strings.TrimSuffix(*fleetProfile, ext) + "-" + side.name
+	profiles := []struct{ what, url, path string }{
+		{"CPU profile", "profile", base + ext},
+		{"allocation profile", "allocs", base + "-allocs" + ext},
 	}
+	done := make(chan error, len(profiles))
+	for _, p := range profiles {
+		go func() {
+			done <- fetchProfile(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, p.url, *fleetProfileSecs), p.path)
+		}()
+	}
+	return func() {
+		for range profiles {
+			if err := <-done; err != nil {
+				b.Errorf("controller profile: %v", err)
+			}
+		}
+		b.Logf("profiles of the controller during %s (%d s) in %s and %s", side.name, *fleetProfileSecs, profiles[0].path, profiles[1].path)
+	}
+}
+
+// fetchProfile writes the profile net/http/pprof serves at url to path.
+func fetchProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	if err == nil {
+		err = os.WriteFile(path, body, 0o644)
+	}
+	return err
 }
