@@ -64,7 +64,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 	if !hmac.Equal(r.Proof, proof(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID)) {
 		return nil, attestor.Deny(ReasonBadProof, "the response does not prove possession of the credential challenged on CSR %q", round.Name)
 	}
-	if err := v.checkFreshQuote(at, first.Attestation, r, freshQualifier(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID), pol); err != nil {
+	if err := v.checkFreshQuote(at, first, r, freshQualifier(secret, in.CSR.RawSubjectPublicKeyInfo, round.UID), pol); err != nil {
 		return nil, err
 	}
 	return &attestor.Result{Identity: &attestor.Identity{
@@ -80,7 +80,7 @@ func (v *Verifier) answer(in *attestor.VerifyRequest, version string, r *Respons
 // the first round's event log replayed against them. A response without
 // one is refused where the policy reads PCRs: the boot state proven would
 // be that of any boot in which the AK once quoted.
-func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response, qualifier []byte, pol *Policy) error {
+func (v *Verifier) checkFreshQuote(at *attested, first *Evidence, r *Response, qualifier []byte, pol *Policy) error {
 	if r.Quote == nil {
 		if pol != nil && pol.needsQuote() {
 			return attestor.Deny(ReasonFreshQuoteRequired,
@@ -104,8 +104,8 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 	}
 	var state *BootState
 	var noState string
-	if len(first.EventLog) > 0 {
-		state, err = v.replays.replay(first.EventLog, r.PCRs)
+	if log := first.Attestation.EventLog; len(log) > 0 {
+		state, err = v.replays.replay(log, r.PCRs)
 		switch {
 		case errors.Is(err, errNoCommonBank):
 			noState, err = err.Error(), nil
@@ -114,5 +114,5 @@ func (v *Verifier) checkFreshQuote(at *attested, first *Attestation, r *Response
 				"the PCRs quoted in the answer are not those the first round's event log leads to (the machine booted again, or extended them since): %v", err)
 		}
 	}
-	return pol.evaluate(VersionV3, r.PCRs, sel, state, noState) // a fresh quote: any quoting version
+	return pol.evaluate(first.Version, r.PCRs, sel, state, noState)
 }

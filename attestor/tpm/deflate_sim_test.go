@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/google/go-tpm-tools/simulator"
 	"github.com/google/go-tpm/tpm2/transport"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -21,12 +20,7 @@ import (
 // same boot under a strict policy, v4 in a smaller CSR. An answer must be
 // in its round's version: a v3 answer to a v4 round is denied.
 func TestSimulatorDeflatedLog(t *testing.T) {
-	sim, err := simulator.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sim.Close() })
-	tp := transport.FromReadWriteCloser(sim)
+	tp := openSim(t)
 	raw := realEventLog(t, "rhel8-uefi.bin")
 	bootTPM(t, tp, raw)
 	logPath := filepath.Join(t.TempDir(), "binary_bios_measurements")

@@ -67,7 +67,7 @@ func TestDeflatedEventLog(t *testing.T) {
 		"inflates past the bound":       {VersionV4, Attestation{EventLogDeflated: bomb.Bytes()}, "inflates to more than"},
 		"data after the final block":    {VersionV4, Attestation{EventLogDeflated: append(bytes.Clone(d), 0)}, "after its final block"},
 		"an empty log":                  {VersionV4, Attestation{EventLogDeflated: deflated(t, nil)}, "empty log"},
-		"deflated field past its bound": {VersionV4, Attestation{EventLogDeflated: make([]byte, maxEventLog+1)}, "more than"},
+		"deflated field past its bound": {VersionV4, Attestation{EventLogDeflated: make([]byte, maxEventLog+1)}, "eventLogDeflated is 98305 bytes, more than"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeEvidence(v4Attestation(t, c.version, c.a))
