@@ -2,10 +2,10 @@ package tpmtest
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
@@ -14,16 +14,27 @@ import (
 )
 
 // GoTPMToolsDir returns the directory of the go-tpm-tools module in the
-// module cache (go list -m, run in the current directory, which must be
-// inside this module). Its internal/test holds real machines' event logs
-// and real GCE attestations, which tests read in place.
+// module cache, downloading the module first where only its go.mod is
+// there (go mod download, run in the current directory, which must be
+// inside this module; the version is go.mod's). Its internal/test holds
+// real machines' event logs and real GCE attestations, which tests read in
+// place.
 func GoTPMToolsDir() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/google/go-tpm-tools").Output()
-	dir := strings.TrimSpace(string(out))
-	if err != nil || dir == "" {
-		return "", fmt.Errorf("unable to locate go-tpm-tools in the module cache (go list: %w): the real event logs must be present", err)
+	cmd := exec.Command("go", "mod", "download", "-json", "github.com/google/go-tpm-tools")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("unable to download go-tpm-tools into the module cache: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 	}
-	return dir, nil
+	var m struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &m); err != nil {
+		return "", fmt.Errorf("unable to read go mod download's answer for go-tpm-tools: %w", err)
+	}
+	if m.Error != "" || m.Dir == "" {
+		return "", fmt.Errorf("go-tpm-tools is not in the module cache (go mod download: %q): the real event logs must be present", m.Error)
+	}
+	return m.Dir, nil
 }
 
 // RealEventLogPath returns the path of one of go-tpm-tools' real
