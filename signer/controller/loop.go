@@ -235,6 +235,15 @@ func forgetUnread(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
+	read := readAnnotations(csr.Annotations)
+	if !metadataRead(csr, read) {
+		// The cached copy is not the request's metadata: the signer's
+		// writes patch (write.go).
+		if read == nil {
+			read = make(map[string]string, 1)
+		}
+		read[annotationMetadataCut] = "true"
+	}
 	csr.ObjectMeta = metav1.ObjectMeta{
 		Name:              csr.Name,
 		UID:               csr.UID,
@@ -242,7 +251,7 @@ func forgetUnread(obj any) (any, error) {
 		Generation:        csr.Generation,
 		CreationTimestamp: csr.CreationTimestamp,
 		DeletionTimestamp: csr.DeletionTimestamp,
-		Annotations:       readAnnotations(csr.Annotations),
+		Annotations:       read,
 	}
 	switch {
 	case engine.Decided(csr):
@@ -253,6 +262,30 @@ func forgetUnread(obj any) (any, error) {
 		csr.Spec.Request = bytes.Clone(csr.Spec.Request[:attestor.MaxRequestSize+1])
 	}
 	return csr, nil
+}
+
+// annotationMetadataCut marks a cached request whose metadata held more
+// than the cache keeps (labels, finalizers, owner references, a generated
+// name, annotations the signer does not read or longer than it reads).
+// The key is not a valid annotation name (it holds a space), so no stored
+// object carries it and the signer never writes it: it lives only in the
+// cache.
+const annotationMetadataCut = "kubelet-authenticator.x-k8s.io/metadata cut"
+
+// metadataRead reports whether read, the annotations the cache keeps of
+// csr, and the cache's other fields are all of csr's metadata that an
+// update can set: then an update built from the cached copy writes the
+// request's metadata back as it is.
+func metadataRead(csr *certificatesv1.CertificateSigningRequest, read map[string]string) bool {
+	if len(csr.Labels) > 0 || len(csr.Finalizers) > 0 || len(csr.OwnerReferences) > 0 || csr.GenerateName != "" || len(read) != len(csr.Annotations) {
+		return false
+	}
+	for k, v := range read {
+		if csr.Annotations[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // readAnnotations returns the annotations of in the signer reads, each cut

@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"runtime"
 	"strconv"
 	"strings"
@@ -87,9 +88,13 @@ func TestForgetUnread(t *testing.T) {
 			attestor.AnnotationChallengeSeal:     len("v1.1.mac"),
 			attestor.AnnotationSupportedVersions: len("v1,v2"),
 			attestor.AnnotationEndorsementKey:    attestor.MaxAnnotationSize + 1,
+			annotationMetadataCut:                len("true"),
 		}
 		if len(csr.Annotations) != len(want) {
-			t.Errorf("cached %d annotations, want the %d the signer reads", len(csr.Annotations), len(want))
+			t.Errorf("cached %d annotations, want the %d the signer reads and the cut's mark", len(csr.Annotations), len(want))
+		}
+		if updateBody(csr) != nil {
+			t.Error("an update can be built from a copy whose metadata the cache cut: it would write the requester's metadata away")
 		}
 		for k, n := range want {
 			if len(csr.Annotations[k]) != n {
@@ -146,10 +151,40 @@ func TestForgetUnread(t *testing.T) {
 			delete(in.Annotations, k)
 		}
 		out, _ := forgetUnread(in)
-		if a := out.(*certificatesv1.CertificateSigningRequest).Annotations; a != nil {
-			t.Errorf("cached annotations %d, want none", len(a))
+		if a := out.(*certificatesv1.CertificateSigningRequest).Annotations; len(a) != 1 || a[annotationMetadataCut] == "" {
+			t.Errorf("cached annotations %v, want only the cut's mark", a)
 		}
 	})
+
+	// A request with no metadata beyond what the signer reads, as the
+	// node agent files them: cached without a mark, and written by
+	// updates that carry its metadata as filed.
+	for _, annotated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nothing to cut, annotated %v", annotated), func(t *testing.T) {
+			in := &certificatesv1.CertificateSigningRequest{
+				ObjectMeta: metav1.ObjectMeta{Name: "csr-2", UID: "uid-2", ResourceVersion: "43",
+					ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet-authenticator"}}},
+				Spec: certificatesv1.CertificateSigningRequestSpec{SignerName: attestor.ClientSignerName("fake"), Request: req},
+			}
+			if annotated {
+				in.Annotations = map[string]string{attestor.AnnotationSupportedVersions: "v1,v2"}
+			}
+			filed := maps.Clone(in.Annotations)
+			out, _ := forgetUnread(in)
+			csr := out.(*certificatesv1.CertificateSigningRequest)
+			if !maps.Equal(csr.Annotations, filed) {
+				t.Errorf("cached annotations %v, want %v", csr.Annotations, filed)
+			}
+			body := updateBody(csr)
+			if body == nil {
+				t.Fatal("no update from a copy that holds all of the request's metadata")
+			}
+			if body.Name != "csr-2" || body.UID != "uid-2" || body.ResourceVersion != "43" || !maps.Equal(body.Annotations, filed) ||
+				body.Spec.Request != nil || body.ManagedFields != nil {
+				t.Errorf("update body %+v: want the request's name, UID, version and annotations, no spec, no managed fields", body)
+			}
+		})
+	}
 }
 
 // TestDispatch: every queued request is decided once, never more than
