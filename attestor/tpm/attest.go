@@ -300,6 +300,17 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 	if err != nil {
 		return nil, err
 	}
+	// The log is compressed while the TPM works: the TPM is another chip
+	// (or process), and the node would otherwise wait on it idle. The
+	// channel is buffered, so that an early return leaves nothing blocked.
+	var deflated chan deflateResult
+	if deflatesLog(version) && eventLog != nil {
+		deflated = make(chan deflateResult, 1)
+		go func() {
+			b, err := deflateEventLog(eventLog)
+			deflated <- deflateResult{b, err}
+		}()
+	}
 	s, err := a.start()
 	if err != nil {
 		return nil, err
@@ -335,11 +346,12 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 		PCRs:           q.values,
 		EventLog:       eventLog,
 	}
-	if deflatesLog(version) && eventLog != nil {
-		if at.EventLogDeflated, err = deflateEventLog(eventLog); err != nil {
-			return nil, fmt.Errorf("unable to compress the measured-boot event log: %w", err)
+	if deflated != nil {
+		r := <-deflated
+		if r.err != nil {
+			return nil, fmt.Errorf("unable to compress the measured-boot event log: %w", r.err)
 		}
-		at.EventLog = nil
+		at.EventLog, at.EventLogDeflated = nil, r.deflated
 	}
 	ev, err := json.Marshal(Evidence{Version: version, Attestation: at})
 	if err != nil {
@@ -350,6 +362,12 @@ func (a *Attestor) Attest(ctx context.Context, req *attestor.Request) (_ *attest
 		Version:     version,
 		Annotations: map[string]string{attestor.AnnotationEndorsementKey: ekAnnotation},
 	}, nil
+}
+
+// deflateResult is the compressed event log, or why it could not be.
+type deflateResult struct {
+	deflated []byte
+	err      error
 }
 
 // readEventLog reads the measured-boot event log, if the host has one.
