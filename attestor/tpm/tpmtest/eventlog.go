@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"sync"
 
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
@@ -18,8 +19,10 @@ import (
 // there (go mod download, run in the current directory, which must be
 // inside this module; the version is go.mod's). Its internal/test holds
 // real machines' event logs and real GCE attestations, which tests read in
-// place.
-func GoTPMToolsDir() (string, error) {
+// place. The go command runs once per test process.
+func GoTPMToolsDir() (string, error) { return goTPMToolsDir() }
+
+var goTPMToolsDir = sync.OnceValues(func() (string, error) {
 	cmd := exec.Command("go", "mod", "download", "-json", "github.com/google/go-tpm-tools")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -35,7 +38,7 @@ func GoTPMToolsDir() (string, error) {
 		return "", fmt.Errorf("go-tpm-tools is not in the module cache (go mod download: %q): the real event logs must be present", m.Error)
 	}
 	return m.Dir, nil
-}
+})
 
 // RealEventLogPath returns the path of one of go-tpm-tools' real
 // measured-boot event logs (internal/test/eventlogs/name, e.g.
