@@ -124,6 +124,8 @@ type rig struct {
 	ctx    context.Context
 	signer string
 	kind   string
+	// filer files the requests (fileWith); nil for cs.
+	filer Client
 }
 
 func newRig(t *testing.T, serving bool, opts ...func(*Config)) *rig {
@@ -211,7 +213,11 @@ func (r *rig) fileWith(name string, req signertest.Request, ev challengeEvidence
 	if edit != nil {
 		edit(csr)
 	}
-	if _, err := r.cs.CertificatesV1().CertificateSigningRequests().Create(r.ctx, csr, metav1.CreateOptions{}); err != nil {
+	filer := r.filer
+	if filer == nil {
+		filer = r.cs
+	}
+	if _, err := filer.CertificatesV1().CertificateSigningRequests().Create(r.ctx, csr, metav1.CreateOptions{}); err != nil {
 		r.t.Fatal(err)
 	}
 	return csr
@@ -246,7 +252,7 @@ func (r *rig) cached(names ...string) {
 
 func (r *rig) get(name string) *certificatesv1.CertificateSigningRequest {
 	r.t.Helper()
-	csr, err := r.cs.CertificatesV1().CertificateSigningRequests().Get(r.ctx, name, metav1.GetOptions{})
+	csr, err := r.c.cfg.Client.CertificatesV1().CertificateSigningRequests().Get(r.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		r.t.Fatal(err)
 	}

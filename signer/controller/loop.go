@@ -18,6 +18,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -141,6 +142,18 @@ type Controller struct {
 	swept   []string
 	queue   *retryQueue
 	budget  *budget
+	// patchUntil: until then (Unix nanoseconds; 0 for never) annotate
+	// patches rather than updates, the workload cluster having refused
+	// an update.
+	patchUntil atomic.Int64
+}
+
+// now tells the engine's time.
+func (c *Controller) now() time.Time {
+	if c.cfg.Engine.Clock != nil {
+		return c.cfg.Engine.Clock.Now()
+	}
+	return time.Now()
 }
 
 // New returns a Controller; call Run to start it.

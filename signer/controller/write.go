@@ -277,10 +277,19 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 	return nil
 }
 
-// annotate sets annotations on csr and returns the CSR as written: a
-// merge patch of the annotations alone. (An update, as addCondition
-// makes, would need the update verb on the CSRs themselves, which the
-// workload clusters' role does not grant.)
+// annotate sets annotations on csr and returns the CSR as written.
+//
+// Where csr holds all of the request's metadata (updateBody), it is an
+// update of the request, conditional on the version decided on: a
+// request changed since (by another replica, say, while a shard moves)
+// is decided again rather than annotated. Its body leaves the spec out,
+// which for a request carrying a TPM event log is most of what the API
+// server would otherwise turn into JSON and back to apply a patch.
+// Otherwise (the cache cut the metadata), or while the workload cluster's
+// role does not grant update (a deploy/workload applied by hand before
+// the verb was added: the API server answers 403), it is a merge patch of
+// the annotations alone; after a 403 updates are tried again only after
+// updateRetryAfter.
 func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.CertificateSigningRequest,
 	set map[string]string) (*certificatesv1.CertificateSigningRequest, error) {
 	changed := false
@@ -292,13 +301,49 @@ func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.Certifica
 	if !changed {
 		return csr, nil
 	}
+	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
+	if body := updateBody(csr); body != nil && c.mayUpdate() {
+		if body.Annotations == nil {
+			body.Annotations = map[string]string{}
+		}
+		maps.Copy(body.Annotations, set)
+		out, err := api.Update(ctx, body, metav1.UpdateOptions{})
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsForbidden(err) {
+			return nil, fmt.Errorf("unable to annotate: %w", err)
+		}
+		c.updateForbidden(ctx, err)
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": set}})
 	if err != nil {
 		return nil, err
 	}
-	out, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().Patch(ctx, csr.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	out, err := api.Patch(ctx, csr.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("unable to annotate: %w", err)
 	}
 	return out, nil
+}
+
+// updateRetryAfter is how long after the API server refused an update of
+// a request (403) annotate patches instead before it tries an update
+// again: the controller re-applies deploy/workload with each token
+// renewal, and an operator may re-apply it by hand.
+const updateRetryAfter = 10 * time.Minute
+
+// mayUpdate reports whether annotate may try an update.
+func (c *Controller) mayUpdate() bool {
+	until := c.patchUntil.Load()
+	return until == 0 || c.now().UnixNano() >= until
+}
+
+// updateForbidden notes that the workload cluster refused an update of a
+// request, and says so once each time it starts to.
+func (c *Controller) updateForbidden(ctx context.Context, err error) {
+	if c.patchUntil.Swap(c.now().Add(updateRetryAfter).UnixNano()) == 0 {
+		klog.FromContext(ctx).Info("The workload cluster refuses the controller updates of certificate signing requests: annotating them by patch; "+
+			"apply deploy/workload again to grant the update verb", "err", err, "tryAgainIn", updateRetryAfter)
+	}
 }
