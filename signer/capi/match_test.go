@@ -116,11 +116,19 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-// countingReader counts the lists it serves.
+// countingReader counts the lists and the reads of one object it serves.
 type countingReader struct {
 	client.Reader
 	mu    sync.Mutex
 	lists int
+	gets  int
+}
+
+func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	r.mu.Lock()
+	r.gets++
+	r.mu.Unlock()
+	return r.Reader.Get(ctx, key, obj, opts...)
 }
 
 func (r *countingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {

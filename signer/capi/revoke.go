@@ -320,8 +320,17 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, m := range pending {
+	unseen, err := r.unseenDeletions(ctx, nn, s, pending)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, m := range append(pending, unseen...) {
+		found := slices.Contains(unseen, m)
 		names, claimed, err := r.revokedNames(ctx, nn, m)
+		if found {
+			// The names it was issued certificates for, from the record.
+			names = nil
+		}
 		var listed []string
 		if err == nil {
 			var out *revoke.State
@@ -330,28 +339,86 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 				s = out
 			}
 		}
-		if err == nil {
+		if err == nil && !found {
 			err = r.forgetPending(ctx, nn, m)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
 			continue
 		}
+		how := "was deleted"
+		if found {
+			how = "was found deleted (its deletion was not seen: the Cluster was not served then)"
+		}
 		for _, n := range listed {
 			e := s.Find(n)
 			if e == nil {
 				continue
 			}
-			logger.Info("Revoked a deleted Machine's node name", "machine", klog.KObj(m), "node", n, "until", e.Until, "acceptedOfLiveMachines", len(e.Accepted))
+			logger.Info("Revoked a deleted Machine's node name", "machine", klog.KObj(m), "node", n, "until", e.Until, "acceptedOfLiveMachines", len(e.Accepted),
+				"deletionSeen", !found)
 			if r.Events != nil {
 				r.Events.Eventf(cluster, corev1.EventTypeNormal, ReasonNodeRevoked,
-					"Node %s revoked in the workload cluster: its Machine %s was deleted; certificates issued to it before now are refused until %s",
-					n, m.Name, e.Until.Format(time.RFC3339))
+					"Node %s revoked in the workload cluster: its Machine %s %s; certificates issued to it before now are refused until %s",
+					n, m.Name, how, e.Until.Format(time.RFC3339))
 			}
 		}
 	}
 	st.update(func(c *ClusterStatus) { c.RevokedNodes = len(s.Entries) })
 	return errors.Join(errs...)
+}
+
+// maxUnseenChecks bounds the Machines unseenDeletions reads from the API
+// server in one round: the record it reads them from lives in the
+// workload cluster, whose tenant may write it. The rest are read in the
+// rounds after.
+const maxUnseenChecks = 8
+
+// unseenDeletions returns the Machines of Cluster nn that the record of
+// the certificates issued in its workload cluster (s.Issued) names and
+// that are gone, other than those pending already: Machines deleted while
+// no replica served the Cluster (it was opted out, or had no leader), whose
+// deletion no informer saw. A Machine counts as gone only when neither the
+// cache nor the API server holds a Machine of its namespace and name: one
+// created again under its name (clusterctl move gives it a new UID) is
+// not, so that moving a Cluster revokes nothing. What the record names in
+// another namespace is not the Cluster's, and is ignored.
+func (r *ClusterReconciler) unseenDeletions(ctx context.Context, nn types.NamespacedName, s *revoke.State, pending []*clusterv1.Machine) ([]*clusterv1.Machine, error) {
+	if s == nil || r.APIReader == nil {
+		return nil, nil
+	}
+	var out []*clusterv1.Machine
+	seen := map[types.UID]bool{}
+	for _, m := range pending {
+		seen[m.UID] = true
+	}
+	checks := 0
+	for _, c := range s.Issued {
+		m := c.Machine
+		if seen[m.UID] || m.Namespace != nn.Namespace {
+			continue
+		}
+		seen[m.UID] = true
+		key := types.NamespacedName{Namespace: m.Namespace, Name: m.Name}
+		var live clusterv1.Machine
+		if err := r.Client.Get(ctx, key, &live); !apierrors.IsNotFound(err) {
+			continue // there, or not known to be gone
+		}
+		if checks == maxUnseenChecks {
+			break
+		}
+		checks++
+		if err := r.APIReader.Get(ctx, key, &live); !apierrors.IsNotFound(err) {
+			if err != nil {
+				return out, fmt.Errorf("unable to read Machine %s: %w", key, err)
+			}
+			continue
+		}
+		d := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: nn.Name}}}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // acceptor accepts, before it is handed out, a certificate issued for a

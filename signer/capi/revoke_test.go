@@ -2,6 +2,7 @@ package capi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -13,6 +14,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
 func withUID(uid types.UID) machineOpt { return func(m *clusterv1.Machine) { m.UID = uid } }
@@ -122,5 +125,63 @@ func TestPendingRevocations(t *testing.T) {
 	}
 	if pending, err := r.pendingRevocations(ctx, klog.Background(), nn); err != nil || len(pending) != 0 {
 		t.Fatalf("after it was enforced: pending = %+v, %v", pending, err)
+	}
+}
+
+// A Machine the record of issued certificates names and that is gone is a
+// deletion no informer saw: found, unless it is pending already, lives in
+// another namespace than the Cluster's, or a Machine of its name is there
+// (created again, with another UID, as clusterctl move does). The API
+// server is asked about at most maxUnseenChecks Machines a round, only
+// those the cache does not hold.
+func TestUnseenDeletions(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	if err := clusterv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	live := machine("live", "p", withUID("l"))
+	moved := machine("moved", "q", withUID("moved-new"))
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(&live, &moved).Build()
+	reader := &countingReader{Reader: c}
+	r := &ClusterReconciler{Client: c, APIReader: reader}
+	r.init()
+	nn := types.NamespacedName{Namespace: "ns", Name: "c"}
+	issued := func(ns, name string, uid types.UID, node string) revoke.Credential {
+		return revoke.Credential{Node: node, Machine: revoke.Machine{Namespace: ns, Name: name, UID: uid}}
+	}
+	s := &revoke.State{Issued: []revoke.Credential{
+		issued("ns", "live", "l", "node-live"),
+		issued("ns", "moved", "moved-old", "node-moved"),
+		issued("ns", "gone", "g", "node-gone"),
+		issued("ns", "gone", "g", "node-gone"), // a renewal
+		issued("elsewhere", "gone-too", "x", "node-x"),
+		issued("ns", "pending", "p", "node-p"),
+	}}
+	pending := []*clusterv1.Machine{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "pending", UID: "p"}}}
+	got, err := r.unseenDeletions(ctx, nn, s, pending)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Name != "gone" || got[0].UID != "g" || got[0].Namespace != "ns" || got[0].Labels[clusterv1.ClusterNameLabel] != "c" {
+		t.Fatalf("unseen deletions = %+v, want Machine ns/gone of Cluster c alone", got)
+	}
+	if reader.gets != 1 {
+		t.Errorf("%d Machines read from the API server, want 1 (the one the cache does not hold)", reader.gets)
+	}
+
+	// A record naming many Machines that are gone: a bounded number of
+	// reads a round.
+	s.Issued = nil
+	for i := range 3 * maxUnseenChecks {
+		s.Issued = append(s.Issued, issued("ns", fmt.Sprintf("gone-%02d", i), types.UID(fmt.Sprintf("g%02d", i)), fmt.Sprintf("node-%02d", i)))
+	}
+	reader.gets = 0
+	got, err = r.unseenDeletions(ctx, nn, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != maxUnseenChecks || reader.gets != maxUnseenChecks {
+		t.Errorf("%d found with %d reads, want %d of each", len(got), reader.gets, maxUnseenChecks)
 	}
 }

@@ -471,3 +471,51 @@ func TestRevokePendingAcrossOptOut(t *testing.T) {
 		return err == nil && len(list.Items) == 0, nil
 	})
 }
+
+// TestRevokeDeletedWhileOptedOut: a Machine deleted while its Cluster is
+// opted out is seen by no informer; once the Cluster opts in again, the
+// record of the certificates issued in the workload cluster names a
+// Machine that is gone, and its node's certificate is refused. A Machine
+// still there keeps its node's certificate working.
+func TestRevokeDeletedWhileOptedOut(t *testing.T) {
+	e := startSigner(t)
+	ctx := context.Background()
+	const gone, kept = "worker-g", "worker-k"
+
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, gone, "test:///g-1", true)
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, kept, "test:///k-1", true)
+	old := e.join(t, "g-1", gone, "test:///g-1")
+	live := e.join(t, "k-1", kept, "test:///k-1")
+	old.expectWorks(t)
+	live.expectWorks(t)
+
+	setEnabled := func(v string) {
+		t.Helper()
+		var c clusterv1.Cluster
+		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
+			t.Fatal(err)
+		}
+		c.Annotations[capi.AnnotationEnabled] = v
+		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setEnabled("false")
+	time.Sleep(3 * time.Second) // the controller sees it and stops serving the Cluster
+	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: gone}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if s := e.revocationState(t); s.Find(gone) != nil {
+		t.Fatalf("%s revoked while its Cluster was opted out: %+v", gone, s.Entries)
+	}
+	old.expectWorks(t) // nothing revoked it yet
+
+	setEnabled("true")
+	old.expectRevoked(t, signerNS+"/"+gone)
+	expectClusterEvent(t, e, capi.ReasonNodeRevoked, gone)
+	live.expectWorks(t)
+	if s := e.revocationState(t); s.Find(kept) != nil {
+		t.Errorf("%s, whose Machine is there, was revoked: %+v", kept, s.Entries)
+	}
+}
