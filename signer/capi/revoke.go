@@ -383,7 +383,8 @@ const maxUnseenChecks = 8
 // created again under its name (clusterctl move gives it a new UID) is
 // not, so that moving a Cluster revokes nothing. What the record names in
 // another namespace is not the Cluster's, and is ignored.
-func (r *ClusterReconciler) unseenDeletions(ctx context.Context, nn types.NamespacedName, s *revoke.State, pending []*clusterv1.Machine) ([]*clusterv1.Machine, error) {
+func (r *ClusterReconciler) unseenDeletions(ctx context.Context, nn types.NamespacedName, s *revoke.State,
+	pending []*clusterv1.Machine) ([]*clusterv1.Machine, error) {
 	if s == nil || r.APIReader == nil {
 		return nil, nil
 	}
