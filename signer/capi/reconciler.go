@@ -383,6 +383,12 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, err
 	}
 	r.setIdle(s.nn, nil)
+	r.mu.Lock()
+	w := r.running[s.nn]
+	r.mu.Unlock()
+	if w != nil {
+		w.revocation.clusterPaused(paused(cluster, cluster.Annotations))
+	}
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -48,6 +49,21 @@ type revocation struct {
 
 	mu   sync.Mutex
 	loop *periodic.Loop // keepRevocations, once started
+	// paused: the Cluster was paused when last reconciled.
+	paused bool
+}
+
+// clusterPaused notes whether the Cluster is paused now, and has the
+// revocations kept at once when it was and is no longer: the deletions
+// that waited are enforced then, not at the next period.
+func (v *revocation) clusterPaused(now bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	was := v.paused
+	v.paused = now
+	if was && !now && v.loop != nil {
+		v.loop.Wake()
+	}
 }
 
 // wake has the revocations kept now: a Machine was deleted. Before
@@ -112,6 +128,16 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	}
 	if !served {
 		return // not served: nothing was issued through this controller
+	}
+	if base != nil {
+		var cluster clusterv1.Cluster
+		if err := r.Client.Get(base, nn, &cluster); err == nil && paused(&cluster, m.Annotations) {
+			// Revoked later if it is still gone once the Cluster is
+			// unpaused (unseenDeletions).
+			klog.FromContext(base).Info("A Machine of a paused Cluster was deleted: its node names are not revoked while the Cluster is paused",
+				"cluster", nn, "machine", klog.KObj(m))
+			return
+		}
 	}
 	d := deletedMachine(m)
 	if r.Namespace != "" && base != nil {
@@ -315,6 +341,14 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 				"Node %s is no longer listed as revoked: every certificate issued before its Machine was deleted has expired", n)
 		}
 	}
+	var c clusterv1.Cluster
+	if err := r.Client.Get(ctx, nn, &c); err == nil && paused(&c, c.Annotations) {
+		// Deletions wait: their pending records stay, and Machines
+		// deleted meanwhile are found once it is unpaused.
+		logger.V(2).Info("The Cluster is paused: deleted Machines are not revoked until it is unpaused")
+		st.update(func(c *ClusterStatus) { c.RevokedNodes = len(s.Entries) })
+		return nil
+	}
 	pending, err := r.pendingRevocations(ctx, logger, nn)
 	var errs []error
 	if err != nil {
@@ -366,6 +400,20 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 	}
 	st.update(func(c *ClusterStatus) { c.RevokedNodes = len(s.Entries) })
 	return errors.Join(errs...)
+}
+
+// paused reports whether Cluster API's pause applies to cluster (its
+// spec.paused) or to an object of it with the given annotations (the
+// cluster.x-k8s.io/paused annotation). clusterctl move pauses a Cluster,
+// creates its objects in the target management cluster, and then deletes
+// them here: the Machines it deletes live on there, so their nodes must
+// keep their certificates.
+func paused(cluster *clusterv1.Cluster, annotations map[string]string) bool {
+	if ptr.Deref(cluster.Spec.Paused, false) {
+		return true
+	}
+	_, ok := annotations[clusterv1.PausedAnnotation]
+	return ok
 }
 
 // maxUnseenChecks bounds the Machines unseenDeletions reads from the API

@@ -185,3 +185,27 @@ func TestUnseenDeletions(t *testing.T) {
 		t.Errorf("%d found with %d reads, want %d of each", len(got), reader.gets, maxUnseenChecks)
 	}
 }
+
+// Cluster API's pause, on the Cluster or on the object, holds revocation:
+// clusterctl move deletes the Machines of a paused Cluster that live on in
+// another management cluster.
+func TestPaused(t *testing.T) {
+	yes, no := true, false
+	for _, c := range []struct {
+		name        string
+		spec        *bool
+		annotations map[string]string
+		want        bool
+	}{
+		{"not paused", nil, nil, false},
+		{"spec.paused false", &no, map[string]string{"other": "x"}, false},
+		{"spec.paused", &yes, nil, true},
+		{"annotated", nil, map[string]string{clusterv1.PausedAnnotation: ""}, true},
+	} {
+		cluster := &clusterv1.Cluster{}
+		cluster.Spec.Paused = c.spec
+		if got := paused(cluster, c.annotations); got != c.want {
+			t.Errorf("%s: paused = %t, want %t", c.name, got, c.want)
+		}
+	}
+}

@@ -519,3 +519,41 @@ func TestRevokeDeletedWhileOptedOut(t *testing.T) {
 		t.Errorf("%s, whose Machine is there, was revoked: %+v", kept, s.Entries)
 	}
 }
+
+// TestRevokeWaitsWhilePaused: clusterctl move pauses a Cluster and then
+// deletes its Machines from the management cluster it leaves, while they
+// live on in the other: a Machine of a paused Cluster deleted is not
+// revoked. A Machine still gone once the Cluster is unpaused is.
+func TestRevokeWaitsWhilePaused(t *testing.T) {
+	e := startSigner(t)
+	ctx := context.Background()
+	const node = "worker-p"
+
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, node, "test:///p-1", true)
+	old := e.join(t, "p-1", node, "test:///p-1")
+	old.expectWorks(t)
+	setPaused := func(v bool) {
+		t.Helper()
+		var c clusterv1.Cluster
+		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
+			t.Fatal(err)
+		}
+		c.Spec.Paused = &v
+		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPaused(true)
+	time.Sleep(2 * time.Second) // the controller's cache sees it
+	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if s := e.revocationState(t); s.Find(node) != nil {
+		t.Fatalf("%s revoked while its Cluster was paused: %+v", node, s.Entries)
+	}
+	old.expectWorks(t)
+
+	setPaused(false)
+	old.expectRevoked(t, signerNS+"/"+node)
+}
