@@ -387,7 +387,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	w := r.running[s.nn]
 	r.mu.Unlock()
 	if w != nil {
-		w.revocation.clusterPaused(paused(cluster, cluster.Annotations))
+		w.revocation.clusterPaused(paused(cluster))
 	}
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)

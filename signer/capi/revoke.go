@@ -131,7 +131,7 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	}
 	if base != nil {
 		var cluster clusterv1.Cluster
-		if err := r.Client.Get(base, nn, &cluster); err == nil && paused(&cluster, m.Annotations) {
+		if err := r.Client.Get(base, nn, &cluster); err == nil && paused(&cluster) {
 			// Revoked later if it is still gone once the Cluster is
 			// unpaused (unseenDeletions).
 			klog.FromContext(base).Info("A Machine of a paused Cluster was deleted: its node names are not revoked while the Cluster is paused",
@@ -342,7 +342,7 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 		}
 	}
 	var c clusterv1.Cluster
-	if err := r.Client.Get(ctx, nn, &c); err == nil && paused(&c, c.Annotations) {
+	if err := r.Client.Get(ctx, nn, &c); err == nil && paused(&c) {
 		// Deletions wait: their pending records stay, and Machines
 		// deleted meanwhile are found once it is unpaused.
 		logger.V(2).Info("The Cluster is paused: deleted Machines are not revoked until it is unpaused")
@@ -402,17 +402,16 @@ func (r *ClusterReconciler) revokeOnce(ctx context.Context, logger klog.Logger, 
 	return errors.Join(errs...)
 }
 
-// paused reports whether Cluster API's pause applies to cluster (its
-// spec.paused) or to an object of it with the given annotations (the
-// cluster.x-k8s.io/paused annotation). clusterctl move pauses a Cluster,
-// creates its objects in the target management cluster, and then deletes
-// them here: the Machines it deletes live on there, so their nodes must
-// keep their certificates.
-func paused(cluster *clusterv1.Cluster, annotations map[string]string) bool {
+// paused reports whether cluster is paused, as Cluster API pauses it: its
+// spec.paused, or the cluster.x-k8s.io/paused annotation. clusterctl move
+// pauses a Cluster, creates its objects in the target management cluster,
+// and then deletes them here: the Machines it deletes live on there, so
+// their nodes must keep their certificates.
+func paused(cluster *clusterv1.Cluster) bool {
 	if ptr.Deref(cluster.Spec.Paused, false) {
 		return true
 	}
-	_, ok := annotations[clusterv1.PausedAnnotation]
+	_, ok := cluster.Annotations[clusterv1.PausedAnnotation]
 	return ok
 }
 

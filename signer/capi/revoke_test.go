@@ -186,9 +186,9 @@ func TestUnseenDeletions(t *testing.T) {
 	}
 }
 
-// Cluster API's pause, on the Cluster or on the object, holds revocation:
-// clusterctl move deletes the Machines of a paused Cluster that live on in
-// another management cluster.
+// Cluster API's pause of a Cluster (its spec or its annotation) holds
+// revocation: clusterctl move deletes the Machines of a paused Cluster
+// that live on in another management cluster.
 func TestPaused(t *testing.T) {
 	yes, no := true, false
 	for _, c := range []struct {
@@ -203,8 +203,8 @@ func TestPaused(t *testing.T) {
 		{"annotated", nil, map[string]string{clusterv1.PausedAnnotation: ""}, true},
 	} {
 		cluster := &clusterv1.Cluster{}
-		cluster.Spec.Paused = c.spec
-		if got := paused(cluster, c.annotations); got != c.want {
+		cluster.Spec.Paused, cluster.Annotations = c.spec, c.annotations
+		if got := paused(cluster); got != c.want {
 			t.Errorf("%s: paused = %t, want %t", c.name, got, c.want)
 		}
 	}
