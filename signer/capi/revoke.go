@@ -120,24 +120,27 @@ func (r *ClusterReconciler) MachineDeleted(obj client.Object) {
 	served := r.running[nn] != nil || (isIdle && idle.optedIn)
 	base := r.base
 	r.mu.Unlock()
-	if !served && base != nil {
+	var cluster *clusterv1.Cluster
+	if base != nil {
+		var c clusterv1.Cluster
+		if r.Client.Get(base, nn, &c) == nil {
+			cluster = &c
+		}
+	}
+	if !served {
 		// Opted in but not served at this moment (starting, its workload
 		// API server unreachable): certificates may have been issued.
-		var cluster clusterv1.Cluster
-		served = r.Client.Get(base, nn, &cluster) == nil && Enabled(&cluster)
+		served = cluster != nil && Enabled(cluster)
 	}
 	if !served {
 		return // not served: nothing was issued through this controller
 	}
-	if base != nil {
-		var cluster clusterv1.Cluster
-		if err := r.Client.Get(base, nn, &cluster); err == nil && paused(&cluster) {
-			// Revoked later if it is still gone once the Cluster is
-			// unpaused (unseenDeletions).
-			klog.FromContext(base).Info("A Machine of a paused Cluster was deleted: its node names are not revoked while the Cluster is paused",
-				"cluster", nn, "machine", klog.KObj(m))
-			return
-		}
+	if cluster != nil && paused(cluster) {
+		// Revoked later if it is still gone once the Cluster is unpaused
+		// (unseenDeletions).
+		klog.FromContext(base).Info("A Machine of a paused Cluster was deleted: its node names are not revoked while the Cluster is paused",
+			"cluster", nn, "machine", klog.KObj(m))
+		return
 	}
 	d := deletedMachine(m)
 	if r.Namespace != "" && base != nil {

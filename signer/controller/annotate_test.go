@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -191,4 +192,24 @@ func TestChallengeWrite(t *testing.T) {
 		t.Errorf("the next challenge was written by %v, want a patch alone", got)
 	}
 	challenged(limited, "by-patch-again", false)
+
+	// The role is given update again (deploy/workload applied anew): once
+	// updateRetryAfter has passed, the challenge is an update again.
+	role.Rules[0].Verbs = append(role.Rules[0].Verbs, "update")
+	if _, err := cp.Client.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 10*time.Second, func() (bool, error) {
+		r, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               patchOnly,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "certificates.k8s.io", Resource: "certificatesigningrequests", Verb: "update"},
+		}}, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, err
+	})
+	limited.clock.Step(updateRetryAfter)
+	file(limited, "by-update-again", false)
+	if got := writes.take(); !slices.Equal(got, []string{"PUT by-update-again 200"}) {
+		t.Errorf("the challenge after the role was granted update again was written by %v, want one update", got)
+	}
+	challenged(limited, "by-update-again", false)
 }

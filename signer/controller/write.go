@@ -309,6 +309,9 @@ func (c *Controller) annotate(ctx context.Context, csr *certificatesv1.Certifica
 		maps.Copy(body.Annotations, set)
 		out, err := api.Update(ctx, body, metav1.UpdateOptions{})
 		if err == nil {
+			if c.patchUntil.Load() != 0 {
+				c.patchUntil.Store(0) // granted again
+			}
 			return out, nil
 		}
 		if !apierrors.IsForbidden(err) {
@@ -340,7 +343,8 @@ func (c *Controller) mayUpdate() bool {
 }
 
 // updateForbidden notes that the workload cluster refused an update of a
-// request, and says so once each time it starts to.
+// request, and says so when it starts to (again after an update went
+// through).
 func (c *Controller) updateForbidden(ctx context.Context, err error) {
 	if c.patchUntil.Swap(c.now().Add(updateRetryAfter).UnixNano()) == 0 {
 		klog.FromContext(ctx).Info("The workload cluster refuses the controller updates of certificate signing requests: annotating them by patch; "+

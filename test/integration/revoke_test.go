@@ -164,6 +164,26 @@ func (k *kubelet) expectWorks(t *testing.T) {
 }
 
 // revocationState reads what the controller keeps in the workload cluster.
+// editCluster updates the signer's Cluster with edit.
+func (e *signerEnv) editCluster(t *testing.T, edit func(*clusterv1.Cluster)) {
+	t.Helper()
+	ctx := context.Background()
+	var c clusterv1.Cluster
+	if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
+		t.Fatal(err)
+	}
+	edit(&c)
+	if err := e.mgmt.Client.Update(ctx, &c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setEnabled opts the signer's Cluster in ("true") or out.
+func (e *signerEnv) setEnabled(t *testing.T, v string) {
+	t.Helper()
+	e.editCluster(t, func(c *clusterv1.Cluster) { c.Annotations[capi.AnnotationEnabled] = v })
+}
+
 func (e *signerEnv) revocationState(t *testing.T) *revoke.State {
 	t.Helper()
 	s, err := revoke.Read(context.Background(), e.wl.Client.CoreV1())
@@ -443,18 +463,7 @@ func TestRevokePendingAcrossOptOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectClusterEvent(t, e, capi.ReasonRevocationFailed, node) // tried, refused
-	setEnabled := func(v string) {
-		t.Helper()
-		var c clusterv1.Cluster
-		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
-			t.Fatal(err)
-		}
-		c.Annotations[capi.AnnotationEnabled] = v
-		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setEnabled("false")
+	e.setEnabled(t, "false")
 	time.Sleep(3 * time.Second) // the controller sees it and stops serving the Cluster
 	unblock()
 	if s := e.revocationState(t); s.Find(node) != nil {
@@ -462,7 +471,7 @@ func TestRevokePendingAcrossOptOut(t *testing.T) {
 	}
 	old.expectWorks(t) // nothing revoked it yet
 
-	setEnabled("true")
+	e.setEnabled(t, "true")
 	old.expectRevoked(t, signerNS+"/"+node)
 
 	// Once enforced, the deletion's record in the management cluster goes.
@@ -489,18 +498,7 @@ func TestRevokeDeletedWhileOptedOut(t *testing.T) {
 	old.expectWorks(t)
 	live.expectWorks(t)
 
-	setEnabled := func(v string) {
-		t.Helper()
-		var c clusterv1.Cluster
-		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
-			t.Fatal(err)
-		}
-		c.Annotations[capi.AnnotationEnabled] = v
-		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setEnabled("false")
+	e.setEnabled(t, "false")
 	time.Sleep(3 * time.Second) // the controller sees it and stops serving the Cluster
 	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: gone}}); err != nil {
 		t.Fatal(err)
@@ -511,7 +509,7 @@ func TestRevokeDeletedWhileOptedOut(t *testing.T) {
 	}
 	old.expectWorks(t) // nothing revoked it yet
 
-	setEnabled("true")
+	e.setEnabled(t, "true")
 	old.expectRevoked(t, signerNS+"/"+gone)
 	expectClusterEvent(t, e, capi.ReasonNodeRevoked, gone)
 	live.expectWorks(t)
@@ -532,17 +530,7 @@ func TestRevokeWaitsWhilePaused(t *testing.T) {
 	e.mgmt.CreateMachine(t, signerNS, signerCluster, node, "test:///p-1", true)
 	old := e.join(t, "p-1", node, "test:///p-1")
 	old.expectWorks(t)
-	setPaused := func(v bool) {
-		t.Helper()
-		var c clusterv1.Cluster
-		if err := e.mgmt.Client.Get(ctx, client.ObjectKey{Namespace: signerNS, Name: signerCluster}, &c); err != nil {
-			t.Fatal(err)
-		}
-		c.Spec.Paused = &v
-		if err := e.mgmt.Client.Update(ctx, &c); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setPaused := func(v bool) { e.editCluster(t, func(c *clusterv1.Cluster) { c.Spec.Paused = &v }) }
 	setPaused(true)
 	time.Sleep(2 * time.Second) // the controller's cache sees it
 	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: node}}); err != nil {

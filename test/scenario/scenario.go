@@ -90,11 +90,10 @@ func Binaries(tb testing.TB) string {
 	return dir
 }
 
-// binariesPrefix starts the name of the directory Binaries builds into,
-// followed by the test process's ID. Nothing removes it when that process
-// ends (a test cannot outlive it), so each Binaries removes those of
-// processes that have ended: without it every test process left 117 MB
-// behind, and the runs of a busy machine filled its disk.
+// binariesPrefix starts the name of the directory Binaries builds into
+// (about 117 MB), followed by the test process's ID. Nothing removes it
+// when that process ends (a test cannot outlive it), so each Binaries
+// removes those of processes that have ended.
 const binariesPrefix = "ka-bin-"
 
 // removeStaleBinaries removes the binaries' directories of test processes
