@@ -21,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -171,6 +173,9 @@ type ClusterReconciler struct {
 	// replicas of its ring (shard.go): this replica serves those assigned
 	// to it whose claim it holds, and runs without leader election.
 	Shards *shard.Ring
+	// Discovery lists the kinds the management cluster serves (kinds.go);
+	// nil means one made from the manager's config in SetupWithManager.
+	Discovery discovery.DiscoveryInterface
 	// WatchFilter, when set, limits the Clusters served to those labelled
 	// cluster.x-k8s.io/watch-filter=<WatchFilter> (Cluster API's
 	// --watch-filter).
@@ -192,13 +197,22 @@ type ClusterReconciler struct {
 	wake    chan event.GenericEvent
 
 	kindsOnce sync.Once
-	kindCache *kindMisses
+	kindCache *servedKinds
 }
 
-// kinds is the manager's RESTMapper behind one memory of unserved kinds,
-// shared by every Cluster's Machine matcher.
+// kinds is the manager's RESTMapper behind one list of the infrastructure
+// kinds the management cluster serves (kinds.go), shared by every
+// Cluster's Machine matcher.
 func (r *ClusterReconciler) kinds() meta.RESTMapper {
-	r.kindsOnce.Do(func() { r.kindCache = newKindMisses(r.Client.RESTMapper(), r.clock()) })
+	r.kindsOnce.Do(func() {
+		discover := func() (sets.Set[string], error) {
+			return nil, errors.New("no discovery client for the management cluster")
+		}
+		if r.Discovery != nil {
+			discover = discoverKinds(r.Discovery, infrastructureGroup)
+		}
+		r.kindCache = newServedKinds(r.Client.RESTMapper(), infrastructureGroup, discover, r.clock())
+	})
 	return r.kindCache
 }
 
@@ -229,6 +243,15 @@ type workloadRun struct {
 // Runnable with mgr.
 func (r *ClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	r.init()
+	if r.Discovery == nil {
+		cfg := rest.CopyConfig(mgr.GetConfig())
+		cfg.Timeout = discoveryTimeout
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("unable to make a discovery client for the management cluster: %w", err)
+		}
+		r.Discovery = dc
+	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.Machine{}, IndexProviderID, ProviderIDIndexer); err != nil {
 		return fmt.Errorf("unable to index Machines by provider ID: %w", err)
 	}
