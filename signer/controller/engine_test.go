@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -355,6 +357,86 @@ func TestTwoRounds(t *testing.T) {
 				t.Errorf("unanswered challenge: %s, want Denied/%s", got, attestor.ReasonChallengeExpired)
 			}
 		})
+	}
+}
+
+// TestAnswerAfterFailedApproval: the approval of an answer fails (an API
+// error) after the close of the request it answered. Decided again, that
+// answer is approved and issued, not refused for a challenge its own close
+// used; a copy of the answer filed meanwhile, and a request of the same
+// name filed anew, are still refused ChallengeUsed.
+func TestAnswerAfterFailedApproval(t *testing.T) {
+	r := newRig(t, false)
+	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
+	_, key := req.Build(t)
+	req.Key = key
+	r.file("first", req, challengeEvidence{Version: "v1", ProviderID: pid})
+	if _, err := r.sync("first"); err != nil {
+		t.Fatal(err)
+	}
+	ch := r.get("first").Annotations[attestor.AnnotationChallenge]
+	answer := challengeEvidence{Version: "v1", ProviderID: pid, Answers: "first", Proof: proofFor([]byte(ch), attestor.Binding(mustSPKI(t, key)))}
+
+	failed := 0
+	// The approval of "second" (an update, or a patch where the cache cut
+	// its metadata) fails once.
+	r.cs.PrependReactor("*", "certificatesigningrequests", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "approval" || failed > 0 {
+			return false, nil, nil
+		}
+		var name string
+		switch a := a.(type) {
+		case k8stesting.PatchAction:
+			name = a.GetName()
+		case k8stesting.UpdateAction:
+			if obj, ok := a.GetObject().(*certificatesv1.CertificateSigningRequest); ok {
+				name = obj.Name
+			}
+		}
+		if name != "second" {
+			return false, nil, nil
+		}
+		failed++
+		return true, nil, apierrors.NewServiceUnavailable("etcd leader changed")
+	})
+	r.file("second", req, answer)
+	if _, err := r.sync("second"); err == nil {
+		t.Fatal("the approval failed, and the sync reported no error")
+	}
+	first := r.get("first")
+	if got := cond(first); got != "Denied/"+attestor.ReasonChallengeAnswered {
+		t.Fatalf("first round after the failed approval: %s, want closed ChallengeAnswered", got)
+	}
+	if got := cond(r.get("second")); got != "pending" {
+		t.Fatalf("answer after its failed approval: %s, want pending", got)
+	}
+
+	// A copy of the answer, filed before the answer is decided again.
+	r.file("copy", req, answer)
+	r.cached("first")
+	if _, err := r.sync("second"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cond(r.get("second")); !strings.HasPrefix(got, "Approved/") || len(r.get("second").Status.Certificate) == 0 {
+		t.Fatalf("answer decided again: %s %v, want approved and issued", got, r.get("second").Status.Conditions)
+	}
+	if _, err := r.sync("copy"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cond(r.get("copy")); got != "Denied/"+attestor.ReasonChallengeUsed {
+		t.Errorf("copy of the answer: %s, want Denied/%s", got, attestor.ReasonChallengeUsed)
+	}
+
+	// The answer's name, filed anew (another UID) after the first is gone.
+	if err := r.cs.CertificatesV1().CertificateSigningRequests().Delete(r.ctx, "second", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.fileWith("second", req, answer, func(c *certificatesv1.CertificateSigningRequest) { c.UID = "uid-second-again" })
+	if _, err := r.sync("second"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cond(r.get("second")); got != "Denied/"+attestor.ReasonChallengeUsed {
+		t.Errorf("the answer's name filed anew: %s, want Denied/%s", got, attestor.ReasonChallengeUsed)
 	}
 }
 

@@ -333,6 +333,18 @@ func (c *Controller) Get(signerName, name string) (*certificatesv1.CertificateSi
 	return csr, nil
 }
 
+// Live implements engine.CSRs: the CSR as the API server holds it.
+func (c *Controller) Live(ctx context.Context, signerName, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	csr, err := c.cfg.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if csr.Spec.SignerName != signerName {
+		return nil, apierrors.NewNotFound(certificatesv1.Resource("certificatesigningrequests"), name)
+	}
+	return csr, nil
+}
+
 // ByRequester implements engine.CSRs from the stores' indexes
 // (csrStore.requesterKeys).
 func (c *Controller) ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error) {

@@ -63,7 +63,7 @@ func (c *Controller) apply(ctx context.Context, csr *certificatesv1.CertificateS
 		return 0, err
 	case engine.Approve:
 		if d.Consume != nil {
-			if err := c.consume(ctx, d.Consume, csr.Name); err != nil {
+			if err := c.consume(ctx, d.Consume, csr); err != nil {
 				return 0, err
 			}
 		}
@@ -131,18 +131,20 @@ func (c *Controller) denying(ctx context.Context, csr *certificatesv1.Certificat
 }
 
 // consume denies the request whose challenge the request being approved
-// answered, before that one is approved. The write is conditional on the
-// version the engine checked, so of two answers to one challenge only one
-// is approved; if it fails, the answer is decided again, never approved.
-func (c *Controller) consume(ctx context.Context, first *certificatesv1.CertificateSigningRequest, by string) error {
+// (by) answered, before that one is approved. The write is conditional on
+// the version the engine checked, so of two answers to one challenge only
+// one is approved; if it fails, the answer is decided again, never
+// approved. Its message names by (engine.ConsumedMessage): if by's own
+// approval then fails, by is approved when decided again, and no other.
+func (c *Controller) consume(ctx context.Context, first, by *certificatesv1.CertificateSigningRequest) error {
 	if first.Name == "" {
-		return fmt.Errorf("the answered request is unknown; deciding %s again", by)
+		return fmt.Errorf("the answered request is unknown; deciding %s again", by.Name)
 	}
 	if _, err := c.addCondition(ctx, first, certificatesv1.CertificateSigningRequestCondition{
 		Type:           certificatesv1.CertificateDenied,
 		Status:         corev1.ConditionTrue,
 		Reason:         attestor.ReasonChallengeAnswered,
-		Message:        fmt.Sprintf("the challenge was answered by request %s, which is approved instead", by),
+		Message:        engine.ConsumedMessage(by.Name, by.UID),
 		LastUpdateTime: metav1.Now(),
 	}); err != nil {
 		return fmt.Errorf("unable to close the answered request %s: %w", first.Name, err)

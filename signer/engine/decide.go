@@ -13,6 +13,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
@@ -169,7 +170,7 @@ func (e *Engine) attest(ctx context.Context, d *Decision, p *Profile, csr *certi
 	if dd != nil || res.Answers == "" {
 		return res, dd
 	}
-	round, first, dd := e.answered(d, csr, checked, res.Answers)
+	round, first, dd := e.answered(ctx, d, csr, checked, res.Answers)
 	if dd != nil {
 		return nil, dd
 	}
@@ -179,7 +180,9 @@ func (e *Engine) attest(ctx context.Context, d *Decision, p *Profile, csr *certi
 	if res.Identity == nil {
 		return nil, retry(d, fmt.Errorf("attestor %q did not prove an identity from the answer to %s", p.Provider, round.Name))
 	}
-	d.Consume = first
+	if !ConsumedBy(first, csr) {
+		d.Consume = first
+	}
 	return res, nil
 }
 
@@ -360,7 +363,7 @@ func (e *Engine) challenge(d *Decision, csr *certificatesv1.CertificateSigningRe
 // challenged request exists under the same signer name, was filed by the
 // same requester for the same key, node and provider ID, carries a
 // challenge this signer sealed that has not expired, and is undecided.
-func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round,
+func (e *Engine) answered(ctx context.Context, d *Decision, csr *certificatesv1.CertificateSigningRequest, c *checks.Checked, name string) (*attestor.Round,
 	*certificatesv1.CertificateSigningRequest, *Decision) {
 	denyf := func(reason, format string, args ...any) (*attestor.Round, *certificatesv1.CertificateSigningRequest, *Decision) {
 		return nil, nil, deny(d, &attestor.DenyError{Reason: reason, Message: fmt.Sprintf(format, args...)})
@@ -386,7 +389,23 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired before it was answered; file a new first-round request", name)
 	}
 	if HasCondition(first, certificatesv1.CertificateApproved) || Decided(first) {
-		return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
+		if HasCondition(first, certificatesv1.CertificateApproved) || !ConsumedBy(first, csr) {
+			return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
+		}
+		// Closed for this very answer, whose approval failed (or the
+		// controller stopped) after the close: it is approved now. The
+		// cache keeps no request of a decided CSR.
+		live, err := e.cfg.CSRs.Live(ctx, csr.Spec.SignerName, name)
+		if apierrors.IsNotFound(err) {
+			return denyf(attestor.ReasonChallengeNotFound, "request %q, whose challenge this request answered, is gone; file a new first-round request", name)
+		}
+		if err != nil {
+			return nil, nil, retry(d, fmt.Errorf("unable to read the challenged request %s: %w", name, err))
+		}
+		if !ConsumedBy(live, csr) || live.UID != first.UID {
+			return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
+		}
+		first = live
 	}
 	ch, err := e.openChallenge(first)
 	var retired *keyRetiredError
@@ -436,6 +455,24 @@ func (e *Engine) answered(d *Decision, csr *certificatesv1.CertificateSigningReq
 
 func issueRequest(c *checks.Checked) *issue.Request {
 	return &issue.Request{CSR: c.CSR, ProviderID: c.ProviderID, Usages: c.Usages, Duration: c.RequestedDuration}
+}
+
+// ConsumedMessage is the message of the condition that closes a
+// challenged request (denied ChallengeAnswered) for the answer with name
+// and uid. The controller writes it; ConsumedBy reads it back.
+func ConsumedMessage(name string, uid types.UID) string {
+	return fmt.Sprintf("the challenge was answered by request %s (UID %s), which is approved instead", name, uid)
+}
+
+// ConsumedBy reports whether first was closed for the answer csr: the
+// close is the conditional write that makes a challenge single-use, and
+// it names the one answer that may then be approved. An answer whose
+// approval failed after the close (an API error, the controller stopped)
+// is approved when decided again; any other answer, or one of the same
+// name filed anew (another UID), is refused ChallengeUsed.
+func ConsumedBy(first, csr *certificatesv1.CertificateSigningRequest) bool {
+	c := FindCondition(first, certificatesv1.CertificateDenied)
+	return c != nil && c.Reason == attestor.ReasonChallengeAnswered && csr.UID != "" && c.Message == ConsumedMessage(csr.Name, csr.UID)
 }
 
 // FindCondition returns csr's condition of type t that is not False.

@@ -64,6 +64,9 @@ func (noCSRs) ByRequester(string) ([]*certificatesv1.CertificateSigningRequest, 
 func (noCSRs) Waiting(string, string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	return nil, nil
 }
+func (n noCSRs) Live(_ context.Context, signer, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	return n.Get(signer, name)
+}
 
 // binder is trust on first use that answers err.
 type binder struct{ err error }

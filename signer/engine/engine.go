@@ -116,6 +116,11 @@ type CSRs interface {
 	// empty, else of username; with a nodeName, only those that ask for
 	// that node's certificate (checks.RequestedNodeName).
 	Waiting(username, nodeName string) ([]*certificatesv1.CertificateSigningRequest, error)
+	// Live reads a CSR of one signer name from the API server, for the one
+	// case where the cached copy is not enough: a challenged request the
+	// cache keeps no request of (it is decided), closed for the answer
+	// being decided (ConsumedBy).
+	Live(ctx context.Context, signerName, name string) (*certificatesv1.CertificateSigningRequest, error)
 }
 
 // Profile is what one signer name issues, and how.

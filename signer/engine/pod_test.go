@@ -173,6 +173,10 @@ func (n nodeCSRs) Get(signer, name string) (*certificatesv1.CertificateSigningRe
 	return noCSRs{}.Get(signer, name)
 }
 
+func (n nodeCSRs) Live(_ context.Context, signer, name string) (*certificatesv1.CertificateSigningRequest, error) {
+	return noCSRs{}.Get(signer, name)
+}
+
 func (n nodeCSRs) ByRequester(username string) ([]*certificatesv1.CertificateSigningRequest, error) {
 	var out []*certificatesv1.CertificateSigningRequest
 	for _, csr := range n {
