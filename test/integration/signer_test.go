@@ -262,17 +262,9 @@ func TestSignerEndToEnd(t *testing.T) {
 // denied, and a Cluster that opts out gets no controller.
 func TestSignerAuthorizedAttestors(t *testing.T) {
 	e := startSigner(t)
-	ctx := context.Background()
 	e.mgmt.CreateMachine(t, signerNS, signerCluster, "worker-0", "test:///0", true)
 
-	var cluster clusterv1.Cluster
-	if err := e.mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
-		t.Fatal(err)
-	}
-	cluster.Annotations[capi.AnnotationAuthorizedAttestors] = "tpm"
-	if err := e.mgmt.Client.Update(ctx, &cluster); err != nil {
-		t.Fatal(err)
-	}
+	e.editCluster(t, func(c *clusterv1.Cluster) { c.Annotations[capi.AnnotationAuthorizedAttestors] = "tpm" })
 	// The controller restarts with the new list; a CSR filed right away may
 	// still meet the old one, so file one per second until one is denied.
 	deadline := time.Now().Add(60 * time.Second)
@@ -294,14 +286,10 @@ func TestSignerAuthorizedAttestors(t *testing.T) {
 	}
 
 	// Opt out: no controller decides anything any more.
-	if err := e.mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
-		t.Fatal(err)
-	}
-	cluster.Annotations[capi.AnnotationEnabled] = "false"
-	cluster.Annotations[capi.AnnotationAuthorizedAttestors] = "insecure"
-	if err := e.mgmt.Client.Update(ctx, &cluster); err != nil {
-		t.Fatal(err)
-	}
+	e.editCluster(t, func(c *clusterv1.Cluster) {
+		c.Annotations[capi.AnnotationEnabled] = "false"
+		c.Annotations[capi.AnnotationAuthorizedAttestors] = "insecure"
+	})
 	time.Sleep(3 * time.Second)
 	b, _ := signertest.Request{NodeName: "worker-0", ProviderID: "test:///0"}.Build(t)
 	e.file(t, signertest.CSR("opted-out", b))
