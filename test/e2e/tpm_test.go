@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto/ecdsa"
+	"encoding/pem"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -12,11 +13,14 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/tpm2/transport"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	"sigs.k8s.io/kubelet-authenticator/agent/csr"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
@@ -338,6 +342,30 @@ func TestTPMSimulator(t *testing.T) {
 		wantDenied(t, env, "fake-1-other-requester", attestor.ReasonRequesterMismatch)
 	})
 
+	t.Run("the answer's approval fails after the close", func(t *testing.T) {
+		// A policy in the workload cluster refuses the approval of the
+		// answer (and of a probe request), as an API error would; the close
+		// of CSR #1 goes through.
+		fn := newFakeNode(t, env, "tpm-fake-4", 14, ca)
+		env.Mgmt.CreateMachine(t, env.Namespace, env.Cluster, "machine-"+fn.name, fn.providerID, true, fn.name)
+		stop := refuseApprovals(t, env, "fake-4-second")
+		fn.attest(t, "fake-4-first")
+		first := waitCSR(t, env, "fake-4-first", time.Minute, challenged)
+		fn.answer(t, fn.client, first, "fake-4-second")
+		wantDenied(t, env, "fake-4-first", attestor.ReasonChallengeAnswered)
+		time.Sleep(2 * time.Second) // a few approvals refused
+		if c := waitCSR(t, env, "fake-4-second", time.Second, func(*certificatesv1.CertificateSigningRequest) bool { return true }); len(c.Status.Conditions) > 0 {
+			t.Fatalf("answer while its approval is refused: %q, want undecided", conditions(c))
+		}
+		stop()
+		c := waitCSR(t, env, "fake-4-second", time.Minute, func(c *certificatesv1.CertificateSigningRequest) bool {
+			return len(c.Status.Certificate) > 0 || denied(c) != ""
+		})
+		if len(c.Status.Certificate) == 0 {
+			t.Fatalf("answer once its approval goes through: %q, want issued", conditions(c))
+		}
+	})
+
 	t.Run("controller restarts between CSR #1 and CSR #2", func(t *testing.T) {
 		fn := newFakeNode(t, env, "tpm-fake-2", 12, ca)
 		env.Mgmt.CreateMachine(t, env.Namespace, env.Cluster, "machine-"+fn.name, fn.providerID, true, fn.name)
@@ -417,4 +445,82 @@ func TestTPMSwtpm(t *testing.T) {
 	}
 	_, second := tpmCSRs(t, env, clone.Name)
 	wantDenied(t, env, second.Name, attestor.ReasonIdentityClaimedByOtherMachine)
+}
+
+// refuseApprovals makes the workload cluster refuse, by a
+// ValidatingAdmissionPolicy, every write of the approval of the CSR named
+// name, and returns once the policy is enforced; the function it returns
+// removes the policy.
+func refuseApprovals(t *testing.T, env *scenario.Env, name string) (stop func()) {
+	t.Helper()
+	ctx := context.Background()
+	api := env.Workload.Client.AdmissionregistrationV1()
+	probe := name + "-probe"
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-" + name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{"certificates.k8s.io"}, APIVersions: []string{"*"},
+						Resources: []string{"certificatesigningrequests/approval"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: fmt.Sprintf("!(object.metadata.name in [%q, %q])", name, probe)}},
+		},
+	}
+	if _, err := api.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}
+	if _, err := api.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() {
+		t.Helper()
+		if err := api.ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := api.ValidatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Enforced once the approval of the probe, by the admin, is refused.
+	csrs := env.Workload.Client.CertificatesV1().CertificateSigningRequests()
+	key, err := csr.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := csr.PKCS10(key, probe, "test:///probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := csr.Object(probe, "example.com/probe", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil, nil)
+	if _, err := csrs.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := csrs.Get(ctx, probe, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "Probe"}}
+		_, err = csrs.UpdateApproval(ctx, probe, c, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+			return stop
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the policy refusing approvals is not enforced after 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
