@@ -521,7 +521,8 @@ func TestRevokeDeletedWhileOptedOut(t *testing.T) {
 // TestRevokeWaitsWhilePaused: clusterctl move pauses a Cluster and then
 // deletes its Machines from the management cluster it leaves, while they
 // live on in the other: a Machine of a paused Cluster deleted is not
-// revoked. A Machine still gone once the Cluster is unpaused is.
+// revoked, while a new node still joins. A Machine still gone once the
+// Cluster is unpaused is revoked.
 func TestRevokeWaitsWhilePaused(t *testing.T) {
 	e := startSigner(t)
 	ctx := context.Background()
@@ -541,6 +542,9 @@ func TestRevokeWaitsWhilePaused(t *testing.T) {
 		t.Fatalf("%s revoked while its Cluster was paused: %+v", node, s.Entries)
 	}
 	old.expectWorks(t)
+	// A pause holds back revocation only: a new node still joins.
+	e.mgmt.CreateMachine(t, signerNS, signerCluster, "worker-q", "test:///q-1", true)
+	e.join(t, "q-1", "worker-q", "test:///q-1").expectWorks(t)
 
 	setPaused(false)
 	old.expectRevoked(t, signerNS+"/"+node)
