@@ -49,7 +49,8 @@ type ClusterAttestationSpec struct {
 	// Lockdown, when true, disarms the workload cluster's bootstrap
 	// auto-approve bindings and keeps them disarmed, so that no node
 	// registers without attestation; false restores what lockdown
-	// disarmed.
+	// disarmed, once the Cluster is not paused and its policy authorizes
+	// an attestor.
 	//
 	// +optional
 	Lockdown bool `json:"lockdown,omitempty"`

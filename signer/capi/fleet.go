@@ -61,10 +61,13 @@ type ClusterStatus struct {
 	// restoration) error.
 	// LockdownEnforced is true once the last enforcement succeeded (false
 	// when lockdown is not asked for, or once it was lifted).
+	// LockdownHeld says why the bindings lockdown disarmed are not
+	// restored although lockdown is not asked for (lockdown.go).
 	Lockdown         bool
 	LockdownEnforced bool
 	LockdownRemoved  int
 	LockdownError    string
+	LockdownHeld     string
 	// ServingApproval is true when kubelet-serving CSRs are approved.
 	ServingApproval bool
 	// Generation counts the controllers started for this Cluster (one more

@@ -186,6 +186,9 @@ func lockdownCondition(s ClusterStatus, policy ClusterPolicy) conditionValue {
 		return condf(false, "EnforcementFailed", "lockdown is asked for but not enforced yet (retried): %s", s.LockdownError)
 	case s.Lockdown:
 		return condf(false, "Pending", "lockdown is asked for and not enforced yet")
+	case s.LockdownHeld != "":
+		return condf(false, "RestoreHeld", "%s is not true, but the bootstrap auto-approve bindings lockdown disarmed are not restored: %s",
+			policy.Setting("lockdown", AnnotationLockdown), s.LockdownHeld)
 	case s.LockdownError != "":
 		return condf(false, "RestoreFailed", "%s is not true, but restoring the bootstrap auto-approve bindings failed (retried): %s",
 			policy.Setting("lockdown", AnnotationLockdown), s.LockdownError)

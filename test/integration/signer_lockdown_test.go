@@ -2,16 +2,19 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/app"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
@@ -54,17 +57,7 @@ func TestSignerLockdown(t *testing.T) {
 		t.Fatal("before lockdown, kube-controller-manager did not approve and sign a plain kubelet TLS bootstrap")
 	}
 
-	setLockdown := func(v string) {
-		t.Helper()
-		var cluster clusterv1.Cluster
-		if err := mgmt.Client.Get(ctx, types.NamespacedName{Namespace: signerNS, Name: signerCluster}, &cluster); err != nil {
-			t.Fatal(err)
-		}
-		cluster.Annotations[capi.AnnotationLockdown] = v
-		if err := mgmt.Client.Update(ctx, &cluster); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
 	subjects := func(name string) []rbacv1.Subject {
 		t.Helper()
 		b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
@@ -79,7 +72,7 @@ func TestSignerLockdown(t *testing.T) {
 			return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 0, nil
 		})
 	}
-	setLockdown("true")
+	e.editCluster(t, func(c *clusterv1.Cluster) { c.Annotations[capi.AnnotationLockdown] = "true" })
 	disarmed()
 	// Kept disarmed: kubeadm upgrade writes the binding anew.
 	b, err := wl.Client.RbacV1().ClusterRoleBindings().Get(ctx, lockdown.KubeadmAutoApproveBootstrap, metav1.GetOptions{})
@@ -115,14 +108,46 @@ func TestSignerLockdown(t *testing.T) {
 		t.Fatal("after lockdown, the control-plane node could not renew its own certificate")
 	}
 
-	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: bootstrap}
 	mgmt.CreateMachine(t, signerNS, signerCluster, "attested-0", "test:///a0", true)
 	req, _ := signertest.Request{NodeName: "attested-0", ProviderID: "test:///a0"}.Build(t)
 	e.file(t, signertest.CSR("attested-0", req))
 	e.expectIssued(t, "attested-0", "attested-0", "test:///a0", 24*time.Hour)
 
-	// Lifted: the bootstrap binding has its subjects back.
-	setLockdown("false")
+	// Lockdown is not lifted while the Cluster is paused (clusterctl move
+	// creates it paused, before the objects that hold its policy), nor
+	// under a policy that authorizes no attestor (a Cluster moved without
+	// its ClusterAttestation): either would re-arm plain bootstrap for a
+	// policy nobody wrote. The status says why.
+	held := func(why string) {
+		t.Helper()
+		time.Sleep(5 * time.Second) // the controller restarted, five lockdown periods
+		if got := subjects(lockdown.KubeadmAutoApproveBootstrap); len(got) != 0 {
+			t.Fatalf("lockdown lifted while %s: the bootstrap binding's subjects are %v", why, got)
+		}
+		e.waitAttestation(t, "lockdown held while "+why, func(st v1alpha1.ClusterAttestationStatus) string {
+			if lacking := hasCondition(st, capi.ConditionLockdownApplied, metav1.ConditionFalse, "RestoreHeld"); lacking != "" {
+				return lacking
+			}
+			if c := meta.FindStatusCondition(st.Conditions, capi.ConditionLockdownApplied); !strings.Contains(c.Message, why) {
+				return "the condition's message does not say " + why + ": " + c.Message
+			}
+			return ""
+		})
+	}
+	e.editCluster(t, func(c *clusterv1.Cluster) {
+		c.Spec.Paused = ptr.To(true)
+		c.Annotations[capi.AnnotationLockdown] = "false"
+	})
+	held("the Cluster is paused")
+	e.editCluster(t, func(c *clusterv1.Cluster) {
+		c.Spec.Paused = ptr.To(false)
+		delete(c.Annotations, capi.AnnotationAuthorizedAttestors)
+	})
+	held("the Cluster's policy authorizes no attestor")
+
+	// Lifted by a policy that says so: the bootstrap binding has its
+	// subjects back.
+	e.editCluster(t, func(c *clusterv1.Cluster) { c.Annotations[capi.AnnotationAuthorizedAttestors] = "insecure" })
 	harness.WaitFor(t, 20*time.Second, func() (bool, error) {
 		return len(subjects(lockdown.KubeadmAutoApproveBootstrap)) == 1, nil
 	})
