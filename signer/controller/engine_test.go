@@ -261,6 +261,21 @@ func (r *rig) get(name string) *certificatesv1.CertificateSigningRequest {
 	return csr
 }
 
+// challenged files a first round named name for req, decides it, and
+// returns the challenge written on it.
+func (r *rig) challenged(name string, req signertest.Request) string {
+	r.t.Helper()
+	r.file(name, req, challengeEvidence{Version: "v1", ProviderID: pid})
+	if _, err := r.sync(name); err != nil {
+		r.t.Fatal(err)
+	}
+	ch := r.get(name).Annotations[attestor.AnnotationChallenge]
+	if ch == "" {
+		r.t.Fatalf("%s not challenged", name)
+	}
+	return ch
+}
+
 func (r *rig) patches(name string) int {
 	n := 0
 	for _, a := range r.cs.Actions() {
@@ -370,11 +385,7 @@ func TestAnswerAfterFailedApproval(t *testing.T) {
 	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
 	_, key := req.Build(t)
 	req.Key = key
-	r.file("first", req, challengeEvidence{Version: "v1", ProviderID: pid})
-	if _, err := r.sync("first"); err != nil {
-		t.Fatal(err)
-	}
-	ch := r.get("first").Annotations[attestor.AnnotationChallenge]
+	ch := r.challenged("first", req)
 	answer := challengeEvidence{Version: "v1", ProviderID: pid, Answers: "first", Proof: proofFor([]byte(ch), attestor.Binding(mustSPKI(t, key)))}
 
 	failed := 0
@@ -635,14 +646,7 @@ func TestAnswerAcrossSigners(t *testing.T) {
 	req := signertest.Request{NodeName: "node-1", ProviderID: pid}
 	_, key := req.Build(t)
 	req.Key = key
-	r.file("client-first", req, challengeEvidence{Version: "v1", ProviderID: pid})
-	if _, err := r.sync("client-first"); err != nil {
-		t.Fatal(err)
-	}
-	ch := r.get("client-first").Annotations[attestor.AnnotationChallenge]
-	if ch == "" {
-		t.Fatal("not challenged")
-	}
+	ch := r.challenged("client-first", req)
 	binding := attestor.Binding(mustSPKI(t, key))
 	answer := challengeEvidence{Version: "v1", ProviderID: pid, Answers: "client-first", Proof: proofFor([]byte(ch), binding)}
 
@@ -996,14 +1000,6 @@ func TestChallengeKeyRotation(t *testing.T) {
 	_, key := req.Build(t)
 	req.Key = key
 	binding := attestor.Binding(mustSPKI(t, key))
-	challenge := func(name string) string {
-		t.Helper()
-		r.file(name, req, challengeEvidence{Version: "v1", ProviderID: pid})
-		if _, err := r.sync(name); err != nil {
-			t.Fatal(err)
-		}
-		return r.get(name).Annotations[attestor.AnnotationChallenge]
-	}
 	answer := func(name, first, ch string) *certificatesv1.CertificateSigningRequest {
 		t.Helper()
 		r.file(name, req, challengeEvidence{Version: "v1", ProviderID: pid, Answers: first, Proof: proofFor([]byte(ch), binding)})
@@ -1027,16 +1023,16 @@ func TestChallengeKeyRotation(t *testing.T) {
 		}
 	}
 
-	ch1 := challenge("first")
+	ch1 := r.challenged("first", req)
 	if seal := r.get("first").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v3.k1.") {
 		t.Fatalf("first round sealed %q, want under k1", seal)
 	}
-	old := challenge("old")
+	old := r.challenged("old", req)
 	rotate() // k1 → k2, mid-join
 	if second := answer("second", "first", ch1); len(second.Status.Certificate) == 0 {
 		t.Fatalf("answer to a challenge made before the rotation: %s %v, want issued", cond(second), second.Status.Conditions)
 	}
-	challenge("fresh")
+	r.challenged("fresh", req)
 	if seal := r.get("fresh").Annotations[attestor.AnnotationChallengeSeal]; !strings.HasPrefix(seal, "v3.k2.") {
 		t.Errorf("a challenge after the rotation sealed %q, want under k2", seal)
 	}

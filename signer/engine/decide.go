@@ -389,7 +389,9 @@ func (e *Engine) answered(ctx context.Context, d *Decision, csr *certificatesv1.
 		return denyf(attestor.ReasonChallengeExpired, "the challenge on request %q expired before it was answered; file a new first-round request", name)
 	}
 	if HasCondition(first, certificatesv1.CertificateApproved) || Decided(first) {
-		if HasCondition(first, certificatesv1.CertificateApproved) || !ConsumedBy(first, csr) {
+		// A close (Denied) for csr is never beside an approval: the API
+		// server refuses a CSR both approved and denied.
+		if !ConsumedBy(first, csr) {
 			return denyf(attestor.ReasonChallengeUsed, "the challenge of request %q was already answered or withdrawn; file a new first-round request", name)
 		}
 		// Closed for this very answer, whose approval failed (or the
