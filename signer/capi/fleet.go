@@ -187,14 +187,17 @@ func (r *ClusterReconciler) Statuses() []ClusterStatus {
 }
 
 // probe asks the workload API server for /readyz every period and records
-// the outcome, until ctx is done, on a timer (it returns at once).
-func probe(ctx context.Context, cs workloadClient, st *state, period time.Duration) {
-	periodic.Every(ctx, period, func(ctx context.Context) bool {
+// the outcome, until ctx is done, on a timer (it returns at once). Its
+// first run is at once, before the controller's identity is installed, and
+// fails; start wakes the returned loop once it is, so that a Cluster served
+// reads reachable then, not a period later.
+func probe(ctx context.Context, cs workloadClient, st *state, period time.Duration) *periodic.Loop {
+	return periodic.Start(ctx, func(ctx context.Context) (time.Duration, bool) {
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
 		_, err := cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
 		if ctx.Err() != nil {
-			return false
+			return 0, false
 		}
 		st.update(func(s *ClusterStatus) {
 			s.Connected = err == nil
@@ -204,6 +207,6 @@ func probe(ctx context.Context, cs workloadClient, st *state, period time.Durati
 				s.LastError = err.Error()
 			}
 		})
-		return true
+		return period, true
 	})
 }

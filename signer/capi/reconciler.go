@@ -671,12 +671,13 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 	run := w.run
 	run.over.running(w)
 	background := klog.FromContext(wctx).WithValues("cluster", s.nn)
-	probe(wctx, run.cs, w.state, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
+	probing := probe(wctx, run.cs, w.state, cmp.Or(r.ProbePeriod, DefaultProbePeriod))
 	go func() {
 		defer close(w.done)
 		if !r.connect(wctx, s.logger, s.cluster, run.id, run.obs) {
 			return
 		}
+		probing.Wake()
 		go run.id.Run(wctx)
 		r.keepRevocations(wctx, background, run.clusterRef, w.revocation, w.state, r.revocationPeriod())
 		go r.keepPodCertificates(wctx, background, s.cluster, s.policy.Pods, run.cfg, w.ctrl.Engine())

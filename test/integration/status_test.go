@@ -102,7 +102,10 @@ func TestClusterAttestationStatus(t *testing.T) {
 		capi.AnnotationEnabled:             "true",
 		capi.AnnotationAuthorizedAttestors: "insecure",
 	})
-	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod = time.Second })
+	// The workload API server is probed once an hour: a Cluster reads
+	// reachable as soon as the controller's identity is installed in it, not
+	// a probe period after its first probe, made before, failed.
+	runSigner(t, mgmt, func(o *app.Options) { o.LockdownPeriod, o.ProbePeriod = time.Second, time.Hour })
 	e := &signerEnv{mgmt: mgmt, wl: wl, bootstrap: wl.BootstrapClient(t)}
 
 	// A Cluster opted in whose Secrets Cluster API has not written yet:
