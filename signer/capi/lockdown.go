@@ -41,34 +41,32 @@ func (r *ClusterReconciler) lockdown(ctx context.Context, logger klog.Logger, cs
 // timer (it returns at once).
 //
 // Restoring re-arms kube-controller-manager's approval of plain bootstrap
-// requests, so it waits for a policy that says so. It is held while the
-// policy authorizes no attestor (authorized false): that is a Cluster
-// whose policy is missing, such as a Cluster moved by clusterctl without
-// its ClusterAttestation, or being written, not one whose operator lifted
-// lockdown. And it is held while the Cluster is paused: clusterctl move
-// creates the Cluster, paused, before the objects that hold its policy.
-func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs lockdown.Client, st *state, nn types.NamespacedName, authorized bool) {
-	if !authorized {
-		const held = "the Cluster's policy authorizes no attestor"
-		logger.Info("Lockdown not lifted: " + held)
-		st.update(func(s *ClusterStatus) { s.LockdownHeld = held })
-		return
-	}
-	loggedPause := false
+// requests, so each run reads the Cluster and its policy again (from the
+// cache) and restores only when restoreHeld finds no reason to wait. The
+// policy this controller was started with is not enough: an edit that
+// unpauses the Cluster and takes its last authorized attestor away at once
+// reaches this loop as an unpaused Cluster before the reconcile that
+// replaces the controller.
+func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs lockdown.Client, st *state, nn types.NamespacedName) {
+	var loggedHeld string
 	periodic.Every(ctx, cmp.Or(r.LockdownPeriod, DefaultLockdownPeriod), func(ctx context.Context) bool {
 		var cluster clusterv1.Cluster
-		if err := r.Client.Get(ctx, nn, &cluster); err != nil {
+		err := r.Client.Get(ctx, nn, &cluster)
+		var policy ClusterPolicy
+		if err == nil {
+			policy, _, err = r.readPolicy(ctx, &cluster)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return false
 			}
 			logger.Info("Lockdown not lifted yet, will retry", "err", err.Error())
 			return true
 		}
-		if paused(&cluster) {
-			const held = "the Cluster is paused"
-			if !loggedPause {
-				logger.Info("Lockdown not lifted while the Cluster is paused")
-				loggedPause = true
+		if held := restoreHeld(&cluster, policy); held != "" {
+			if held != loggedHeld {
+				logger.Info("Lockdown not lifted: " + held)
+				loggedHeld = held
 			}
 			st.update(func(s *ClusterStatus) { s.LockdownHeld = held })
 			return true
@@ -89,4 +87,23 @@ func (r *ClusterReconciler) unlock(ctx context.Context, logger klog.Logger, cs l
 		st.update(func(s *ClusterStatus) { s.LockdownEnforced, s.LockdownError = false, "" })
 		return false // done: nothing more until the controller restarts
 	})
+}
+
+// restoreHeld says why what lockdown disarmed in cluster must not be
+// restored under policy, or "" when it may be. It is held while the
+// Cluster is paused (clusterctl move creates it paused, before the objects
+// that hold its policy), while the policy asks for lockdown, and while it
+// authorizes no attestor: that is a Cluster whose policy is missing (moved
+// without its ClusterAttestation, or being written), not one whose
+// operator lifted lockdown.
+func restoreHeld(cluster *clusterv1.Cluster, policy ClusterPolicy) string {
+	switch {
+	case paused(cluster):
+		return "the Cluster is paused"
+	case policy.Lockdown:
+		return "the Cluster's policy asks for lockdown"
+	case len(policy.AuthorizedAttestors) == 0:
+		return "the Cluster's policy authorizes no attestor"
+	}
+	return ""
 }

@@ -684,7 +684,7 @@ func (r *ClusterReconciler) start(s *clusterScope, w *workload) error {
 		if s.policy.Lockdown {
 			r.lockdown(wctx, background, run.cs, w.state)
 		} else {
-			r.unlock(wctx, background, run.cs, w.state, s.nn, len(s.policy.AuthorizedAttestors) > 0)
+			r.unlock(wctx, background, run.cs, w.state, s.nn)
 		}
 		published := make(chan struct{})
 		keepPublished(wctx, run.pub, run.trusted, w.state, cmp.Or(r.RecheckPeriod, DefaultRecheckPeriod), published)
