@@ -194,7 +194,8 @@ type ClusterAttestationStatus struct {
 	PolicySource PolicySource `json:"policySource,omitempty"`
 
 	// Conditions: Ready, OptedIn, PolicyValid, WorkloadReachable,
-	// SignersServed, LockdownApplied, ServingCAPublished, ScopedIdentity.
+	// SignersServed, LockdownApplied, ServingCAPublished, ScopedIdentity,
+	// Paused.
 	//
 	// +optional
 	// +listType=map

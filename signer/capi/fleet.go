@@ -68,6 +68,10 @@ type ClusterStatus struct {
 	LockdownRemoved  int
 	LockdownError    string
 	LockdownHeld     string
+	// Paused is true while the Cluster is paused (Cluster API's
+	// spec.paused or paused annotation): revocation waits, and so does
+	// lifting lockdown; CSRs are still decided.
+	Paused bool
 	// ServingApproval is true when kubelet-serving CSRs are approved.
 	ServingApproval bool
 	// Generation counts the controllers started for this Cluster (one more

@@ -410,7 +410,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	w := r.running[s.nn]
 	r.mu.Unlock()
 	if w != nil {
-		w.revocation.clusterPaused(paused(cluster))
+		p := paused(cluster)
+		w.revocation.clusterPaused(p)
+		w.state.update(func(s *ClusterStatus) { s.Paused = p })
 	}
 	if d := next.Sub(r.now()); !next.IsZero() && d < period {
 		period = max(d, time.Second)

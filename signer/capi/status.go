@@ -63,6 +63,9 @@ const (
 	ConditionServingCAPublished = "ServingCAPublished"
 	ConditionScopedIdentity     = "ScopedIdentity"
 	ConditionPolicyValid        = "PolicyValid"
+	// ConditionPaused is Cluster API's convention: True while the
+	// Cluster is paused.
+	ConditionPaused = "Paused"
 )
 
 // servedSignerNames are the signer names of profiles a request can be
@@ -109,6 +112,7 @@ func attestationStatus(s ClusterStatus, generation int64) v1alpha1.ClusterAttest
 		{ConditionLockdownApplied, lockdownCondition(s, policy)},
 		{ConditionServingCAPublished, servingCACondition(s)},
 		{ConditionScopedIdentity, scopedIdentityCondition(s)},
+		{ConditionPaused, pausedCondition(s)},
 		{ConditionReady, readyCondition(reachable, served)},
 	} {
 		st := metav1.ConditionFalse
@@ -222,6 +226,16 @@ func scopedIdentityCondition(s ClusterStatus) conditionValue {
 		return condf(false, "NotInstalled", "working as the user of Secret %s (not an admin), or not connected yet",
 			s.Cluster.Name+KubeconfigSecretSuffix)
 	}
+}
+
+// pausedCondition says whether the Cluster is paused, and what waits for
+// it to be unpaused.
+func pausedCondition(s ClusterStatus) conditionValue {
+	if s.Paused {
+		return condf(true, "Paused", "the Cluster is paused (spec.paused or annotation %s): its CSRs are still decided, "+
+			"but deleted Machines' node names are revoked, and lockdown is lifted, only once it is unpaused", clusterv1.PausedAnnotation)
+	}
+	return condf(false, "NotPaused", "the Cluster is not paused")
 }
 
 // idleStatus is what a ClusterAttestation says of a Cluster not served:

@@ -45,6 +45,7 @@ func TestAttestationStatus(t *testing.T) {
 		ConditionReady: "True/Serving", ConditionWorkloadReachable: "True/Ready", ConditionSignersServed: "True/Serving",
 		ConditionLockdownApplied: "False/EnforcementFailed", ConditionServingCAPublished: "True/Published",
 		ConditionScopedIdentity: "False/NotInstalled", ConditionPolicyValid: "False/Invalid", ConditionOptedIn: "True/Enabled",
+		ConditionPaused: "False/NotPaused",
 	} {
 		c := meta.FindStatusCondition(st.Conditions, typ)
 		if c == nil || string(c.Status)+"/"+c.Reason != want || c.ObservedGeneration != 7 {
@@ -56,6 +57,10 @@ func TestAttestationStatus(t *testing.T) {
 	}
 	if d := st.LastDecision; d == nil || d.CSR != "csr-1" || len(d.Message) > maxDecisionMessage+3 {
 		t.Errorf("lastDecision = %+v", d)
+	}
+	s.Paused = true
+	if c := meta.FindStatusCondition(attestationStatus(s, 7).Conditions, ConditionPaused); c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "revoked") {
+		t.Errorf("paused: Paused is %+v", c)
 	}
 	s.Connected, s.LastError = false, "connection refused"
 	st = attestationStatus(s, 7)

@@ -22,6 +22,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/kubelet-authenticator/api/v1alpha1"
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
@@ -533,7 +534,9 @@ func TestRevokeWaitsWhilePaused(t *testing.T) {
 	old.expectWorks(t)
 	setPaused := func(v bool) { e.editCluster(t, func(c *clusterv1.Cluster) { c.Spec.Paused = &v }) }
 	setPaused(true)
-	time.Sleep(2 * time.Second) // the controller's cache sees it
+	e.waitAttestation(t, "the Cluster paused", func(st v1alpha1.ClusterAttestationStatus) string {
+		return hasCondition(st, capi.ConditionPaused, metav1.ConditionTrue, "Paused")
+	})
 	if err := e.mgmt.Client.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: signerNS, Name: node}}); err != nil {
 		t.Fatal(err)
 	}
@@ -547,5 +550,8 @@ func TestRevokeWaitsWhilePaused(t *testing.T) {
 	e.join(t, "q-1", "worker-q", "test:///q-1").expectWorks(t)
 
 	setPaused(false)
+	e.waitAttestation(t, "the Cluster unpaused", func(st v1alpha1.ClusterAttestationStatus) string {
+		return hasCondition(st, capi.ConditionPaused, metav1.ConditionFalse, "NotPaused")
+	})
 	old.expectRevoked(t, signerNS+"/"+node)
 }
