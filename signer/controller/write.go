@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor"
 	"sigs.k8s.io/kubelet-authenticator/signer/checks"
 	"sigs.k8s.io/kubelet-authenticator/signer/engine"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
 	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 )
 
@@ -256,15 +257,15 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 	if err != nil {
 		return fmt.Errorf("unable to sign: %w", err)
 	}
+	b, _ := pem.Decode(certPEM)
+	if b == nil {
+		return errors.New("the signer returned no PEM certificate")
+	}
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return fmt.Errorf("unable to parse the certificate just signed: %w", err)
+	}
 	if c.cfg.Issuing != nil && d.Profile.Kind == checks.Client {
-		b, _ := pem.Decode(certPEM)
-		if b == nil {
-			return errors.New("the signer returned no PEM certificate")
-		}
-		cert, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return fmt.Errorf("unable to parse the certificate just signed: %w", err)
-		}
 		if err := c.cfg.Issuing.Issuing(ctx, d.NodeName, d.Machine, cert,
 			revoke.Attestation{Provider: d.Profile.Provider, PolicySHA256: c.engine.PolicySHA256(d.Profile.Provider)}); err != nil {
 			return fmt.Errorf("certificate for node %s not handed out yet: %w", d.NodeName, err)
@@ -275,7 +276,11 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 		return fmt.Errorf("unable to store the signed certificate: %w", err)
 	}
 	c.signed(d.Profile.Provider)
-	klog.FromContext(ctx).Info("Issued", "node", d.NodeName, "signer", live.Spec.SignerName)
+	// The certificate's fingerprint as kube-apiserver gives it in the
+	// user's extra authentication.kubernetes.io/credential-id: an audit
+	// log entry or `kubectl auth whoami` leads back to this line.
+	klog.FromContext(ctx).Info("Issued", "node", d.NodeName, "signer", live.Spec.SignerName,
+		"credentialID", podcert.CredentialIDPrefix+revoke.Fingerprint(cert), "serial", cert.SerialNumber.Text(16), "notAfter", cert.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 

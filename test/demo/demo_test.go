@@ -39,6 +39,8 @@ import (
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm"
 	"sigs.k8s.io/kubelet-authenticator/attestor/tpm/tpmtest"
 	"sigs.k8s.io/kubelet-authenticator/signer/capi"
+	"sigs.k8s.io/kubelet-authenticator/signer/podcert"
+	"sigs.k8s.io/kubelet-authenticator/signer/revoke"
 	"sigs.k8s.io/kubelet-authenticator/signer/tofu"
 	"sigs.k8s.io/kubelet-authenticator/signer/trust"
 	"sigs.k8s.io/kubelet-authenticator/test/harness"
@@ -192,6 +194,26 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("API server sees %q", user)
 	}
 	fmt.Fprintf(os.Stdout, "authenticated as %s\n", user)
+	// The API server names the certificate a request came with (its
+	// SHA-256): the controller's "Issued" line for it says which request,
+	// Machine and node it was issued for.
+	id := n.Kubectl(ctx, "auth", "whoami", "-o", `jsonpath={.status.userInfo.extra.authentication\.kubernetes\.io/credential-id[0]}`)
+	credentialID := strings.TrimSpace(id.Stdout)
+	if id.Err != nil || credentialID != podcert.CredentialIDPrefix+revoke.Fingerprint(cred.Leaf) {
+		t.Fatalf("kubectl auth whoami: credential ID %q for the cached certificate %s, %v\n%s",
+			credentialID, podcert.CredentialIDPrefix+revoke.Fingerprint(cred.Leaf), id.Err, id.Stderr)
+	}
+	issued := ""
+	for line := range strings.SplitSeq(env.ControllerLog(), "\n") {
+		if strings.Contains(line, `"Issued"`) && strings.Contains(line, `credentialID="`+credentialID+`"`) {
+			issued = line
+		}
+	}
+	if issued == "" {
+		t.Fatalf("the controller logged no \"Issued\" line for %s:\n%s", credentialID, harness.LastLines(env.ControllerLog(), 20))
+	}
+	say("The API server's credential ID for that certificate, %s, in the controller's log", credentialID)
+	detail("%s", issued)
 
 	projectTrustBundle(ctx, t, env, n, bundle)
 
