@@ -280,7 +280,8 @@ func (c *Controller) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 	// user's extra authentication.kubernetes.io/credential-id: an audit
 	// log entry or `kubectl auth whoami` leads back to this line.
 	klog.FromContext(ctx).Info("Issued", "node", d.NodeName, "signer", live.Spec.SignerName,
-		"credentialID", podcert.CredentialIDPrefix+revoke.Fingerprint(cert), "serial", cert.SerialNumber.Text(16), "notAfter", cert.NotAfter.UTC().Format(time.RFC3339))
+		"credentialID", podcert.CredentialIDPrefix+revoke.Fingerprint(cert), "serial", cert.SerialNumber.Text(16),
+		"notAfter", cert.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 
