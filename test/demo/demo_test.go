@@ -199,9 +199,8 @@ func TestDemo(t *testing.T) {
 	// Machine and node it was issued for.
 	id := n.Kubectl(ctx, "auth", "whoami", "-o", `jsonpath={.status.userInfo.extra.authentication\.kubernetes\.io/credential-id[0]}`)
 	credentialID := strings.TrimSpace(id.Stdout)
-	if id.Err != nil || credentialID != podcert.CredentialIDPrefix+revoke.Fingerprint(cred.Leaf) {
-		t.Fatalf("kubectl auth whoami: credential ID %q for the cached certificate %s, %v\n%s",
-			credentialID, podcert.CredentialIDPrefix+revoke.Fingerprint(cred.Leaf), id.Err, id.Stderr)
+	if want := podcert.CredentialIDPrefix + revoke.Fingerprint(cred.Leaf); id.Err != nil || credentialID != want {
+		t.Fatalf("kubectl auth whoami: credential ID %q for the cached certificate %s, %v\n%s", credentialID, want, id.Err, id.Stderr)
 	}
 	issued := ""
 	for line := range strings.SplitSeq(env.ControllerLog(), "\n") {
